@@ -1,0 +1,93 @@
+"""run-ledger: the durable, auditable, event-sourced record of workflow and batch runs.
+
+The public names of API.md; a test pins this list. Heavy modules load lazily so
+that `ledger status` starts fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    AlreadyTerminal,
+    Conflict,
+    IllegalTransition,
+    InvalidInput,
+    ItemNotFound,
+    LeaseLost,
+    LedgerError,
+    ManifestInvalid,
+    NotAuthorized,
+    NotComplete,
+    RunNotFound,
+    StaleReview,
+)
+from .views import (
+    Actor,
+    Attempt,
+    CancelOutcome,
+    ItemStatus,
+    Lease,
+    Link,
+    ReconcileReport,
+    RunStatus,
+    Transition,
+    VerifyReport,
+)
+
+if TYPE_CHECKING:
+    from .manifest import Manifest, Policy
+    from .service import Ledger
+    from .worker import Accepted, Quarantine, Rejected, Worker
+
+_LAZY = {
+    "Ledger": "service",
+    "Manifest": "manifest",
+    "Policy": "manifest",
+    "Worker": "worker",
+    "Accepted": "worker",
+    "Rejected": "worker",
+    "Quarantine": "worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ledger' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
+__all__ = [
+    "Accepted",
+    "Actor",
+    "AlreadyTerminal",
+    "Attempt",
+    "CancelOutcome",
+    "Conflict",
+    "IllegalTransition",
+    "InvalidInput",
+    "ItemNotFound",
+    "ItemStatus",
+    "Lease",
+    "LeaseLost",
+    "Ledger",
+    "LedgerError",
+    "Link",
+    "Manifest",
+    "ManifestInvalid",
+    "NotAuthorized",
+    "NotComplete",
+    "Policy",
+    "Quarantine",
+    "ReconcileReport",
+    "Rejected",
+    "RunNotFound",
+    "RunStatus",
+    "StaleReview",
+    "Transition",
+    "VerifyReport",
+    "Worker",
+]

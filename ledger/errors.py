@@ -1,0 +1,120 @@
+"""The ledger's typed errors. Every refusal is one of these, and nothing is written."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class LedgerError(Exception):
+    """Base class of every error the ledger raises on purpose."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready description, used by the CLI and the HTTP API."""
+        return {"error": type(self).__name__, "message": self.message}
+
+
+class InvalidInput(LedgerError):
+    """An argument is malformed; the message names it and what is allowed."""
+
+
+class ManifestInvalid(InvalidInput):
+    """A manifest failed validation; `field` is the path of the first bad field."""
+
+    def __init__(self, message: str, field: str = "", errors: list[dict[str, object]] | None = None):
+        super().__init__(message)
+        self.field = field
+        self.errors = errors or []
+
+
+class RunNotFound(LedgerError):
+    """No run has this id."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} does not exist")
+        self.run_id = run_id
+
+
+class ItemNotFound(LedgerError):
+    """The run has no item with this id."""
+
+    def __init__(self, run_id: str, item_id: str) -> None:
+        super().__init__(f"run {run_id!r} has no item {item_id!r}")
+        self.run_id = run_id
+        self.item_id = item_id
+
+
+class NotAuthorized(LedgerError):
+    """This role may never make this command."""
+
+
+class Conflict(LedgerError):
+    """The caller's expected revision is stale; re-read and decide again."""
+
+    def __init__(self, message: str, current_revision: int, current_state: str) -> None:
+        super().__init__(message)
+        self.current_revision = current_revision
+        self.current_state = current_state
+
+    def to_dict(self) -> dict[str, object]:
+        d = super().to_dict()
+        d.update(current_revision=self.current_revision, current_state=self.current_state)
+        return d
+
+
+class IllegalTransition(LedgerError):
+    """The command is not allowed from the current state."""
+
+    def __init__(self, message: str, state: str, allowed: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.state = state
+        self.allowed = sorted(allowed)
+
+    def to_dict(self) -> dict[str, object]:
+        d = super().to_dict()
+        d.update(state=self.state, allowed=self.allowed)
+        return d
+
+
+class AlreadyTerminal(IllegalTransition):
+    """The run is terminal; corrections start a new linked run instead."""
+
+
+class NotComplete(IllegalTransition):
+    """`complete` found work that blocks success; the message names it."""
+
+
+class LeaseLost(LedgerError):
+    """The lease expired, was fenced or was taken over; the worker must stop writing."""
+
+
+class StaleReview(LedgerError):
+    """A review decision named an input version that is not the one under review."""
+
+    def __init__(self, message: str, expected_version: str) -> None:
+        super().__init__(message)
+        self.expected_version = expected_version
+
+    def to_dict(self) -> dict[str, object]:
+        d = super().to_dict()
+        d.update(expected_version=self.expected_version)
+        return d
+
+
+__all__ = [
+    "AlreadyTerminal",
+    "Conflict",
+    "IllegalTransition",
+    "InvalidInput",
+    "ItemNotFound",
+    "LeaseLost",
+    "LedgerError",
+    "ManifestInvalid",
+    "NotAuthorized",
+    "NotComplete",
+    "RunNotFound",
+    "StaleReview",
+]

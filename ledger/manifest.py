@@ -1,0 +1,278 @@
+"""The manifest: items and policy of a run, validated by pydantic, and its input version."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import InvalidInput, ManifestInvalid
+
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_JSON_DEPTH = 64
+MAX_ID_CHARS = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_PERCENT = re.compile(r"^(\d{1,3})%$")
+_DAY = 86_400
+
+
+def check_identifier(value: str, what: str) -> str:
+    """Ids are 1-200 characters with no control characters (they appear in tables and logs)."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
+    if not value or len(value) > MAX_ID_CHARS:
+        raise InvalidInput(f"{what} must be 1-{MAX_ID_CHARS} characters, got {len(value)}")
+    if _CONTROL.search(value):
+        raise InvalidInput(f"{what} must not contain control characters")
+    return value
+
+
+def json_depth_ok(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when nested lists/dicts go no deeper than `limit` (checked without recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            if depth > limit:
+                return False
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            if depth > limit:
+                return False
+            stack.extend((v, depth + 1) for v in node)
+    return True
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON used for digests and size limits."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Review(_Strict):
+    """A review gate: the decision required before `complete`."""
+
+    decision: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    survives_amendment: bool = False
+
+
+class Policy(_Strict):
+    """How a run decides retries, leases, deadlines, review and success."""
+
+    partial_delivery: bool = False
+    tolerated_failures: int | str | None = None
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    backoff_seconds: float = Field(default=0.0, ge=0, le=7 * _DAY)
+    lease_seconds: float = Field(default=60.0, gt=0, le=_DAY)
+    item_deadline_seconds: float | None = Field(default=None, gt=0, le=365 * _DAY)
+    run_deadline_seconds: float | None = Field(default=None, gt=0, le=365 * _DAY)
+    review: Review | None = None
+
+    @field_validator("backoff_seconds", "lease_seconds", "item_deadline_seconds",
+                     "run_deadline_seconds", mode="before")
+    @classmethod
+    def _number(cls, v: Any) -> Any:
+        # strict mode refuses ints for floats; accept both but never strings or bools
+        if isinstance(v, bool):
+            raise ValueError("must be a number, not a boolean")
+        if isinstance(v, int):
+            return float(v)
+        return v
+
+    @field_validator("tolerated_failures")
+    @classmethod
+    def _tolerated(cls, v: int | str | None) -> int | str | None:
+        if v is None:
+            return v
+        if isinstance(v, bool):
+            raise ValueError("must be null, an integer or a string like '5%'")
+        if isinstance(v, int):
+            if v < 0 or v > 10_000_000:
+                raise ValueError("must be between 0 and 10000000")
+            return v
+        m = _PERCENT.match(v)
+        if not m or int(m.group(1)) > 100:
+            raise ValueError("must be null, an integer or a string like '5%' (0-100%)")
+        return v
+
+    @model_validator(mode="after")
+    def _partial(self) -> Policy:
+        if self.tolerated_failures is not None and not self.partial_delivery:
+            raise ValueError("tolerated_failures is only allowed with partial_delivery=true")
+        return self
+
+    def tolerated(self, required_count: int) -> int:
+        """How many required items may end not accepted under partial delivery."""
+        if not self.partial_delivery:
+            return 0
+        if self.tolerated_failures is None:
+            return required_count
+        if isinstance(self.tolerated_failures, int):
+            return self.tolerated_failures
+        pct = int(self.tolerated_failures.rstrip("%"))
+        return required_count * pct // 100
+
+
+class ManifestItem(_Strict):
+    """One unit of work in a manifest."""
+
+    item_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    required: bool = True
+    payload: Any = None
+
+    @field_validator("item_id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if _CONTROL.search(v):
+            raise ValueError("must not contain control characters")
+        return v
+
+    @field_validator("payload")
+    @classmethod
+    def _payload(cls, v: Any) -> Any:
+        if not json_depth_ok(v):
+            raise ValueError(f"must not nest deeper than {MAX_JSON_DEPTH} levels")
+        size = len(canonical_json(v).encode())
+        if size > MAX_PAYLOAD_BYTES:
+            raise ValueError(f"is {size} bytes; at most {MAX_PAYLOAD_BYTES} bytes of JSON allowed")
+        return v
+
+
+class Manifest(_Strict):
+    """Why a set of items is processed, and under which settings."""
+
+    source_version: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    config_version: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    scope: str = Field(default="", max_length=2000)
+    items: list[ManifestItem] = Field(min_length=1)
+    policy: Policy = Policy()
+
+    @field_validator("source_version", "config_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if _CONTROL.search(v):
+            raise ValueError("must not contain control characters")
+        return v
+
+    @model_validator(mode="after")
+    def _unique(self) -> Manifest:
+        seen: set[str] = set()
+        for i, item in enumerate(self.items):
+            if item.item_id in seen:
+                raise ValueError(f"items.{i}.item_id {item.item_id!r} is a duplicate; item ids are unique within a run")
+            seen.add(item.item_id)
+        return self
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The manifest as plain JSON data (every default filled in)."""
+        return self.model_dump(mode="json")
+
+    def input_version(self) -> str:
+        """Content digest of the manifest: the run's input version."""
+        return input_version_of(self.to_json_dict())
+
+
+def input_version_of(manifest: dict[str, Any]) -> str:
+    """Content digest of a manifest in its JSON form."""
+    return "sha256:" + hashlib.sha256(canonical_json(manifest).encode()).hexdigest()[:32]
+
+
+def _format_error(err: ValidationError) -> ManifestInvalid:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "manifest"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key; allowed keys are those of API.md's manifest"
+    if first["type"] == "missing":
+        msg = "is required"
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    detail = f"manifest field {loc}: {msg}"
+    errors = [
+        {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in err.errors()[:20]
+    ]
+    return ManifestInvalid(detail, field=loc, errors=errors)
+
+
+def _load_json(data: str | bytes | bytearray) -> Any:
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestInvalid(
+            f"manifest is {len(data)} bytes; at most {MAX_MANIFEST_BYTES} bytes allowed", field="manifest"
+        )
+    if isinstance(data, (bytes, bytearray)):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ManifestInvalid(f"manifest is not valid UTF-8: {e}", field="manifest") from e
+    try:
+        return json.loads(data)
+    except RecursionError as e:
+        raise ManifestInvalid(f"manifest nests too deeply; at most {MAX_JSON_DEPTH} levels", field="manifest") from e
+    except json.JSONDecodeError as e:
+        raise ManifestInvalid(f"manifest is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", field="manifest") from e
+
+
+def parse_manifest(data: Manifest | dict[str, Any] | str | bytes) -> Manifest:
+    """Validate a manifest given as a model, a dict or JSON text; raise ManifestInvalid."""
+    if isinstance(data, Manifest):
+        return data
+    if isinstance(data, (str, bytes, bytearray)):
+        data = _load_json(data)
+    if not isinstance(data, dict):
+        raise ManifestInvalid(f"manifest must be a JSON object, got {type(data).__name__}", field="manifest")
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as e:
+        raise _format_error(e) from None
+    except RecursionError:
+        raise ManifestInvalid(f"manifest nests too deeply; at most {MAX_JSON_DEPTH} levels", field="manifest") from None
+
+
+def parse_items(data: Any, field: str = "items") -> list[ManifestItem]:
+    """Validate a list of manifest items (for amend and repair corrections)."""
+    if not isinstance(data, list):
+        raise ManifestInvalid(f"{field} must be a list of items", field=field)
+    out = []
+    for i, raw in enumerate(data):
+        if isinstance(raw, ManifestItem):
+            out.append(raw)
+            continue
+        if not isinstance(raw, dict):
+            raise ManifestInvalid(f"{field}.{i} must be an object", field=f"{field}.{i}")
+        try:
+            out.append(ManifestItem.model_validate(raw))
+        except ValidationError as e:
+            inner = _format_error(e)
+            path = f"{field}.{i}.{inner.field}"
+            raise ManifestInvalid(inner.message.replace(f"field {inner.field}", f"field {path}"), field=path) from None
+    seen: set[str] = set()
+    for i, item in enumerate(out):
+        if item.item_id in seen:
+            raise ManifestInvalid(f"manifest field {field}.{i}.item_id: {item.item_id!r} is a duplicate", field=f"{field}.{i}.item_id")
+        seen.add(item.item_id)
+    return out
+
+
+def parse_policy(data: Any, base: Policy | None = None) -> Policy:
+    """Validate a policy change: given fields override `base` (or the defaults)."""
+    if isinstance(data, Policy):
+        return data
+    if not isinstance(data, dict):
+        raise ManifestInvalid("policy must be an object", field="policy")
+    merged = (base.model_dump(mode="json") if base else {}) | data
+    try:
+        return Policy.model_validate(merged)
+    except ValidationError as e:
+        inner = _format_error(e)
+        path = f"policy.{inner.field}"
+        raise ManifestInvalid(inner.message.replace(f"field {inner.field}", f"field {path}"), field=path) from None
+
+
+Literal  # re-exported for type users

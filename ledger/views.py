@@ -1,0 +1,189 @@
+"""Values the ledger returns: accepted state, never a worker's memory."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class _View:
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (datetimes as ISO 8601)."""
+        out = _jsonable(self)
+        assert isinstance(out, dict)
+        return out
+
+
+@dataclass(frozen=True)
+class Actor(_View):
+    """Who makes a command: an id and one of the ledger's roles."""
+
+    id: str
+    role: str
+
+    @classmethod
+    def parse(cls, text: str) -> Actor:
+        """Parse `ID:ROLE`."""
+        ident, sep, role = text.rpartition(":")
+        if not sep or not ident:
+            from .errors import InvalidInput
+
+            raise InvalidInput(f"actor must look like ID:ROLE, got {text!r}")
+        return cls(ident, role)
+
+
+@dataclass(frozen=True)
+class Link(_View):
+    """A relation between runs: retry_of, repair_of, correction_of, compensates, and reverses."""
+
+    relation: str
+    run_id: str
+
+
+@dataclass(frozen=True)
+class NotAcceptedItem(_View):
+    """A required or optional item that did not end accepted, and why."""
+
+    item_id: str
+    state: str
+    required: bool
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class RunStatus(_View):
+    """A run as the store accepted it."""
+
+    run_id: str
+    state: str
+    revision: int
+    failure_kind: str | None
+    failure_reason: str | None
+    input_version: str
+    counts: dict[str, int]
+    summary: str
+    not_accepted: list[NotAcceptedItem]
+    waiting_on: str
+    links: list[Link]
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    source_version: str = ""
+    config_version: str = ""
+    scope: str = ""
+    created_by: str = ""
+    started_at: datetime | None = None
+    stopped_at: datetime | None = None
+    stop_reason: str | None = None
+    review: dict[str, Any] | None = None
+    policy: dict[str, Any] = field(default_factory=dict)
+    root_run_id: str = ""
+
+
+@dataclass(frozen=True)
+class Lease(_View):
+    """The right to work on one item until `expires_at`; outcomes need its token."""
+
+    run_id: str
+    item_id: str
+    token: str
+    worker_id: str
+    attempt: int
+    expires_at: datetime
+    payload: Any = None
+
+
+@dataclass(frozen=True)
+class ItemStatus(_View):
+    """An item as the store accepted it."""
+
+    run_id: str
+    item_id: str
+    state: str
+    required: bool
+    attempts: int
+    lease: Lease | None
+    last_error: str | None
+    revision: int
+    reason: str | None = None
+    payload: Any = None
+    updated_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Attempt(_View):
+    """One try of one item; its own record, never overwritten once finished."""
+
+    run_id: str
+    item_id: str
+    attempt: int
+    worker_id: str
+    lease_token: str
+    started_at: datetime
+    expires_at: datetime
+    finished_at: datetime | None
+    stage: str | None
+    outcome: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Transition(_View):
+    """One state change of a run or an item, as recorded by its event."""
+
+    run_id: str
+    item_id: str | None
+    from_state: str
+    to_state: str
+    actor_id: str
+    role: str
+    reason: str | None
+    evidence: dict[str, Any]
+    at: datetime
+    revision: int
+    position: int
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class CancelOutcome(_View):
+    """What `cancel` recorded: the intent, the live leases then, and whether it existed."""
+
+    run_id: str
+    state: str
+    in_flight: int
+    already: bool
+
+
+@dataclass(frozen=True)
+class ReconcileReport(_View):
+    """What one reconcile pass did."""
+
+    expired_leases: int = 0
+    finished_cancels: int = 0
+    finished_pauses: int = 0
+    failed_runs: int = 0
+
+
+@dataclass(frozen=True)
+class VerifyReport(_View):
+    """The result of replaying every event: `ok` and the problems found."""
+
+    ok: bool
+    problems: list[dict[str, Any]]
+    events: int = 0
+    heads: str = ""
