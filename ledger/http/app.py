@@ -1,0 +1,80 @@
+"""`create_app(lg, tokens_path=None, public_reads=False) -> FastAPI`: the HTTP API."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from ..manifest import MAX_MANIFEST_BYTES, Manifest
+from . import commands, page, reads
+from .auth import Gate
+from .errors import install_error_handlers
+from .limits import BodyLimit
+from .tokens import TokenFile
+
+if TYPE_CHECKING:
+    from ..service import Ledger
+
+TITLE = "run-ledger"
+API_VERSION = "1"
+# The largest manifest plus room for the JSON around it.
+MAX_BODY_BYTES = MAX_MANIFEST_BYTES + 64 * 1024
+
+DESCRIPTION = """\
+The durable, auditable record of runs and items, over HTTP: the reads and
+commands of the `Ledger` service (see API.md and SPEC.md).
+
+Authentication: `Authorization: Bearer <token>`, a token made by
+`ledger token add ACTOR_ID ROLE`; it stands for that actor and role. Reads are
+open without a token only when the server runs with `--public-reads`.
+
+Errors have the body `{"error": Type, "message": ...}`: 400 or 422 invalid
+input (InvalidInput, ManifestInvalid), 401 no or unknown token, 403
+NotAuthorized, 404 RunNotFound or ItemNotFound, 409 Conflict, StaleReview,
+LeaseLost, IllegalTransition, AlreadyTerminal or NotComplete.
+"""
+
+
+def _openapi_schema(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes,
+    )
+    # The submit body is read raw (so the ledger's ManifestInvalid names the field);
+    # document it with the manifest model itself.
+    definitions = Manifest.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for name, definition in definitions.pop("$defs", {}).items():
+        components.setdefault(name, definition)
+    components["Manifest"] = definitions
+    app.openapi_schema = schema
+    return schema
+
+
+def create_app(lg: Ledger, tokens_path: str | os.PathLike[str] | None = None, public_reads: bool = False) -> FastAPI:
+    """The ASGI app serving `lg`: JSON reads and commands, `/openapi.json`, and the
+    operator page at `/`.
+
+    `tokens_path`: the tokens file (else `$LEDGER_TOKENS`, else `./ledger.tokens`);
+    a missing file means no tokens (every command is a 401), a malformed one raises
+    `InvalidInput` here. `public_reads`: anonymous callers may read and see the page.
+    The caller keeps ownership of `lg` (closing the app does not close it).
+    """
+    app = FastAPI(
+        title=TITLE, version=API_VERSION, description=DESCRIPTION,
+        docs_url="/docs", redoc_url=None,
+    )
+    app.state.ledger = lg
+    app.state.gate = Gate(tokens=TokenFile(tokens_path), public_reads=public_reads)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.include_router(page.router)
+    app.include_router(reads.router)
+    app.include_router(commands.router)
+    app.mount("/static", page.static_files(), name="static")
+    app.openapi = lambda: _openapi_schema(app)  # type: ignore[method-assign]
+    return app

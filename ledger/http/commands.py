@@ -1,0 +1,248 @@
+"""POST endpoints: every command of API.md. The caller's token names the actor.
+
+Each endpoint is one call of the service, which checks in SPEC order (input,
+existence, role, revision, state, preconditions) and raises the typed error
+that `errors.py` maps to a status. Run commands answer the run's new status.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from ..errors import NotAuthorized
+from ..manifest import MAX_MANIFEST_BYTES
+from ..states import RUN_COMMAND_ROLES, describe_roles, item_rule
+from ..views import Actor, CancelOutcome, ItemStatus, Lease, ReconcileReport, RunStatus
+from . import bodies as B
+from .auth import CommandActor
+from .deps import LedgerDep, aware
+from .errors import error_responses
+from .reads import RunId
+
+router = APIRouter(tags=["commands"], responses=error_responses(400, 401, 403, 422))
+
+RUN_ERRORS = error_responses(404, 409)
+
+
+def _expected(body: B.Expected | None) -> dict[str, Any]:
+    if body is None or body.expected_revision is None:
+        return {}
+    return {"expected_revision": body.expected_revision}
+
+
+def _lease(body: B.LeaseBody) -> Lease:
+    return Lease(
+        run_id=body.run_id, item_id=body.item_id, token=body.token, worker_id=body.worker_id,
+        attempt=body.attempt, expires_at=aware(body.expires_at),  # type: ignore[arg-type]
+        payload=None,
+    )
+
+
+def _require_role(actor: Actor, roles: frozenset[str], command: str) -> None:
+    # The service takes no actor for lease commands and reconcile (the lease token,
+    # or the reconciler's own process, is the authority there); over HTTP the
+    # token's role must still be one the transition table allows.
+    if actor.role not in roles:
+        raise NotAuthorized(
+            f"role {actor.role!r} may not {command}; allowed roles: {describe_roles(roles)}"
+        )
+
+
+def _parse_json_body(raw: bytes) -> Any:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise HTTPException(400, f"request body is not UTF-8: {e.reason} at byte {e.start}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise HTTPException(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except (ValueError, RecursionError) as e:  # e.g. integers past the 4300-digit limit
+        raise HTTPException(400, f"request body is not acceptable JSON: {type(e).__name__}") from None
+
+
+# --- runs ----------------------------------------------------------------------
+
+
+@router.post(
+    "/runs", status_code=201, response_model=RunStatus, summary="submit: a new run, queued",
+    responses=error_responses(413),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "The manifest (see API.md); validated by the ledger (ManifestInvalid names the field).",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Manifest"}}},
+        }
+    },
+)
+async def submit(request: Request, response: Response, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+    """`lg.submit(manifest, actor)`. The body is the manifest itself."""
+    raw = await request.body()
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise HTTPException(413, f"manifest is {len(raw)} bytes; at most {MAX_MANIFEST_BYTES} bytes allowed")
+    manifest = _parse_json_body(raw)
+    status: RunStatus = await run_in_threadpool(lg.submit, manifest, actor)
+    response.headers["Location"] = f"/runs/{status.run_id}"
+    return status
+
+
+@router.post("/runs/{run_id}/start", response_model=RunStatus, summary="start: queued -> running", responses=RUN_ERRORS)
+def start(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.Expected | None = None) -> RunStatus:
+    """`lg.start(run_id, actor)`."""
+    return lg.start(run_id, actor, **_expected(body))  # type: ignore[no-any-return]
+
+
+@router.post("/runs/{run_id}/amend", response_model=RunStatus, summary="amend: a new input version", responses=RUN_ERRORS)
+def amend(run_id: RunId, body: B.AmendBody, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+    """`lg.amend(run_id, actor, reason, items, withdraw, policy)`."""
+    return lg.amend(  # type: ignore[no-any-return]
+        run_id, actor, body.reason, items=body.items, withdraw=body.withdraw, policy=body.policy,
+        **_expected(body),
+    )
+
+
+@router.post("/runs/{run_id}/claim", response_model=list[Lease], summary="claim: leases on claimable items", responses=RUN_ERRORS)
+def claim(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.ClaimBody | None = None) -> list[Lease]:
+    """`lg.claim(run_id, worker, limit)`: `[]` when a running run has nothing claimable."""
+    limit = body.limit if body is not None else 1
+    return list(lg.claim(run_id, actor, limit=limit))
+
+
+@router.post("/runs/{run_id}/request_review", response_model=RunStatus, summary="request_review: running -> awaiting_review", responses=RUN_ERRORS)
+def request_review(run_id: RunId, body: B.RequestReviewBody, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+    """`lg.request_review(run_id, actor, decision)`."""
+    return lg.request_review(run_id, actor, body.decision, **_expected(body))  # type: ignore[no-any-return]
+
+
+@router.post("/runs/{run_id}/decide", response_model=RunStatus, summary="decide: approve -> running, reject -> failed", responses=RUN_ERRORS)
+def decide(run_id: RunId, body: B.DecideBody, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+    """`lg.decide(run_id, actor, input_version, approve, reason)`."""
+    return lg.decide(  # type: ignore[no-any-return]
+        run_id, actor, body.input_version, body.approve, body.reason, **_expected(body)
+    )
+
+
+@router.post("/runs/{run_id}/pause", response_model=RunStatus, summary="pause: running -> pausing or paused", responses=RUN_ERRORS)
+def pause(run_id: RunId, body: B.ReasonBody, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+    """`lg.pause(run_id, actor, reason)`."""
+    return lg.pause(run_id, actor, body.reason, **_expected(body))  # type: ignore[no-any-return]
+
+
+@router.post("/runs/{run_id}/resume", response_model=RunStatus, summary="resume: pausing or paused -> running", responses=RUN_ERRORS)
+def resume(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.Expected | None = None) -> RunStatus:
+    """`lg.resume(run_id, actor)`."""
+    return lg.resume(run_id, actor, **_expected(body))  # type: ignore[no-any-return]
+
+
+@router.post("/runs/{run_id}/cancel", response_model=CancelOutcome, summary="cancel: canceling or canceled", responses=RUN_ERRORS)
+def cancel(run_id: RunId, body: B.ReasonBody, actor: CommandActor, lg: LedgerDep) -> CancelOutcome:
+    """`lg.cancel(run_id, actor, reason)`: durable intent; repeating it writes nothing."""
+    return lg.cancel(run_id, actor, body.reason, **_expected(body))  # type: ignore[no-any-return]
+
+
+@router.post("/runs/{run_id}/complete", response_model=RunStatus, summary="complete: succeeded or completed_with_errors", responses=RUN_ERRORS)
+def complete(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.Expected | None = None) -> RunStatus:
+    """`lg.complete(run_id, actor)`: 409 NotComplete names what blocks success."""
+    return lg.complete(run_id, actor, **_expected(body))  # type: ignore[no-any-return]
+
+
+@router.post("/runs/{run_id}/fail", response_model=RunStatus, summary="fail: the run failed", responses=RUN_ERRORS)
+def fail(run_id: RunId, body: B.FailBody, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+    """`lg.fail(run_id, actor, reason, transient, failure_reason)`."""
+    return lg.fail(  # type: ignore[no-any-return]
+        run_id, actor, body.reason, body.transient, failure_reason=body.failure_reason, **_expected(body)
+    )
+
+
+@router.post("/runs/{run_id}/retry", status_code=201, response_model=RunStatus, summary="retry: a new linked run (retry_of)", responses=RUN_ERRORS)
+def retry(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.Expected | None = None) -> RunStatus:
+    """`lg.retry(run_id, actor)`: replays the original's latest input exactly."""
+    return lg.retry(run_id, actor, **_expected(body))  # type: ignore[no-any-return]
+
+
+@router.post("/runs/{run_id}/repair", status_code=201, response_model=RunStatus, summary="repair: a new linked run (repair_of / correction_of)", responses=RUN_ERRORS)
+def repair(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.RepairBody | None = None) -> RunStatus:
+    """`lg.repair(run_id, actor, items, corrections)`."""
+    body = body or B.RepairBody()
+    return lg.repair(  # type: ignore[no-any-return]
+        run_id, actor, items=body.items, corrections=body.corrections, **_expected(body)
+    )
+
+
+@router.post("/runs/{run_id}/compensate", status_code=201, response_model=RunStatus, summary="compensate: a new linked run (compensates)", responses=RUN_ERRORS)
+def compensate(run_id: RunId, body: B.CompensateBody, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+    """`lg.compensate(run_id, actor, reason, items)`."""
+    return lg.compensate(run_id, actor, body.reason, items=body.items, **_expected(body))  # type: ignore[no-any-return]
+
+
+# --- items ---------------------------------------------------------------------
+
+ItemPath = "/runs/{run_id}/items/{item_id:path}"
+
+
+@router.post(f"{ItemPath}/skip", response_model=ItemStatus, summary="skip: -> skipped", responses=RUN_ERRORS)
+def skip(run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: LedgerDep) -> ItemStatus:
+    """`lg.skip(run_id, item_id, actor, reason)`."""
+    return lg.skip(run_id, item_id, actor, body.reason, **_expected(body))  # type: ignore[no-any-return]
+
+
+@router.post(f"{ItemPath}/release", response_model=ItemStatus, summary="release: quarantined -> retryable", responses=RUN_ERRORS)
+def release(run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: LedgerDep) -> ItemStatus:
+    """`lg.release(run_id, item_id, actor, reason)`."""
+    return lg.release(run_id, item_id, actor, body.reason, **_expected(body))  # type: ignore[no-any-return]
+
+
+@router.post(f"{ItemPath}/reject_item", response_model=ItemStatus, summary="reject_item: quarantined -> rejected", responses=RUN_ERRORS)
+def reject_item(run_id: RunId, item_id: str, body: B.RejectItemBody, actor: CommandActor, lg: LedgerDep) -> ItemStatus:
+    """`lg.reject_item(run_id, item_id, actor, rule, detail)`."""
+    return lg.reject_item(  # type: ignore[no-any-return]
+        run_id, item_id, actor, body.rule, detail=body.detail, **_expected(body)
+    )
+
+
+# --- leases (the lease holder) ------------------------------------------------
+
+
+@router.post("/leases/heartbeat", response_model=Lease, summary="heartbeat: extend a live lease", responses=RUN_ERRORS)
+def heartbeat(body: B.LeaseBody, actor: CommandActor, lg: LedgerDep) -> Lease:
+    """`lg.heartbeat(lease)`: 409 LeaseLost when the lease is not live."""
+    _require_role(actor, item_rule("heartbeat").roles, "heartbeat")
+    return lg.heartbeat(_lease(body))  # type: ignore[no-any-return]
+
+
+@router.post("/leases/accept", response_model=ItemStatus, summary="accept: in_progress -> accepted", responses=RUN_ERRORS)
+def accept(body: B.AcceptBody, actor: CommandActor, lg: LedgerDep) -> ItemStatus:
+    """`lg.accept(lease, evidence, stage)`."""
+    _require_role(actor, item_rule("accept").roles, "accept")
+    return lg.accept(_lease(body), evidence=body.evidence, stage=body.stage)  # type: ignore[no-any-return]
+
+
+@router.post("/leases/reject", response_model=ItemStatus, summary="reject: in_progress -> rejected", responses=RUN_ERRORS)
+def reject(body: B.RejectBody, actor: CommandActor, lg: LedgerDep) -> ItemStatus:
+    """`lg.reject(lease, rule, detail, stage)`."""
+    _require_role(actor, item_rule("reject").roles, "reject")
+    return lg.reject(_lease(body), body.rule, detail=body.detail, stage=body.stage)  # type: ignore[no-any-return]
+
+
+@router.post("/leases/fail_attempt", response_model=ItemStatus, summary="fail_attempt: -> retryable or quarantined", responses=RUN_ERRORS)
+def fail_attempt(body: B.FailAttemptBody, actor: CommandActor, lg: LedgerDep) -> ItemStatus:
+    """`lg.fail_attempt(lease, error, stage, retryable)`."""
+    _require_role(actor, item_rule("fail_attempt").roles, "fail_attempt")
+    return lg.fail_attempt(  # type: ignore[no-any-return]
+        _lease(body), body.error, stage=body.stage, retryable=body.retryable
+    )
+
+
+# --- reconcile -------------------------------------------------------------------
+
+
+@router.post("/reconcile", response_model=ReconcileReport, summary="reconcile: expire leases, finish cancels and pauses")
+def reconcile(actor: CommandActor, lg: LedgerDep) -> ReconcileReport:
+    """`lg.reconcile()` at the store's clock (a caller cannot choose `now`)."""
+    _require_role(actor, RUN_COMMAND_ROLES["reconcile"], "reconcile")
+    return lg.reconcile()  # type: ignore[no-any-return]

@@ -1,0 +1,133 @@
+"""GET endpoints: every read of API.md, as JSON (read-your-writes, like the service)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from itertools import islice
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response
+
+from ..states import ITEM_STATES, ROLES, RUN_STATES
+from ..views import Attempt, ItemStatus, RunStatus, Transition
+from .auth import Reader
+from .deps import LedgerDep, aware
+from .errors import error_responses
+
+router = APIRouter(tags=["reads"], responses=error_responses(401, 422))
+
+RunId = Annotated[str, Path(description="The run's id.")]
+MAX_PAGE = 1000
+
+NEXT_AFTER_HEADER = "X-Next-After"
+
+
+@router.get("/runs", response_model=list[RunStatus], summary="Runs, newest first")
+def list_runs(
+    _reader: Reader,
+    lg: LedgerDep,
+    state: Annotated[
+        str | None, Query(description="Only runs in this state.", json_schema_extra={"enum": list(RUN_STATES)})
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+) -> list[RunStatus]:
+    """`lg.runs(state, limit)`: run statuses, newest first."""
+    return list(lg.runs(state=state, limit=limit))
+
+
+@router.get(
+    "/runs/{run_id}", response_model=RunStatus, summary="A run's status", responses=error_responses(404)
+)
+def run_status(
+    _reader: Reader,
+    lg: LedgerDep,
+    run_id: RunId,
+    at: Annotated[
+        datetime | None,
+        Query(description="The status as accepted at this time (ISO 8601; UTC when no offset)."),
+    ] = None,
+) -> RunStatus:
+    """`lg.status(run_id)`, or `lg.status_at(run_id, at)` with `at`."""
+    if at is not None:
+        status: RunStatus = lg.status_at(run_id, aware(at))
+    else:
+        status = lg.status(run_id)
+    return status
+
+
+@router.get(
+    "/runs/{run_id}/items", response_model=list[ItemStatus], summary="A run's items",
+    responses=error_responses(404),
+)
+def run_items(
+    _reader: Reader,
+    lg: LedgerDep,
+    run_id: RunId,
+    state: Annotated[
+        str | None, Query(description="Only items in this state.", json_schema_extra={"enum": list(ITEM_STATES)})
+    ] = None,
+) -> list[ItemStatus]:
+    """`lg.items(run_id, state)`."""
+    return list(lg.items(run_id, state=state))
+
+
+@router.get(
+    "/runs/{run_id}/attempts", response_model=list[Attempt], summary="A run's attempts",
+    responses=error_responses(404),
+)
+def run_attempts(
+    _reader: Reader,
+    lg: LedgerDep,
+    run_id: RunId,
+    item_id: Annotated[str | None, Query(description="Only this item's attempts.")] = None,
+) -> list[Attempt]:
+    """`lg.attempts(run_id, item_id)`."""
+    return list(lg.attempts(run_id, item_id=item_id))
+
+
+@router.get(
+    "/runs/{run_id}/history", response_model=list[Transition], summary="A run's transitions",
+    responses=error_responses(404),
+)
+def run_history(_reader: Reader, lg: LedgerDep, run_id: RunId) -> list[Transition]:
+    """`lg.history(run_id)`: every run and item transition in position order."""
+    return list(lg.history(run_id))
+
+
+@router.get(
+    "/runs/{run_id}/lineage", response_model=list[RunStatus], summary="Linked runs, root first",
+    responses=error_responses(404),
+)
+def run_lineage(_reader: Reader, lg: LedgerDep, run_id: RunId) -> list[RunStatus]:
+    """`lg.lineage(run_id)`: the original run and its retries, repairs and compensations."""
+    return list(lg.lineage(run_id))
+
+
+@router.get("/audit", response_model=list[Transition], summary="The audit trail, keyset paged")
+def audit(
+    _reader: Reader,
+    lg: LedgerDep,
+    response: Response,
+    run_id: Annotated[str | None, Query(description="Only this run's transitions.")] = None,
+    actor: Annotated[str | None, Query(description="Only transitions made by this actor id.")] = None,
+    role: Annotated[str | None, Query(json_schema_extra={"enum": list(ROLES)})] = None,
+    state: Annotated[str | None, Query(description="Only transitions into this state.")] = None,
+    since: Annotated[datetime | None, Query(description="From this time (ISO 8601).")] = None,
+    until: Annotated[datetime | None, Query(description="Up to this time (ISO 8601).")] = None,
+    newest_first: bool = False,
+    after: Annotated[
+        int | None,
+        Query(ge=0, le=2**63 - 1, description="Keyset cursor: the `position` of the last transition seen."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+) -> list[Transition]:
+    """`lg.audit(...)`: one page. When the page is full, the `X-Next-After` header holds
+    the cursor for the next page (pass it as `after`, with the same filters)."""
+    transitions = lg.audit(
+        run_id=run_id, actor=actor, role=role, state=state, since=aware(since), until=aware(until),
+        newest_first=newest_first, after=after, limit=limit,
+    )
+    page: list[Transition] = list(islice(transitions, limit))
+    if len(page) == limit:
+        response.headers[NEXT_AFTER_HEADER] = str(page[-1].position)
+    return page

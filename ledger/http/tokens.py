@@ -1,0 +1,151 @@
+"""Bearer tokens: a file of `<sha256 hex of the token> <actor_id> <role>` lines.
+
+The file never holds a token, only its digest, so reading it (or a backup of
+it) grants nothing. Tokens are shown once, by `add_token`, and never logged.
+The server re-reads the file when it changes, so `ledger token add` takes
+effect without a restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import secrets
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InvalidInput
+from ..manifest import check_identifier
+from ..states import ROLES
+from ..views import Actor
+
+ENV_TOKENS = "LEDGER_TOKENS"
+DEFAULT_TOKENS_FILE = "ledger.tokens"
+TOKEN_PREFIX = "ledger_"
+_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+_WHITESPACE = re.compile(r"\s")
+# Longer bearer values are refused before hashing; real tokens are ~50 characters.
+MAX_TOKEN_CHARS = 512
+
+log = logging.getLogger(__name__)
+
+
+def tokens_path(path: str | os.PathLike[str] | None = None) -> Path:
+    """The tokens file: `path`, else `$LEDGER_TOKENS`, else `./ledger.tokens`."""
+    if path is not None and str(path) != "":
+        return Path(path)
+    return Path(os.environ.get(ENV_TOKENS) or DEFAULT_TOKENS_FILE)
+
+
+def hash_token(token: str) -> str:
+    """The digest stored in the tokens file (sha256, lowercase hex)."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def _check_actor(actor_id: str, role: str) -> None:
+    check_identifier(actor_id, "actor_id")
+    if _WHITESPACE.search(actor_id):
+        raise InvalidInput(f"actor_id must not contain whitespace, got {actor_id!r}")
+    if role not in ROLES:
+        raise InvalidInput(f"role must be one of {', '.join(ROLES)}; got {role!r}")
+
+
+def add_token(actor_id: str, role: str, path: str | os.PathLike[str] | None = None) -> str:
+    """Make a new random token for `actor_id` acting as `role`, append its digest to the
+    tokens file (created with mode 0600), and return the token. Prints nothing: the
+    caller shows the token once. Raises `InvalidInput` for a bad actor id or role."""
+    _check_actor(actor_id, role)
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    target = tokens_path(path)
+    if target.parent != Path(""):
+        target.parent.mkdir(parents=True, exist_ok=True)
+    line = f"{hash_token(token)} {actor_id} {role}\n"
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        # Start on a fresh line even if someone left the file without a final newline.
+        if os.fstat(fd).st_size > 0:
+            with open(target, "rb") as existing:
+                existing.seek(-1, os.SEEK_END)
+                if existing.read(1) != b"\n":
+                    line = "\n" + line
+        os.write(fd, line.encode("utf-8"))
+    finally:
+        os.close(fd)
+    return token
+
+
+def parse_tokens(text: str, source: str = "tokens file") -> dict[str, Actor]:
+    """Digest -> actor. Blank lines and `#` comments are ignored; a malformed line raises
+    `InvalidInput` naming its line number (never its content: it may hold a token pasted
+    by mistake)."""
+    table: dict[str, Actor] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 3 or not _HEX64.match(parts[0]):
+            raise InvalidInput(
+                f"{source} line {number}: expected '<sha256 hex of the token> <actor_id> <role>'"
+            )
+        digest, actor_id, role = parts
+        try:
+            _check_actor(actor_id, role)
+        except InvalidInput as e:
+            raise InvalidInput(f"{source} line {number}: {e.message}") from None
+        table[digest.lower()] = Actor(actor_id, role)
+    return table
+
+
+@dataclass
+class _Snapshot:
+    stamp: tuple[int, int, int] | None
+    table: dict[str, Actor]
+
+
+class TokenFile:
+    """The tokens file, re-read when its size or modification time changes."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = tokens_path(path)
+        self._lock = threading.Lock()
+        self._snapshot = _Snapshot(stamp=None, table={})
+        self.reload(strict=True)
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def reload(self, strict: bool = False) -> None:
+        """Read the file again. With `strict`, a malformed file raises `InvalidInput`;
+        otherwise the last good table stays in force and a warning is logged."""
+        stamp = self._stamp()
+        try:
+            text = self.path.read_text(encoding="utf-8") if stamp is not None else ""
+            table = parse_tokens(text, source=str(self.path))
+        except (InvalidInput, OSError, UnicodeDecodeError) as e:
+            if strict:
+                if isinstance(e, InvalidInput):
+                    raise
+                raise InvalidInput(f"cannot read tokens file {str(self.path)!r}: {e}") from None
+            log.warning("tokens file %s not reloaded: %s", self.path, e)
+            self._snapshot = _Snapshot(stamp=stamp, table=self._snapshot.table)
+            return
+        self._snapshot = _Snapshot(stamp=stamp, table=table)
+
+    def lookup(self, token: str) -> Actor | None:
+        """The actor a presented bearer token stands for, or None."""
+        if not token or len(token) > MAX_TOKEN_CHARS:
+            return None
+        with self._lock:
+            if self._stamp() != self._snapshot.stamp:
+                self.reload()
+            table = self._snapshot.table
+        # Only digests are compared, so response timing says nothing about a token.
+        return table.get(hash_token(token))
