@@ -79,7 +79,8 @@ class Run(Aggregate):
         actor_id: str
         role: str
         reason: str | None
-        items: list[dict[str, Any]]
+        added: list[dict[str, Any]]
+        replaced: list[dict[str, Any]]
         withdraw: list[str]
         policy: dict[str, Any] | None
         input_version: str
@@ -100,6 +101,7 @@ class Run(Aggregate):
         self.created_by = actor_id
         self.links = list(links)
         self.root_run_id = root_run_id
+        self.seq = 0  # position of the creating event, set by the run projection
         self.started_at: datetime | None = None
         self.stopped_at: datetime | None = None
         self.stop_reason: str | None = None
@@ -108,6 +110,11 @@ class Run(Aggregate):
         self.summary = ""
         self.review: dict[str, Any] | None = None
         self.cancel_requested = False
+        # Items per state. Item events live in item streams; the run projection keeps
+        # these counts current (they are derived, not part of the run's own events).
+        self.counts: dict[str, int] = {s: 0 for s in S.ITEM_STATES}
+        self.item_count = len(manifest.get("items", ()))
+        self.counts[S.PENDING] = self.item_count
 
     # -- appliers ---------------------------------------------------------
     def on_submitted(self, e: Submitted) -> None:
@@ -140,6 +147,8 @@ class Run(Aggregate):
 
     def on_amended(self, e: Amended) -> None:
         self.input_version = e.input_version
+        self.item_count += len(e.added)
+        self.counts[S.PENDING] += len(e.added)
         if e.policy is not None:
             self.policy = e.policy
         if self.state == S.AWAITING_REVIEW and self.review is not None:
@@ -157,12 +166,12 @@ class Run(Aggregate):
                            to_state=to_state, actor_id=actor_id, role=role, reason=reason,
                            evidence=evidence, timestamp=at)
 
-    def amend(self, actor_id: str, role: str, reason: str | None, items: list[dict[str, Any]],
-              withdraw: list[str], policy: dict[str, Any] | None, input_version: str,
-              at: datetime) -> None:
+    def amend(self, actor_id: str, role: str, reason: str | None, added: list[dict[str, Any]],
+              replaced: list[dict[str, Any]], withdraw: list[str], policy: dict[str, Any] | None,
+              input_version: str, at: datetime) -> None:
         """Record a new input version."""
-        self.trigger_event(self.Amended, actor_id=actor_id, role=role, reason=reason, items=items,
-                           withdraw=withdraw, policy=policy, input_version=input_version,
+        self.trigger_event(self.Amended, actor_id=actor_id, role=role, reason=reason, added=added,
+                           replaced=replaced, withdraw=withdraw, policy=policy, input_version=input_version,
                            state=self.state, timestamp=at)
 
 
@@ -202,8 +211,6 @@ class Item(Aggregate):
 
         def apply(self, item: Item) -> None:
             item.lease_expires_at = self.expires_at
-            if item.attempt_record is not None:
-                item.attempt_record = dict(item.attempt_record, expires_at=self.expires_at)
 
     def __init__(self, run_id: str, item_id: str) -> None:
         self.run_id = run_id
@@ -216,7 +223,6 @@ class Item(Aggregate):
         self.eligible_at: str | None = None
         self.last_error: str | None = None
         self.reason: str | None = None
-        self.attempt_record: dict[str, Any] | None = None
 
     def on_transition(self, e: Transitioned) -> None:
         ev = e.evidence
@@ -227,19 +233,9 @@ class Item(Aggregate):
             self.lease_token = ev["lease_token"]
             self.lease_worker = e.actor_id
             self.lease_expires_at = ev["expires_at"]
-            self.attempt_record = {
-                "attempt": ev["attempt"], "worker_id": e.actor_id, "lease_token": ev["lease_token"],
-                "started_at": e.timestamp.isoformat(), "expires_at": ev["expires_at"],
-                "finished_at": None, "stage": None, "outcome": None, "error": None,
-            }
             return
         if e.from_state == S.IN_PROGRESS:
-            # an attempt ended: record its outcome, drop the lease
-            if self.attempt_record is not None:
-                self.attempt_record = dict(
-                    self.attempt_record, finished_at=e.timestamp.isoformat(),
-                    stage=ev.get("stage"), outcome=ev.get("outcome"), error=ev.get("error"),
-                )
+            # an attempt ended: drop the lease (the attempts projection records the outcome)
             self.lease_token = None
             self.lease_worker = None
             self.lease_expires_at = None

@@ -136,6 +136,8 @@ ITEM_TRANSITIONS: tuple[Rule, ...] = (
           "lease expired; quarantined when attempts are exhausted"),
     _rule("abandon", IN_PROGRESS, f"{RETRYABLE} {QUARANTINED}", f"{CONTROLLER} {OPERATOR}",
           "lease_token", "the run failed; its live leases are fenced"),
+    _rule("deadline", RETRYABLE, QUARANTINED, RECONCILER, "",
+          "the item deadline passed before it was claimed again"),
     _rule("release", QUARANTINED, RETRYABLE, f"{REVIEWER} {OPERATOR}"),
     _rule("reject_item", QUARANTINED, REJECTED, REVIEWER, "rule"),
     _rule("skip", f"{PENDING} {RETRYABLE} {QUARANTINED}", SKIPPED, f"{OPERATOR} {REVIEWER}"),

@@ -1,0 +1,811 @@
+"""The `ledger` command: a thin entry point over `Ledger`.
+
+Global options (`--dsn`, `--as ID:ROLE`) go before the subcommand, and are also
+accepted after it. Read commands take `--json` (one JSON document). Exit codes: 0 ok,
+1 a ledger error (one line on stderr: `error: <Type>: <message>`), 2 bad usage.
+
+Start-up is kept short: heavy modules (the service, rich, pydantic) are imported
+inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+from typer.core import TyperGroup
+
+if TYPE_CHECKING:
+    from .service import Ledger
+    from .views import Actor
+
+DEFAULT_DSN = "sqlite:///./ledger.db"
+_GLOBAL_OPTIONS = ("--dsn", "--as")
+
+# The role each command acts in unless --as names one.
+DEFAULT_ROLES: dict[str, str] = {
+    "submit": "submitter",
+    "amend": "submitter",
+    "start": "controller",
+    "complete": "controller",
+    "request-review": "controller",
+    "fail": "controller",
+    "review": "reviewer",
+    "reject-item": "reviewer",
+    "pause": "operator",
+    "resume": "operator",
+    "cancel": "operator",
+    "skip": "operator",
+    "release": "operator",
+    "retry": "operator",
+    "repair": "operator",
+    "compensate": "operator",
+    "reconcile": "reconciler",
+    "work": "worker",
+}
+
+
+def _hoist_global_options(args: Sequence[str]) -> list[str]:
+    """Move `--dsn X` / `--as X` found after the subcommand to the front (before `--`)."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest.extend(args[i:])
+            break
+        if arg in _GLOBAL_OPTIONS and i + 1 < len(args):
+            front += [arg, args[i + 1]]
+            i += 2
+            continue
+        if arg.startswith(tuple(f"{o}=" for o in _GLOBAL_OPTIONS)):
+            front.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
+def _fail(error: BaseException) -> NoReturn:
+    message = " ".join(str(error).split()) or type(error).__name__
+    typer.echo(f"error: {type(error).__name__}: {message}", err=True)
+    raise typer.Exit(1)
+
+
+class _LedgerGroup(TyperGroup):
+    """Accepts global options anywhere and turns ledger errors into one line and exit 1."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        return super().parse_args(ctx, _hoist_global_options(args))
+
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
+        from .errors import LedgerError
+
+        try:
+            return super().invoke(ctx)
+        except LedgerError as e:
+            _fail(e)
+        except NotImplementedError as e:
+            detail = str(e) or "this ledger does not support the command yet"
+            _fail(NotImplementedError(detail))
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as e:  # a lost connection, an unreadable file...: no traceback
+            if _is_usage_error(e) or os.environ.get("LEDGER_DEBUG"):
+                raise
+            _fail(e)
+
+
+def _is_usage_error(error: Exception) -> bool:
+    # click's exceptions (typer vendors click, so match by shape, not by class)
+    return hasattr(error, "exit_code") and hasattr(error, "show")
+
+
+app = typer.Typer(
+    cls=_LedgerGroup,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="The durable, auditable record of workflow and batch runs.",
+)
+projections_app = typer.Typer(cls=TyperGroup, no_args_is_help=True, help="Projection maintenance.")
+token_app = typer.Typer(cls=TyperGroup, no_args_is_help=True, help="HTTP API tokens.")
+app.add_typer(projections_app, name="projections")
+app.add_typer(token_app, name="token")
+
+
+@dataclass
+class _Globals:
+    dsn: str
+    actor: str | None
+
+
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    dsn: Annotated[
+        str | None,
+        typer.Option("--dsn", metavar="DSN", help="Ledger store: memory://, sqlite:///PATH, postgresql://... "
+                     "[default: $LEDGER_DSN, else sqlite:///./ledger.db]"),
+    ] = None,
+    actor: Annotated[
+        str | None,
+        typer.Option("--as", metavar="ID:ROLE",
+                     help="Who makes the command; the role defaults per command"),
+    ] = None,
+) -> None:
+    """The durable, auditable record of workflow and batch runs."""
+    ctx.obj = _Globals(dsn or os.environ.get("LEDGER_DSN") or DEFAULT_DSN, actor)
+
+
+# -- helpers --------------------------------------------------------------------
+
+
+def _globals(ctx: typer.Context) -> _Globals:
+    obj = ctx.find_object(_Globals)
+    assert obj is not None
+    return obj
+
+
+@contextmanager
+def _ledger(ctx: typer.Context) -> Iterator[Ledger]:
+    from .service import Ledger
+
+    lg = Ledger.open(_globals(ctx).dsn)
+    try:
+        yield lg
+    finally:
+        lg.close()
+
+
+def _actor(ctx: typer.Context, command: str) -> Actor:
+    """`--as ID:ROLE`, `--as ID` or `--as :ROLE`; missing parts take the defaults."""
+    from .views import Actor
+
+    default_id = os.environ.get("LEDGER_ACTOR") or os.environ.get("USER") or "cli"
+    default_role = DEFAULT_ROLES.get(command, "operator")
+    text = _globals(ctx).actor
+    if not text:
+        return Actor(default_id, default_role)
+    ident, sep, role = text.rpartition(":")
+    if not sep:
+        ident, role = text, default_role
+    return Actor(ident or default_id, role or default_role)
+
+
+def _emit_json(value: Any) -> None:
+    typer.echo(json.dumps(_jsonable(value), indent=2, ensure_ascii=False))
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    """ISO 8601 (`2026-11-28T10:00:00Z`, a date, or `now`); a naive time is UTC."""
+    if text is None:
+        return None
+    if text.strip().lower() == "now":
+        return datetime.now(timezone.utc)
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is not an ISO 8601 time (e.g. 2026-11-28T10:00:00Z)"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def _read_json_file(path: Path, what: str) -> Any:
+    from .errors import ManifestInvalid
+
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ManifestInvalid(f"cannot read {what} file {str(path)!r}: {e.strerror}",
+                              field=what) from None
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        detail = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(
+            e, json.JSONDecodeError) else "not UTF-8"
+        raise ManifestInvalid(f"{what} file {str(path)!r} is not valid JSON: {detail}",
+                              field=what) from None
+    except RecursionError:
+        raise ManifestInvalid(f"{what} file {str(path)!r} nests too deeply",
+                              field=what) from None
+
+
+def _split_ids(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    ids = [part.strip() for part in text.split(",") if part.strip()]
+    if not ids:
+        raise typer.BadParameter("give at least one item id, separated by commas")
+    return ids
+
+
+def _console() -> Any:
+    from .render import console
+
+    return console()
+
+
+def _show_run(status: Any, as_json: bool, verb: str | None = None) -> None:
+    if as_json:
+        _emit_json(status)
+        return
+    if verb:
+        typer.echo(f"{verb} run {status.run_id}: {status.state} (revision {status.revision})")
+    else:
+        from .render import show_status
+
+        show_status(_console(), status)
+
+
+def _show_item(item: Any, as_json: bool) -> None:
+    if as_json:
+        _emit_json(item)
+        return
+    extra = f" ({item.reason})" if getattr(item, "reason", None) else ""
+    typer.echo(f"item {item.item_id} of run {item.run_id}: {item.state}{extra}")
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document")]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded with the event)")]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="Run id")]
+ItemArg = Annotated[str, typer.Argument(metavar="ITEM", help="Item id")]
+
+
+# -- commands that create or move runs ---------------------------------------------
+
+
+@app.command()
+def submit(
+    ctx: typer.Context,
+    manifest: Annotated[Path, typer.Argument(metavar="MANIFEST.json", dir_okay=False)],
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a manifest: a new run, queued."""
+    from .manifest import parse_manifest
+
+    parsed = parse_manifest(_read_json_file(manifest, "manifest"))
+    with _ledger(ctx) as lg:
+        status = lg.submit(parsed, _actor(ctx, "submit"))
+    _show_run(status, as_json, "submitted")
+
+
+@app.command()
+def start(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
+    """Start a queued run (controller)."""
+    with _ledger(ctx) as lg:
+        status = lg.start(run_id, _actor(ctx, "start"))
+    _show_run(status, as_json, "started")
+
+
+@app.command()
+def complete(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
+    """Complete a running run: succeeded or completed_with_errors (controller)."""
+    with _ledger(ctx) as lg:
+        status = lg.complete(run_id, _actor(ctx, "complete"))
+    _show_run(status, as_json, "completed")
+
+
+_AMEND_KEYS = ("items", "withdraw", "policy")
+
+
+@app.command()
+def amend(
+    ctx: typer.Context,
+    run_id: RunArg,
+    part: Annotated[Path, typer.Argument(metavar="PART.json", dir_okay=False,
+                                         help='{"items": [...], "withdraw": [ids], "policy": {...}}')],
+    reason: ReasonOpt,
+    as_json: JsonOpt = False,
+) -> None:
+    """Amend a run: add or replace items, withdraw item ids, change policy."""
+    from .errors import ManifestInvalid
+
+    data = _read_json_file(part, "amendment")
+    if isinstance(data, list):
+        data = {"items": data}
+    if not isinstance(data, dict):
+        raise ManifestInvalid("amendment must be a JSON object with items, withdraw or policy",
+                              field="amendment")
+    unknown = sorted(set(data) - set(_AMEND_KEYS))
+    if unknown:
+        raise ManifestInvalid(f"amendment field {unknown[0]}: unknown key; allowed keys are "
+                              f"{', '.join(_AMEND_KEYS)}", field=unknown[0])
+    if not any(data.get(k) is not None for k in _AMEND_KEYS):
+        raise ManifestInvalid("amendment changes nothing; give items, withdraw or policy",
+                              field="amendment")
+    with _ledger(ctx) as lg:
+        status = lg.amend(run_id, _actor(ctx, "amend"), reason, items=data.get("items"),
+                          withdraw=data.get("withdraw"), policy=data.get("policy"))
+    _show_run(status, as_json, "amended")
+
+
+@app.command("request-review")
+def request_review(
+    ctx: typer.Context,
+    run_id: RunArg,
+    decision: Annotated[str, typer.Option("--decision", help="The decision required")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Ask for a review decision bound to the run's current input version (controller)."""
+    with _ledger(ctx) as lg:
+        status = lg.request_review(run_id, _actor(ctx, "request-review"), decision)
+    _show_run(status, as_json, f"review requested ({status.input_version}) for")
+
+
+@app.command()
+def review(
+    ctx: typer.Context,
+    run_id: RunArg,
+    approve: Annotated[bool, typer.Option("--approve/--reject", help="The decision")],
+    input_version: Annotated[str, typer.Option("--input-version",
+                                               help="The input version you reviewed")],
+    reason: ReasonOpt,
+    as_json: JsonOpt = False,
+) -> None:
+    """Decide a review: --approve (back to running) or --reject (failed) (reviewer)."""
+    with _ledger(ctx) as lg:
+        status = lg.decide(run_id, _actor(ctx, "review"), input_version, approve, reason)
+    _show_run(status, as_json, "approved" if approve else "rejected")
+
+
+@app.command()
+def pause(ctx: typer.Context, run_id: RunArg,
+          reason: Annotated[str, typer.Option("--reason")] = "paused from the command line",
+          as_json: JsonOpt = False) -> None:
+    """Pause a running run: pausing until its leases end, then paused (operator)."""
+    with _ledger(ctx) as lg:
+        status = lg.pause(run_id, _actor(ctx, "pause"), reason)
+    _show_run(status, as_json, "paused")
+
+
+@app.command()
+def resume(ctx: typer.Context, run_id: RunArg,
+           reason: Annotated[str | None, typer.Option("--reason")] = None,
+           as_json: JsonOpt = False) -> None:
+    """Resume a pausing or paused run (operator)."""
+    with _ledger(ctx) as lg:
+        status = lg.resume(run_id, _actor(ctx, "resume"))
+    _show_run(status, as_json, "resumed")
+
+
+@app.command()
+def cancel(ctx: typer.Context, run_id: RunArg,
+           reason: Annotated[str, typer.Option("--reason")] = "canceled from the command line",
+           as_json: JsonOpt = False) -> None:
+    """Record the intent to cancel: canceling while leases are live, then canceled."""
+    with _ledger(ctx) as lg:
+        outcome = lg.cancel(run_id, _actor(ctx, "cancel"), reason)
+    if as_json:
+        _emit_json(outcome)
+        return
+    already = " (the cancel was already recorded)" if outcome.already else ""
+    typer.echo(f"run {outcome.run_id}: {outcome.state}, {outcome.in_flight} attempt(s) "
+               f"in flight{already}")
+
+
+@app.command()
+def fail(
+    ctx: typer.Context,
+    run_id: RunArg,
+    reason: ReasonOpt,
+    permanent: Annotated[bool, typer.Option("--permanent",
+                                            help="A retry would fail identically")] = False,
+    failure_reason: Annotated[str | None, typer.Option(
+        "--failure-reason", help="input_unavailable, input_invalid, record_corrupt, "
+        "invariant_violated, deadline_exceeded, review_rejected, "
+        "required_items_not_accepted or operator_decision")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fail a run, transient unless --permanent (controller; operators: transient only)."""
+    with _ledger(ctx) as lg:
+        status = lg.fail(run_id, _actor(ctx, "fail"), reason, transient=not permanent,
+                         failure_reason=failure_reason)
+    _show_run(status, as_json, "failed")
+
+
+@app.command()
+def skip(ctx: typer.Context, run_id: RunArg, item_id: ItemArg, reason: ReasonOpt,
+         as_json: JsonOpt = False) -> None:
+    """Skip a pending, retryable or quarantined item (operator)."""
+    with _ledger(ctx) as lg:
+        item = lg.skip(run_id, item_id, _actor(ctx, "skip"), reason)
+    _show_item(item, as_json)
+
+
+@app.command()
+def release(ctx: typer.Context, run_id: RunArg, item_id: ItemArg, reason: ReasonOpt,
+            as_json: JsonOpt = False) -> None:
+    """Release a quarantined item for another attempt (operator)."""
+    with _ledger(ctx) as lg:
+        item = lg.release(run_id, item_id, _actor(ctx, "release"), reason)
+    _show_item(item, as_json)
+
+
+@app.command("reject-item")
+def reject_item(
+    ctx: typer.Context, run_id: RunArg, item_id: ItemArg, reason: ReasonOpt,
+    rule: Annotated[str | None, typer.Option(
+        "--rule", help="The rule the item fails (default: the reason)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Reject a quarantined item for good (reviewer)."""
+    with _ledger(ctx) as lg:
+        item = lg.reject_item(run_id, item_id, _actor(ctx, "reject-item"), rule or reason,
+                              detail=reason if rule else None)
+    _show_item(item, as_json)
+
+
+@app.command()
+def retry(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
+    """New run replaying a failed(transient) run's latest input, linked retry_of (operator)."""
+    with _ledger(ctx) as lg:
+        status = lg.retry(run_id, _actor(ctx, "retry"))
+    _show_run(status, as_json, f"retry of {run_id}:")
+
+
+@app.command()
+def repair(
+    ctx: typer.Context, run_id: RunArg,
+    items: Annotated[str | None, typer.Option(
+        "--items", metavar="ID,...", help="Items to repair (default: those not accepted)")] = None,
+    corrections: Annotated[Path | None, typer.Option(
+        "--corrections", metavar="ITEMS.json", dir_okay=False,
+        help="Corrected items (a JSON list); links correction_of")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """New run for a run's items not accepted, linked repair_of / correction_of (operator)."""
+    fixed = _read_json_file(corrections, "corrections") if corrections else None
+    with _ledger(ctx) as lg:
+        status = lg.repair(run_id, _actor(ctx, "repair"), items=_split_ids(items),
+                           corrections=fixed)
+    _show_run(status, as_json, f"repair of {run_id}:")
+
+
+@app.command()
+def compensate(
+    ctx: typer.Context, run_id: RunArg, reason: ReasonOpt,
+    items: Annotated[str | None, typer.Option("--items", metavar="ID,...")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """New run that undoes a run's effects, linked compensates (operator)."""
+    with _ledger(ctx) as lg:
+        status = lg.compensate(run_id, _actor(ctx, "compensate"), reason,
+                               items=_split_ids(items))
+    _show_run(status, as_json, f"compensation of {run_id}:")
+
+
+@app.command()
+def reconcile(
+    ctx: typer.Context,
+    watch: Annotated[float | None, typer.Option(
+        "--watch", metavar="SECONDS", min=0.05, help="Repeat every SECONDS until interrupted")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Expire stale leases, finish cancels and pauses, fail runs past their deadline."""
+    import time
+
+    with _ledger(ctx) as lg:
+        while True:
+            report = lg.reconcile()
+            if as_json:
+                typer.echo(json.dumps(report.to_dict()))
+            else:
+                typer.echo(
+                    f"{datetime.now(timezone.utc).isoformat(timespec='seconds')} reconciled: "
+                    f"{report.expired_leases} lease(s) expired, {report.finished_cancels} "
+                    f"cancel(s) and {report.finished_pauses} pause(s) finished, "
+                    f"{report.failed_runs} run(s) failed")
+            if watch is None:
+                return
+            try:
+                time.sleep(watch)
+            except KeyboardInterrupt:
+                return
+
+
+@app.command()
+def work(
+    ctx: typer.Context,
+    run_id: RunArg,
+    handler: Annotated[str, typer.Option("--handler", metavar="MODULE:FUNCTION",
+                                         help="Called with each item's Lease")],
+    workers: Annotated[int, typer.Option("--workers", min=1, max=256)] = 4,
+    as_json: JsonOpt = False,
+) -> None:
+    """Process a run's items with a handler until nothing is left (worker)."""
+    from .worker import Worker
+
+    handle = _load_handler(handler)
+    actor = _actor(ctx, "work")
+    with _ledger(ctx) as lg:
+        worker = Worker(lg, run_id, handle, worker_id=actor.id, concurrency=workers)
+        try:
+            summary = worker.run()
+        except KeyboardInterrupt:
+            worker.stop()
+            raise
+    if as_json:
+        _emit_json(summary)
+        return
+    typer.echo(
+        f"worker {summary.worker_id}: claimed {summary.claimed}, accepted {summary.accepted}, "
+        f"rejected {summary.rejected}, retryable {summary.retryable}, quarantined "
+        f"{summary.quarantined}, lease lost {summary.lease_lost}; stopped: {summary.stopped}; "
+        f"run is {summary.run_state}")
+    for line in summary.errors:
+        typer.echo(f"  not recorded: {line}", err=True)
+
+
+def _load_handler(spec: str) -> Any:
+    import importlib
+
+    from .errors import InvalidInput
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidInput(f"--handler must look like module:function, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise InvalidInput(f"cannot import handler module {module_name!r}: {e}") from None
+    target: Any = module
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise InvalidInput(f"module {module_name!r} has no {attr!r}")
+    if not callable(target):
+        raise InvalidInput(f"handler {spec!r} is not callable")
+    return target
+
+
+# -- reads ----------------------------------------------------------------------
+
+
+@app.command()
+def status(
+    ctx: typer.Context, run_id: RunArg,
+    at: Annotated[str | None, typer.Option("--at", metavar="TIME",
+                                           help="The status as accepted at TIME (ISO 8601)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A run's accepted state: counts, summary, what it waits on."""
+    when = _parse_time(at)
+    with _ledger(ctx) as lg:
+        result = lg.status(run_id) if when is None else lg.status_at(run_id, when)
+    _show_run(result, as_json)
+
+
+@app.command()
+def runs(
+    ctx: typer.Context,
+    state: Annotated[str | None, typer.Option("--state")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1)] = 100,
+    as_json: JsonOpt = False,
+) -> None:
+    """Runs, newest first."""
+    with _ledger(ctx) as lg:
+        result = lg.runs(state=state, limit=limit)
+    if as_json:
+        _emit_json(result)
+        return
+    from .render import show_runs
+
+    show_runs(_console(), result)
+
+
+@app.command()
+def items(
+    ctx: typer.Context, run_id: RunArg,
+    state: Annotated[str | None, typer.Option("--state")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A run's items."""
+    with _ledger(ctx) as lg:
+        result = lg.items(run_id, state=state)
+    if as_json:
+        _emit_json(result)
+        return
+    from .render import show_items
+
+    show_items(_console(), result)
+
+
+@app.command()
+def attempts(
+    ctx: typer.Context, run_id: RunArg,
+    item: Annotated[str | None, typer.Option("--item", metavar="ITEM")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Every attempt of a run's items (or of one item)."""
+    with _ledger(ctx) as lg:
+        result = lg.attempts(run_id, item_id=item)
+    if as_json:
+        _emit_json(result)
+        return
+    from .render import show_attempts
+
+    show_attempts(_console(), result)
+
+
+@app.command()
+def history(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
+    """Every run and item transition of a run, in order."""
+    with _ledger(ctx) as lg:
+        result = list(lg.history(run_id))
+    if as_json:
+        _emit_json(result)
+        return
+    from .render import show_transitions
+
+    show_transitions(_console(), result, title=f"history of run {run_id}")
+
+
+@app.command()
+def lineage(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
+    """The runs linked to a run (retries, repairs, compensations), root first."""
+    with _ledger(ctx) as lg:
+        result = lg.lineage(run_id)
+    if as_json:
+        _emit_json(result)
+        return
+    from .render import show_runs
+
+    show_runs(_console(), result, title=f"lineage of run {run_id}")
+
+
+@app.command()
+def audit(
+    ctx: typer.Context,
+    run: Annotated[str | None, typer.Option("--run", metavar="RUN")] = None,
+    actor: Annotated[str | None, typer.Option("--actor", metavar="ACTOR_ID")] = None,
+    role: Annotated[str | None, typer.Option("--role")] = None,
+    state: Annotated[str | None, typer.Option("--state", help="The state entered")] = None,
+    since: Annotated[str | None, typer.Option("--since", metavar="TIME")] = None,
+    until: Annotated[str | None, typer.Option("--until", metavar="TIME")] = None,
+    newest_first: Annotated[bool, typer.Option("--newest-first")] = False,
+    after: Annotated[int | None, typer.Option("--after", metavar="POSITION",
+                                              help="Only transitions after this position")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1)] = None,
+    as_json: JsonOpt = False,
+    as_jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON object per line")] = False,
+) -> None:
+    """Transitions across runs, filtered by run, actor, role, state and time."""
+    if as_json and as_jsonl:
+        raise typer.BadParameter("give --json or --jsonl, not both")
+    start_at, end_at = _parse_time(since), _parse_time(until)
+    with _ledger(ctx) as lg:
+        found = lg.audit(run_id=run, actor=actor, role=role, state=state, since=start_at,
+                         until=end_at, newest_first=newest_first, after=after, limit=limit)
+        if as_jsonl:
+            for transition in found:  # streamed: the audit log can be long
+                typer.echo(json.dumps(transition.to_dict(), ensure_ascii=False))
+            return
+        result = list(found)
+    if as_json:
+        _emit_json(result)
+        return
+    from .render import show_transitions
+
+    show_transitions(_console(), result, title="audit", with_run=True)
+
+
+@app.command()
+def verify(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Replay every event and check the rules, hash chains and projections (exit 1 on problems)."""
+    with _ledger(ctx) as lg:
+        report = lg.verify()
+    if as_json:
+        _emit_json(report)
+    else:
+        from .render import show_verify
+
+        show_verify(_console(), report)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@projections_app.command("rebuild")
+def projections_rebuild(
+    ctx: typer.Context,
+    no_progress: Annotated[bool, typer.Option("--no-progress")] = False,
+) -> None:
+    """Drop every projection and rebuild it from the events."""
+    def progress(*args: Any, **kwargs: Any) -> None:
+        shown = " ".join(str(a) for a in args) or " ".join(f"{k}={v}" for k, v in kwargs.items())
+        typer.echo(f"rebuilding: {shown}", err=True)
+
+    with _ledger(ctx) as lg:
+        result = lg.rebuild_projections(progress=None if no_progress else progress)
+    typer.echo("projections rebuilt" + (f": {result}" if result is not None else ""))
+
+
+# -- the HTTP API (ledger/http): thin wrappers over its serve() and add_token() --------
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8080,
+    tokens: Annotated[Path | None, typer.Option(
+        "--tokens", metavar="PATH", help="[default: $LEDGER_TOKENS, else ./ledger.tokens]")] = None,
+    public_reads: Annotated[bool, typer.Option("--public-reads",
+                                               help="Reads need no token")] = False,
+) -> None:
+    """Serve the HTTP API and the operator page until interrupted."""
+    from .http.serve import serve as serve_http
+
+    serve_http(_globals(ctx).dsn, host=host, port=port, tokens_path=tokens,
+               public_reads=public_reads)
+
+
+@token_app.command("add")
+def token_add(
+    actor_id: Annotated[str, typer.Argument(metavar="ACTOR_ID")],
+    role: Annotated[str, typer.Argument(metavar="ROLE")],
+    tokens: Annotated[Path | None, typer.Option(
+        "--tokens", metavar="PATH", help="[default: $LEDGER_TOKENS, else ./ledger.tokens]")] = None,
+) -> None:
+    """Create a bearer token for ACTOR_ID acting as ROLE; it is shown once, only here."""
+    from .http.tokens import add_token
+
+    typer.echo(add_token(actor_id, role, tokens))
+
+
+# -- the demo -------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    items: Annotated[int, typer.Option("--items", min=4, max=5000,
+                                       help="Items per scenario run")] = 20,
+    workers: Annotated[int, typer.Option("--workers", min=1, max=64)] = 4,
+    seed: Annotated[int, typer.Option("--seed")] = 7,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run five seeded scenarios end to end and show what the ledger recorded."""
+    from .demo import run_demo
+
+    run_demo(_globals(ctx).dsn, items=items, workers=workers, seed=seed, as_json=as_json)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console-script entry point; returns the exit code."""
+    try:
+        app(args=list(argv) if argv is not None else None, prog_name="ledger",
+            standalone_mode=True)
+    except SystemExit as e:
+        code = e.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Stores: adapters that hold the events and the projections in one database."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import datetime
+
+from ..errors import InvalidInput
+from .base import Store
+
+DEFAULT_DSN = "sqlite:///./ledger.db"
+
+
+def resolve_dsn(dsn: str | None) -> str:
+    """The DSN to use: the argument, else LEDGER_DSN, else the SQLite default."""
+    return dsn or os.environ.get("LEDGER_DSN") or DEFAULT_DSN
+
+
+def open_store(dsn: str, clock: Callable[[], datetime] | None = None) -> Store:
+    """Open (and create if missing) the store a DSN names."""
+    if dsn.startswith("memory://"):
+        from .sqlite import SqliteStore
+
+        return SqliteStore(None, clock=clock)
+    if dsn.startswith("sqlite://"):
+        from .sqlite import SqliteStore
+
+        path = dsn[len("sqlite://"):]
+        if path.startswith("/"):
+            path = path[1:]  # sqlite:///rel.db -> rel.db ; sqlite:////abs.db -> /abs.db
+        if not path:
+            raise InvalidInput("sqlite DSN needs a path: sqlite:///relative.db or sqlite:////abs.db")
+        return SqliteStore(path, clock=clock)
+    if dsn.startswith(("postgresql://", "postgres://")):
+        from .postgres import PostgresStore
+
+        return PostgresStore(dsn, clock=clock)
+    raise InvalidInput(
+        f"unsupported DSN {dsn.split(':', 1)[0]!r}; use sqlite:///PATH, postgresql://... or memory://"
+    )

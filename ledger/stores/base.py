@@ -1,0 +1,133 @@
+"""What every store offers the service: transactions, a clock and an event log."""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from eventsourcing.domain import DomainEvent
+from eventsourcing.persistence import (
+    DatetimeAsISO,
+    DecimalAsStr,
+    JSONTranscoder,
+    Mapper,
+    StoredEvent,
+    UUIDAsHex,
+)
+
+SCHEMA_VERSION = 1
+
+
+class StreamConflict(Exception):
+    """Another writer appended to one of our streams first (unique violation)."""
+
+
+def make_mapper() -> Mapper[Any]:
+    """The event mapper: JSON with UUIDs and datetimes."""
+    transcoder = JSONTranscoder()
+    transcoder.register(UUIDAsHex())
+    transcoder.register(DatetimeAsISO())
+    transcoder.register(DecimalAsStr())
+    return Mapper(transcoder=transcoder)
+
+
+class Tx(ABC):
+    """One database transaction. SQL uses qmark (`?`) placeholders for every store."""
+
+    def __init__(self, store: Store, write: bool) -> None:
+        self.store = store
+        self.write = write
+        self._now: datetime | None = None
+
+    @abstractmethod
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
+
+    @abstractmethod
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any: ...
+
+    @abstractmethod
+    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]: ...
+
+    def fetchone(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
+        rows = self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+    @abstractmethod
+    def insert_stored_events(self, stored: Sequence[StoredEvent]) -> list[int]:
+        """Append events; return their positions (notification ids). StreamConflict on a clash."""
+
+    @abstractmethod
+    def db_now(self) -> datetime: ...
+
+    def now(self) -> datetime:
+        """The store's clock, read once per transaction (injected clock in tests)."""
+        if self._now is None:
+            clock = self.store.clock
+            self._now = clock() if clock is not None else self.db_now()
+            if self._now.tzinfo is None:
+                raise ValueError("the clock must return an aware datetime")
+        return self._now
+
+    def append(self, events: Sequence[DomainEvent]) -> list[tuple[int, DomainEvent]]:
+        """Store events; return them with their positions."""
+        stored = [self.store.mapper.to_stored_event(e) for e in events]
+        positions = self.insert_stored_events(stored)
+        return list(zip(positions, events, strict=True))
+
+    def lock_suffix(self) -> str:
+        """Row-lock clause for rows the transaction will change (PostgreSQL only)."""
+        return ""
+
+
+class Store(ABC):
+    """A database holding the event log and the projections."""
+
+    dialect: str
+
+    def __init__(self, clock: Callable[[], datetime] | None) -> None:
+        self.clock = clock
+        self.mapper = make_mapper()
+        self._lock = threading.Lock()
+
+    @abstractmethod
+    def write(self) -> Any:
+        """Context manager: a write transaction (serialised per run)."""
+
+    @abstractmethod
+    def read(self) -> Any:
+        """Context manager: a consistent read transaction."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def events_table(self) -> str: ...
+
+    def read_events(self, after: int, limit: int, upto: int | None = None) -> list[tuple[int, DomainEvent]]:
+        """Events in position order after `after` (decoded)."""
+        with self.read() as tx:
+            return self.read_events_tx(tx, after, limit, upto)
+
+    def read_events_tx(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, DomainEvent]]:
+        rows = self.read_stored_rows(tx, after, limit, upto)
+        return [(pos, self.mapper.to_domain_event(se)) for pos, se in rows]
+
+    @abstractmethod
+    def read_stored_rows(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, StoredEvent]]: ...
+
+
+@contextmanager
+def nothing() -> Iterator[None]:
+    yield None
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def plus(dt: datetime, seconds: float) -> datetime:
+    return dt + timedelta(seconds=seconds)

@@ -1,0 +1,171 @@
+"""PostgreSQL store: the production store shared by many worker processes.
+
+Events go through the eventsourcing PostgreSQL recorder's insert (table lock, so
+commit order equals position order, then NOTIFY), inside the ledger's own
+transaction together with the projection rows. PostgreSQL's clock judges leases
+and stamps events, so workers on machines with skewed clocks agree.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from eventsourcing.persistence import StoredEvent
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from psycopg.conninfo import conninfo_to_dict
+
+from projections.schema import projection_ddl
+
+from .base import SCHEMA_VERSION, Store, StreamConflict, Tx
+
+EVENTS_TABLE = "ledger_events"
+_QMARK = re.compile(r"\?")
+_SCHEMA_LOCK = zlib.crc32(b"run-ledger schema") & 0x7FFFFFFF
+
+
+def to_pg(sql: str) -> str:
+    """qmark placeholders to psycopg's."""
+    return _QMARK.sub("%s", sql)
+
+
+class LedgerPostgresRecorder(PostgresApplicationRecorder):
+    """The stock eventsourcing PostgreSQL recorder; the ledger calls its insert
+    inside its own transactions, so events and projection rows commit together."""
+
+
+class PgTx(Tx):
+    def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any], write: bool) -> None:
+        super().__init__(store, write)
+        self.conn = conn
+        self.cur = conn.cursor()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.cur.execute(to_pg(sql), params, prepare=True)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any:
+        return self.cur.executemany(to_pg(sql), rows)
+
+    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        self.cur.execute(to_pg(sql), params, prepare=True)
+        return list(self.cur.fetchall())
+
+    def insert_stored_events(self, stored: Sequence[StoredEvent]) -> list[int]:
+        assert isinstance(self.store, PostgresStore)
+        rec = self.store.recorder
+        try:
+            with self.conn.transaction():  # savepoint: a clash leaves the outer txn usable
+                rec._insert_stored_events(self.cur, stored)
+                ids = rec._fetch_ids_after_insert_events(self.cur, stored)
+        except psycopg.errors.UniqueViolation as e:
+            raise StreamConflict(str(e)) from e
+        assert ids is not None
+        return list(ids)
+
+    def db_now(self) -> datetime:
+        self.cur.execute("SELECT clock_timestamp() AS now")
+        row = self.cur.fetchone()
+        assert row is not None
+        now: datetime = row["now"]
+        return now
+
+    def lock_suffix(self) -> str:
+        return " FOR UPDATE"
+
+
+class PostgresStore(Store):
+    """A PostgreSQL database (libpq URL)."""
+
+    dialect = "postgres"
+
+    def __init__(self, dsn: str, clock: Callable[[], datetime] | None = None,
+                 pool_size: int = 2, max_overflow: int = 10) -> None:
+        super().__init__(clock)
+        info = conninfo_to_dict(dsn)
+        self.dsn = dsn
+        self.datastore = PostgresDatastore(
+            dbname=str(info.get("dbname") or info.get("user") or "postgres"),
+            host=str(info.get("host") or "127.0.0.1"),
+            port=str(info.get("port") or 5432),
+            user=str(info.get("user") or "postgres"),
+            password=str(info.get("password") or ""),
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            connect_timeout=10,
+            pre_ping=True,
+        )
+        self._create_schema()
+        self.recorder = LedgerPostgresRecorder(self.datastore, events_table_name=EVENTS_TABLE)
+
+    @contextmanager
+    def _tx(self, write: bool) -> Iterator[PgTx]:
+        with self.datastore.get_connection() as conn, conn.transaction():
+            tx = PgTx(self, conn, write)
+            try:
+                yield tx
+            finally:
+                tx.cur.close()
+
+    def write(self) -> Any:
+        return self._tx(True)
+
+    def read(self) -> Any:
+        return self._tx(False)
+
+    def close(self) -> None:
+        self.datastore.close()
+
+    def events_table(self) -> str:
+        return EVENTS_TABLE
+
+    def _create_schema(self) -> None:
+        # Several processes may open an empty database at once: one creates the
+        # schema under an advisory lock, the others wait and then see it.
+        with self.datastore.get_connection() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            cur.execute("CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            cur.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'")
+            row = cur.fetchone()
+            current = int(row["value"]) if row else 0
+            for version, statements in enumerate(migrations(self.datastore), start=1):
+                if version <= current:
+                    continue
+                for sql in statements:
+                    cur.execute(sql)
+                cur.execute("INSERT INTO ledger_meta (key, value) VALUES ('schema_version', %s) "
+                            "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(version),))
+        self.datastore.register_type_adapters()
+
+    def read_stored_rows(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, StoredEvent]]:
+        sql = (f"SELECT notification_id, originator_id, originator_version, topic, state "
+               f"FROM {EVENTS_TABLE} WHERE notification_id > ?")
+        params: list[Any] = [after]
+        if upto is not None:
+            sql += " AND notification_id <= ?"
+            params.append(upto)
+        sql += " ORDER BY notification_id LIMIT ?"
+        params.append(limit)
+        return [
+            (r["notification_id"], StoredEvent(originator_id=r["originator_id"],
+                                               originator_version=r["originator_version"],
+                                               topic=r["topic"], state=bytes(r["state"])))
+            for r in tx.fetchall(sql, params)
+        ]
+
+
+def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
+    """Versioned schema changes, in order; version N is the Nth entry."""
+    rec = LedgerPostgresRecorder(datastore, events_table_name=EVENTS_TABLE)
+    types = [s for s in rec.sql_create_statements if "CREATE TYPE" in s.as_string()]
+    rest = [s for s in rec.sql_create_statements if "CREATE TYPE" not in s.as_string()]
+    v1: list[Any] = types + rest + projection_ddl("postgres") + [
+        "CREATE TABLE IF NOT EXISTS lg_tracking (name TEXT PRIMARY KEY, position BIGINT NOT NULL)",
+    ]
+    out = [v1]
+    assert len(out) == SCHEMA_VERSION
+    return out

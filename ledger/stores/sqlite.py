@@ -1,0 +1,192 @@
+"""SQLite store: the embedded default (a file, WAL) and the in-memory store for tests.
+
+Write transactions start with BEGIN IMMEDIATE and a busy timeout, so concurrent
+writers (threads or processes) queue instead of failing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.persistence import StoredEvent
+from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
+
+from projections.schema import projection_ddl
+
+from .base import SCHEMA_VERSION, Store, StreamConflict, Tx
+
+BUSY_TIMEOUT_S = 60.0
+
+
+class LedgerSQLiteRecorder(SQLiteApplicationRecorder):
+    """The stock eventsourcing SQLite recorder; the ledger calls its insert inside
+    its own transactions, so events and projection rows commit together."""
+
+
+class SqliteTx(Tx):
+    def __init__(self, store: SqliteStore, conn: sqlite3.Connection, write: bool) -> None:
+        super().__init__(store, write)
+        self.conn = conn
+        self.cur = conn.cursor()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.cur.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any:
+        return self.cur.executemany(sql, rows)
+
+    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        self.cur.execute(sql, params)
+        return [dict(r) for r in self.cur.fetchall()]
+
+    def insert_stored_events(self, stored: Sequence[StoredEvent]) -> list[int]:
+        assert isinstance(self.store, SqliteStore)
+        try:
+            ids = self.store.recorder._insert_events(SQLiteCursor(self.cur), stored)
+        except sqlite3.IntegrityError as e:
+            raise StreamConflict(str(e)) from e
+        assert ids is not None
+        return list(ids)
+
+    def db_now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class SqliteStore(Store):
+    """A SQLite file (path) or a private in-memory database (path None)."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str | None, clock: Callable[[], datetime] | None = None) -> None:
+        super().__init__(clock)
+        self.path = path
+        self.memory = path is None
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._mem_lock = threading.RLock()
+        if self.memory:
+            self._db_name = f"file:ledger-{uuid.uuid4().hex}?mode=memory&cache=shared"
+        else:
+            self._db_name = path or ""
+        self.recorder = LedgerSQLiteRecorder(SQLiteDatastore(":memory:"))
+        self._mem_conn = self._connect() if self.memory else None
+        self._closed = False
+        self._create_schema()
+
+    # connections -----------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._db_name, uri=self.memory, check_same_thread=False,
+                               isolation_level=None, timeout=BUSY_TIMEOUT_S)
+        conn.row_factory = sqlite3.Row
+        if not self.memory:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        with self._lock:
+            self._all.append(conn)
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._mem_conn is not None:
+            return self._mem_conn
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _tx(self, write: bool) -> Iterator[SqliteTx]:
+        if self._closed:
+            raise RuntimeError("ledger is closed")
+        with self._mem_lock if self.memory else _null():
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            tx = SqliteTx(self, conn, write)
+            try:
+                yield tx
+            except BaseException:
+                conn.rollback()
+                raise
+            else:
+                conn.commit()
+            finally:
+                tx.cur.close()
+
+    def write(self) -> Any:
+        return self._tx(True)
+
+    def read(self) -> Any:
+        return self._tx(False)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            for conn in self._all:
+                try:
+                    conn.close()
+                except sqlite3.Error:
+                    pass
+            self._all.clear()
+        self.recorder.datastore.close()
+
+    def events_table(self) -> str:
+        return "stored_events"
+
+    # schema ----------------------------------------------------------------
+    def _create_schema(self) -> None:
+        with self.write() as tx:
+            tx.execute("CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            row = tx.fetchone("SELECT value FROM ledger_meta WHERE key = 'schema_version'")
+            current = int(row["value"]) if row else 0
+            for version, statements in enumerate(migrations(), start=1):
+                if version <= current:
+                    continue
+                for sql in statements:
+                    tx.execute(sql)
+                tx.execute("INSERT INTO ledger_meta (key, value) VALUES ('schema_version', ?) "
+                           "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(version),))
+
+    def read_stored_rows(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, StoredEvent]]:
+        sql = "SELECT rowid, originator_id, originator_version, topic, state FROM stored_events WHERE rowid > ?"
+        params: list[Any] = [after]
+        if upto is not None:
+            sql += " AND rowid <= ?"
+            params.append(upto)
+        sql += " ORDER BY rowid LIMIT ?"
+        params.append(limit)
+        return [
+            (r["rowid"], StoredEvent(originator_id=UUID(r["originator_id"]),
+                                     originator_version=r["originator_version"],
+                                     topic=r["topic"], state=r["state"]))
+            for r in tx.fetchall(sql, params)
+        ]
+
+
+def migrations() -> list[list[str]]:
+    """Versioned schema changes, in order; version N is the Nth entry."""
+    events = LedgerSQLiteRecorder(SQLiteDatastore(":memory:"))
+    try:
+        base = list(events.create_table_statements)
+    finally:
+        events.datastore.close()
+    v1 = base + projection_ddl("sqlite") + [
+        "CREATE TABLE IF NOT EXISTS lg_tracking (name TEXT PRIMARY KEY, position INTEGER NOT NULL)",
+    ]
+    out = [v1]
+    assert len(out) == SCHEMA_VERSION
+    return out
+
+
+@contextmanager
+def _null() -> Iterator[None]:
+    yield None

@@ -1,0 +1,352 @@
+"""The worker helper: claim items in batches, run a handler on a thread pool, keep the
+leases alive, and record what the handler reports.
+
+A handler receives the item's `Lease` (`item_id`, `payload`, `attempt`, ...) and
+returns `Accepted`, `Rejected` or `Quarantine`; raising records a retryable failed
+attempt with the exception's text. The worker never invents an outcome: a lost lease
+means it stops writing for that item (the next owner reconciles), and a handler that
+returns anything else is recorded as a failed attempt, never as accepted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import IllegalTransition, LeaseLost, LedgerError
+from .states import IN_PROGRESS, PENDING, RETRYABLE, RUNNING, WORKER, is_terminal
+from .views import Actor, ItemStatus, Lease
+
+if TYPE_CHECKING:
+    from .service import Ledger
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The item's durable effects are confirmed; `evidence` says how (receipt, checksum...)."""
+
+    evidence: dict[str, Any] | None = None
+    stage: str | None = None
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The input failed a defined validation rule; retrying would fail the same way."""
+
+    rule: str
+    detail: str | None = None
+    stage: str | None = None
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """A failure that retries will not fix: stop automatic attempts until someone reviews it."""
+
+    error: str
+    stage: str | None = None
+
+
+Outcome = Accepted | Rejected | Quarantine
+Handler = Callable[[Lease], Outcome]
+
+
+@dataclass
+class WorkerSummary:
+    """What one `Worker.run()` did, and why it returned."""
+
+    run_id: str
+    worker_id: str
+    claimed: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    retryable: int = 0
+    quarantined: int = 0
+    lease_lost: int = 0
+    heartbeats: int = 0
+    stopped: str = ""
+    run_state: str = ""
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+class _InFlight:
+    """One claimed item whose handler runs; the lock orders heartbeats against the outcome."""
+
+    __slots__ = ("lease", "lock", "finished", "lost", "next_beat")
+
+    def __init__(self, lease: Lease, next_beat: float) -> None:
+        self.lease = lease
+        self.lock = threading.Lock()
+        self.finished = False  # the handler returned; no more heartbeats
+        self.lost = False  # the ledger refused this lease: never write for it again
+        self.next_beat = next_beat
+
+
+class Worker:
+    """Processes one run's items until there is nothing left for it to do.
+
+    `run()` claims up to `concurrency` items at a time (one transaction per claim),
+    runs `handle(lease)` on a thread pool, heartbeats every live lease about every
+    third of the run's `lease_seconds`, and records each outcome. It stops claiming
+    as soon as the run is no longer running (canceling, pausing, terminal...), lets
+    the attempts in flight finish and keeps their outcomes, then returns a
+    `WorkerSummary`. It also returns when nothing is left to claim and nothing is in
+    flight. Retryable items still waiting for their backoff are waited for, at most
+    `max_idle` seconds.
+    """
+
+    def __init__(
+        self,
+        lg: Ledger,
+        run_id: str,
+        handle: Handler,
+        worker_id: str = "w1",
+        concurrency: int = 4,
+        *,
+        heartbeat_every: float | None = None,
+        poll_interval: float = 0.5,
+        max_idle: float = 30.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.lg = lg
+        self.run_id = run_id
+        self.handle = handle
+        self.worker_id = worker_id
+        self.concurrency = concurrency
+        self.actor = Actor(worker_id, WORKER)
+        self.heartbeat_every = heartbeat_every
+        self.poll_interval = poll_interval
+        self.max_idle = max_idle
+        self._stop = threading.Event()
+        self._closing = threading.Event()
+        self._in_flight: dict[Future[Outcome], _InFlight] = {}
+        self._registry_lock = threading.Lock()
+        self._summary = WorkerSummary(run_id, worker_id)
+
+    def stop(self) -> None:
+        """Ask `run()` to stop claiming; attempts in flight still finish and are recorded."""
+        self._stop.set()
+
+    # -- the loop ----------------------------------------------------------------
+
+    def run(self) -> WorkerSummary:
+        """Work the run until it stops running or nothing is left; see the class docstring."""
+        status = self.lg.status(self.run_id)
+        if is_terminal(status.state):
+            return self._finish(f"run is {status.state}", status.state)
+        lease_seconds = float(status.policy.get("lease_seconds", 60.0) or 60.0)
+        interval = self.heartbeat_every if self.heartbeat_every is not None else lease_seconds / 3
+        beat = threading.Thread(
+            target=self._heartbeat_loop, args=(interval,), name=f"{self.worker_id}-heartbeat",
+            daemon=True,
+        )
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"{self.worker_id}-handler")
+        beat.start()
+        try:
+            reason = self._loop(pool, interval)
+        finally:
+            # on an unexpected error, still wait for the handlers (their leases expire if
+            # we cannot record) and stop heartbeating
+            pool.shutdown(wait=True)
+            self._closing.set()
+            beat.join()
+        final = self.lg.status(self.run_id).state
+        return self._finish(reason, final)
+
+    def _finish(self, reason: str, state: str) -> WorkerSummary:
+        self._summary.stopped = reason
+        self._summary.run_state = state
+        return self._summary
+
+    def _loop(self, pool: ThreadPoolExecutor, interval: float) -> str:
+        stopping = ""
+        idle_since: float | None = None
+        while True:
+            if not stopping and self._stop.is_set():
+                stopping = "stop requested"
+            claimed: list[Lease] = []
+            free = self.concurrency - len(self._in_flight)
+            if not stopping and free > 0:
+                try:
+                    claimed = self.lg.claim(self.run_id, self.actor, limit=free)
+                except IllegalTransition as e:  # canceling, pausing, terminal...: stop at once
+                    stopping = f"run is {e.state}"
+                for lease in claimed:
+                    self._submit(pool, lease, interval)
+            if claimed:
+                idle_since = None
+            if not self._in_flight:
+                if stopping:
+                    return stopping
+                if claimed:
+                    continue
+                why = self._why_idle()
+                if why:
+                    return why
+                now = time.monotonic()
+                idle_since = idle_since if idle_since is not None else now
+                if now - idle_since >= self.max_idle:
+                    return f"waited {self.max_idle:g}s for retryable items to become claimable"
+                self._stop.wait(self.poll_interval)
+                continue
+            # Something is in flight. With free slots and a claim that found nothing,
+            # look again after poll_interval (items may be added or come off backoff).
+            full = len(self._in_flight) >= self.concurrency
+            timeout = None if (full or stopping) else self.poll_interval
+            done, _ = wait(list(self._in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+            self._record(done)
+
+    def _why_idle(self) -> str:
+        """Empty when items may still become claimable (retryable items on backoff)."""
+        status = self.lg.status(self.run_id)
+        if status.state != RUNNING:
+            return f"run is {status.state}"
+        waiting = status.counts.get(RETRYABLE, 0) + status.counts.get(PENDING, 0)
+        if waiting:
+            return ""
+        if status.counts.get(IN_PROGRESS, 0):
+            return "nothing left to claim; other workers hold the remaining leases"
+        return "nothing left to claim"
+
+    def _submit(self, pool: ThreadPoolExecutor, lease: Lease, interval: float) -> None:
+        self._summary.claimed += 1
+        entry = _InFlight(lease, time.monotonic() + interval)
+        future = pool.submit(self._call_handler, lease)
+        with self._registry_lock:
+            self._in_flight[future] = entry
+
+    def _call_handler(self, lease: Lease) -> Outcome:
+        return self.handle(lease)
+
+    # -- outcomes ----------------------------------------------------------------
+
+    def _record(self, done: Iterable[Future[Outcome]]) -> None:
+        ready: list[tuple[_InFlight, Outcome | BaseException]] = []
+        for future in done:
+            with self._registry_lock:
+                entry = self._in_flight.pop(future)
+            with entry.lock:  # waits for a heartbeat of this lease to finish
+                entry.finished = True
+            exc = future.exception()
+            ready.append((entry, exc if exc is not None else future.result()))
+        batch = getattr(self.lg, "record", None)
+        if batch is not None and len(ready) > 1:
+            self._record_batch(batch, ready)
+            return
+        for entry, result in ready:
+            self._record_one(entry, result)
+
+    def _record_one(self, entry: _InFlight, result: Outcome | BaseException) -> None:
+        if entry.lost:
+            self._summary.lease_lost += 1
+            return
+        try:
+            item = self._write(entry.lease, result)
+        except LeaseLost:
+            entry.lost = True
+            self._summary.lease_lost += 1
+            return
+        except LedgerError as e:
+            self._note_error(entry.lease, e)
+            return
+        self._count(item, result)
+
+    def _record_batch(
+        self, batch: Callable[..., Any], ready: list[tuple[_InFlight, Outcome | BaseException]]
+    ) -> None:
+        live = [(e, r) for e, r in ready if not e.lost]
+        self._summary.lease_lost += len(ready) - len(live)
+        outcomes = [_as_record(e.lease, r) for e, r in live]
+        try:
+            results = batch(outcomes)
+        except (NotImplementedError, TypeError):
+            for entry, result in live:
+                self._record_one(entry, result)
+            return
+        for (entry, result), item in zip(live, results, strict=True):
+            if isinstance(item, LeaseLost):
+                entry.lost = True
+                self._summary.lease_lost += 1
+            elif isinstance(item, LedgerError):
+                self._note_error(entry.lease, item)
+            else:
+                self._count(item, result)
+
+    def _write(self, lease: Lease, result: Outcome | BaseException) -> ItemStatus:
+        if isinstance(result, Accepted):
+            return self.lg.accept(lease, evidence=result.evidence, stage=result.stage)
+        if isinstance(result, Rejected):
+            return self.lg.reject(lease, result.rule, detail=result.detail, stage=result.stage)
+        if isinstance(result, Quarantine):
+            return self.lg.fail_attempt(lease, result.error, stage=result.stage, retryable=False)
+        return self.lg.fail_attempt(lease, _error_text(result), retryable=True)
+
+    def _count(self, item: ItemStatus, result: Outcome | BaseException) -> None:
+        state = item.state
+        if state in ("accepted", "rejected", "retryable", "quarantined"):
+            setattr(self._summary, state, getattr(self._summary, state) + 1)
+
+    def _note_error(self, lease: Lease, error: LedgerError) -> None:
+        if len(self._summary.errors) < 20:
+            self._summary.errors.append(f"{lease.item_id}: {type(error).__name__}: {error}")
+
+    # -- heartbeats --------------------------------------------------------------
+
+    def _heartbeat_loop(self, interval: float) -> None:
+        tick = max(0.005, min(interval / 4, 1.0))
+        while not self._closing.wait(tick):
+            with self._registry_lock:
+                entries = list(self._in_flight.values())
+            now = time.monotonic()
+            for entry in entries:
+                if entry.next_beat <= now:
+                    self._beat(entry, interval)
+
+    def _beat(self, entry: _InFlight, interval: float) -> None:
+        with entry.lock:
+            if entry.finished or entry.lost:
+                return
+            try:
+                entry.lease = self.lg.heartbeat(entry.lease)
+            except LeaseLost:
+                entry.lost = True  # stop writing for this item; the next owner reconciles
+                return
+            except Exception:  # a lost connection: try again next tick, the lease may hold
+                entry.next_beat = time.monotonic() + min(interval, 1.0)
+                return
+            self._summary.heartbeats += 1
+            entry.next_beat = time.monotonic() + interval
+
+
+def _error_text(result: Outcome | BaseException) -> str:
+    if isinstance(result, BaseException):
+        text = str(result)
+        return f"{type(result).__name__}: {text}" if text else type(result).__name__
+    return (
+        f"handler returned {type(result).__name__}; expected Accepted, Rejected or Quarantine"
+    )
+
+
+def _as_record(lease: Lease, result: Outcome | BaseException) -> dict[str, Any]:
+    """One outcome in the shape of `Ledger.record`'s batch."""
+    if isinstance(result, Accepted):
+        return {"lease": lease, "outcome": "accepted", "evidence": result.evidence,
+                "stage": result.stage}
+    if isinstance(result, Rejected):
+        return {"lease": lease, "outcome": "rejected", "rule": result.rule,
+                "detail": result.detail, "stage": result.stage}
+    if isinstance(result, Quarantine):
+        return {"lease": lease, "outcome": "failed", "error": result.error,
+                "stage": result.stage, "retryable": False}
+    return {"lease": lease, "outcome": "failed", "error": _error_text(result), "retryable": True}
+
+
+__all__ = ["Accepted", "Handler", "Outcome", "Quarantine", "Rejected", "Worker", "WorkerSummary"]

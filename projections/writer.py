@@ -1,0 +1,188 @@
+"""The projector: applies events to the projection tables.
+
+The same code runs inside each command's transaction (so reads are current as
+soon as a command returns) and in a rebuild from the first event, which is why a
+rebuild yields tables identical to the live ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from eventsourcing.domain import DomainEvent
+
+from ledger.domain import Item, Run
+from ledger.states import IN_PROGRESS, NEW, QUEUED
+
+from .rows import ITEM_STREAM_COLUMNS, RUN_COLUMNS, dumps, item_stream_values, iso, run_to_row
+
+
+class Cursor(Protocol):
+    """What the projector needs from a store transaction (qmark placeholders)."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any: ...
+
+
+REVERSE = {
+    "retry_of": "retried_by",
+    "repair_of": "repaired_by",
+    "correction_of": "corrected_by",
+    "compensates": "compensated_by",
+}
+
+
+class Projector:
+    """Writes run, item, attempt and transition rows for a batch of events."""
+
+    def __init__(self, suffix: str = "") -> None:
+        self.runs_table = "lg_runs" + suffix
+        self.items_table = "lg_items" + suffix
+        self.attempts_table = "lg_attempts" + suffix
+        self.transitions_table = "lg_transitions" + suffix
+        cols = ", ".join(RUN_COLUMNS)
+        marks = ", ".join("?" for _ in RUN_COLUMNS)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in RUN_COLUMNS if c != "run_id")
+        self.upsert_run = (
+            f"INSERT INTO {self.runs_table} ({cols}) VALUES ({marks}) "
+            f"ON CONFLICT (run_id) DO UPDATE SET {updates}"
+        )
+        sets = ", ".join(f"{c} = ?" for c in ITEM_STREAM_COLUMNS)
+        self.update_item = f"UPDATE {self.items_table} SET {sets} WHERE run_id = ? AND item_id = ?"
+        self.insert_item = (
+            f"INSERT INTO {self.items_table} (run_id, item_id, seq, required, payload, in_manifest, "
+            "state, revision, attempts) VALUES (?, ?, ?, ?, ?, 1, 'pending', 0, 0)"
+        )
+        self.replace_item = (
+            f"UPDATE {self.items_table} SET required = ?, payload = ? WHERE run_id = ? AND item_id = ?"
+        )
+        self.withdraw_item = (
+            f"UPDATE {self.items_table} SET in_manifest = 0 WHERE run_id = ? AND item_id = ?"
+        )
+        self.insert_attempt = (
+            f"INSERT INTO {self.attempts_table} (run_id, item_id, attempt, worker_id, lease_token, "
+            "started_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
+        self.finish_attempt = (
+            f"UPDATE {self.attempts_table} SET finished_at = ?, stage = ?, outcome = ?, error = ? "
+            "WHERE run_id = ? AND item_id = ? AND attempt = ?"
+        )
+        self.extend_attempt = (
+            f"UPDATE {self.attempts_table} SET expires_at = ? "
+            "WHERE run_id = ? AND item_id = ? AND attempt = ?"
+        )
+        self.insert_transition = (
+            f"INSERT INTO {self.transitions_table} (position, ord, run_id, item_id, command, "
+            "from_state, to_state, actor_id, role, reason, evidence, at, revision) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+
+    def project(self, cur: Cursor, events: Sequence[tuple[int, DomainEvent]],
+                runs: dict[str, Run], items: dict[tuple[str, str], Item]) -> None:
+        """Write the rows for `events` (already applied to `runs` and `items`).
+
+        `runs` must hold the run of every event and any run an event links to;
+        `items` must hold every item an item event touches.
+        """
+        item_inserts: list[tuple[Any, ...]] = []
+        item_replaces: list[tuple[Any, ...]] = []
+        item_withdraws: list[tuple[Any, ...]] = []
+        attempt_inserts: list[tuple[Any, ...]] = []
+        attempt_updates: list[tuple[str, tuple[Any, ...]]] = []
+        transitions: list[tuple[Any, ...]] = []
+        touched_runs: dict[str, Run] = {}
+        touched_items: dict[tuple[str, str], Item] = {}
+
+        for position, e in events:
+            at = iso(e.timestamp)
+            if isinstance(e, Run.Submitted):
+                run = runs[e.run_id]
+                run.seq = position
+                touched_runs[e.run_id] = run
+                for seq, it in enumerate(e.manifest["items"]):
+                    item_inserts.append((e.run_id, it["item_id"], seq, int(it["required"]),
+                                         dumps(it.get("payload"))))
+                for link in e.links:
+                    original = runs.get(link["run_id"])
+                    if original is not None and link["relation"] in REVERSE:
+                        original.links = [*original.links, {"relation": REVERSE[link["relation"]],
+                                                            "run_id": e.run_id}]
+                        touched_runs[original.run_id] = original
+                transitions.append((position, 0, e.run_id, None, e.command, NEW, QUEUED,
+                                    e.actor_id, e.role, e.reason,
+                                    dumps({"input_version": e.input_version, "links": e.links,
+                                           "items": len(e.manifest["items"])}),
+                                    at, e.originator_version))
+            elif isinstance(e, Run.Transitioned):
+                run = runs[str(e.originator_id)]
+                touched_runs[run.run_id] = run
+                transitions.append((position, 0, run.run_id, None, e.command, e.from_state,
+                                    e.to_state, e.actor_id, e.role, e.reason, dumps(e.evidence),
+                                    at, e.originator_version))
+            elif isinstance(e, Run.Amended):
+                run = runs[str(e.originator_id)]
+                touched_runs[run.run_id] = run
+                first_seq = run.item_count - len(e.added)
+                for i, it in enumerate(e.added):
+                    item_inserts.append((run.run_id, it["item_id"], first_seq + i,
+                                         int(it["required"]), dumps(it.get("payload"))))
+                for it in e.replaced:
+                    item_replaces.append((int(it["required"]), dumps(it.get("payload")),
+                                          run.run_id, it["item_id"]))
+                for item_id in e.withdraw:
+                    item_withdraws.append((run.run_id, item_id))
+                transitions.append((position, 0, run.run_id, None, "amend", e.state, e.state,
+                                    e.actor_id, e.role, e.reason,
+                                    dumps({"input_version": e.input_version,
+                                           "added": [it["item_id"] for it in e.added],
+                                           "replaced": [it["item_id"] for it in e.replaced],
+                                           "withdraw": e.withdraw, "policy": e.policy}),
+                                    at, e.originator_version))
+            elif isinstance(e, Item.Registered):
+                touched_items[(e.run_id, e.item_id)] = items[(e.run_id, e.item_id)]
+            elif isinstance(e, Item.Transitioned):
+                key = (e.run_id, e.item_id)
+                item = items[key]
+                touched_items[key] = item
+                run = runs[e.run_id]
+                run.counts[e.from_state] -= 1
+                run.counts[e.to_state] += 1
+                touched_runs[e.run_id] = run
+                ev = e.evidence
+                if e.command == "claim":
+                    attempt_inserts.append((e.run_id, e.item_id, ev["attempt"], e.actor_id,
+                                            ev["lease_token"], at, ev["expires_at"]))
+                elif e.from_state == IN_PROGRESS:
+                    attempt_updates.append((self.finish_attempt, (
+                        at, ev.get("stage"), ev.get("outcome"), ev.get("error"),
+                        e.run_id, e.item_id, ev["attempt"])))
+                transitions.append((position, 0, e.run_id, e.item_id, e.command, e.from_state,
+                                    e.to_state, e.actor_id, e.role, e.reason, dumps(ev), at,
+                                    e.originator_version))
+            elif isinstance(e, Item.LeaseExtended):
+                key = (e.run_id, e.item_id)
+                item = items[key]
+                touched_items[key] = item
+                attempt_updates.append((self.extend_attempt, (
+                    e.expires_at, e.run_id, e.item_id, item.attempts)))
+
+        if item_inserts:
+            cur.executemany(self.insert_item, item_inserts)
+        if item_replaces:
+            cur.executemany(self.replace_item, item_replaces)
+        if item_withdraws:
+            cur.executemany(self.withdraw_item, item_withdraws)
+        if attempt_inserts:
+            cur.executemany(self.insert_attempt, attempt_inserts)
+        for sql, params in attempt_updates:
+            cur.execute(sql, params)
+        if transitions:
+            cur.executemany(self.insert_transition, transitions)
+        if touched_runs:
+            cur.executemany(self.upsert_run, [run_to_row(r) for r in touched_runs.values()])
+        if touched_items:
+            cur.executemany(self.update_item, [
+                (*item_stream_values(it), it.run_id, it.item_id) for it in touched_items.values()
+            ])
