@@ -17,7 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import IllegalTransition, LeaseLost, LedgerError
+from .errors import IllegalTransition, InvalidInput, LeaseLost, LedgerError
 from .states import IN_PROGRESS, PENDING, RETRYABLE, RUNNING, WORKER, is_terminal
 from .views import Actor, ItemStatus, Lease
 
@@ -229,56 +229,56 @@ class Worker:
     # -- outcomes ----------------------------------------------------------------
 
     def _record(self, done: Iterable[Future[Outcome]]) -> None:
-        ready: list[tuple[_InFlight, Outcome | BaseException]] = []
+        live: list[tuple[_InFlight, Outcome | BaseException]] = []
         for future in done:
             with self._registry_lock:
                 entry = self._in_flight.pop(future)
             with entry.lock:  # waits for a heartbeat of this lease to finish
                 entry.finished = True
+            if entry.lost:  # a heartbeat found the lease gone: write nothing for it
+                self._summary.lease_lost += 1
+                continue
             exc = future.exception()
-            ready.append((entry, exc if exc is not None else future.result()))
-        batch = getattr(self.lg, "record", None)
-        if batch is not None and len(ready) > 1:
-            self._record_batch(batch, ready)
+            live.append((entry, exc if exc is not None else future.result()))
+        if not live:
             return
-        for entry, result in ready:
+        batch = getattr(self.lg, "record", None)
+        if batch is not None:
+            try:
+                results = batch([_as_outcome(entry.lease, result) for entry, result in live])
+            except InvalidInput:
+                pass  # one outcome the ledger refuses: record them one by one below
+            else:
+                for (entry, _), item in zip(live, results, strict=True):
+                    self._settle(entry, item)
+                return
+        for entry, result in live:
             self._record_one(entry, result)
 
     def _record_one(self, entry: _InFlight, result: Outcome | BaseException) -> None:
-        if entry.lost:
-            self._summary.lease_lost += 1
-            return
         try:
-            item = self._write(entry.lease, result)
-        except LeaseLost:
-            entry.lost = True
-            self._summary.lease_lost += 1
-            return
+            item: ItemStatus | LedgerError = self._write(entry.lease, result)
+        except InvalidInput as e:
+            # e.g. evidence that is not JSON: the attempt produced nothing recordable
+            try:
+                item = self.lg.fail_attempt(
+                    entry.lease, f"the ledger refused the handler's outcome: {e}", retryable=True)
+            except LedgerError as again:
+                item = again
         except LedgerError as e:
-            self._note_error(entry.lease, e)
-            return
-        self._count(item, result)
+            item = e
+        self._settle(entry, item)
 
-    def _record_batch(
-        self, batch: Callable[..., Any], ready: list[tuple[_InFlight, Outcome | BaseException]]
-    ) -> None:
-        live = [(e, r) for e, r in ready if not e.lost]
-        self._summary.lease_lost += len(ready) - len(live)
-        outcomes = [_as_record(e.lease, r) for e, r in live]
-        try:
-            results = batch(outcomes)
-        except (NotImplementedError, TypeError):
-            for entry, result in live:
-                self._record_one(entry, result)
-            return
-        for (entry, result), item in zip(live, results, strict=True):
-            if isinstance(item, LeaseLost):
-                entry.lost = True
-                self._summary.lease_lost += 1
-            elif isinstance(item, LedgerError):
-                self._note_error(entry.lease, item)
-            else:
-                self._count(item, result)
+    def _settle(self, entry: _InFlight, item: ItemStatus | LedgerError) -> None:
+        if isinstance(item, LeaseLost):
+            entry.lost = True  # stop writing for this item; the next owner reconciles
+            self._summary.lease_lost += 1
+        elif isinstance(item, LedgerError):
+            if len(self._summary.errors) < 20:
+                self._summary.errors.append(
+                    f"{entry.lease.item_id}: {type(item).__name__}: {item}")
+        elif item.state in ("accepted", "rejected", "retryable", "quarantined"):
+            setattr(self._summary, item.state, getattr(self._summary, item.state) + 1)
 
     def _write(self, lease: Lease, result: Outcome | BaseException) -> ItemStatus:
         if isinstance(result, Accepted):
@@ -288,15 +288,6 @@ class Worker:
         if isinstance(result, Quarantine):
             return self.lg.fail_attempt(lease, result.error, stage=result.stage, retryable=False)
         return self.lg.fail_attempt(lease, _error_text(result), retryable=True)
-
-    def _count(self, item: ItemStatus, result: Outcome | BaseException) -> None:
-        state = item.state
-        if state in ("accepted", "rejected", "retryable", "quarantined"):
-            setattr(self._summary, state, getattr(self._summary, state) + 1)
-
-    def _note_error(self, lease: Lease, error: LedgerError) -> None:
-        if len(self._summary.errors) < 20:
-            self._summary.errors.append(f"{lease.item_id}: {type(error).__name__}: {error}")
 
     # -- heartbeats --------------------------------------------------------------
 
@@ -335,18 +326,17 @@ def _error_text(result: Outcome | BaseException) -> str:
     )
 
 
-def _as_record(lease: Lease, result: Outcome | BaseException) -> dict[str, Any]:
-    """One outcome in the shape of `Ledger.record`'s batch."""
+def _as_outcome(lease: Lease, result: Outcome | BaseException) -> Any:
+    """One outcome for `Ledger.record`."""
+    from .service import Outcome as Recorded
+
     if isinstance(result, Accepted):
-        return {"lease": lease, "outcome": "accepted", "evidence": result.evidence,
-                "stage": result.stage}
+        return Recorded(lease, "accept", evidence=result.evidence, stage=result.stage)
     if isinstance(result, Rejected):
-        return {"lease": lease, "outcome": "rejected", "rule": result.rule,
-                "detail": result.detail, "stage": result.stage}
+        return Recorded(lease, "reject", rule=result.rule, detail=result.detail, stage=result.stage)
     if isinstance(result, Quarantine):
-        return {"lease": lease, "outcome": "failed", "error": result.error,
-                "stage": result.stage, "retryable": False}
-    return {"lease": lease, "outcome": "failed", "error": _error_text(result), "retryable": True}
+        return Recorded(lease, "fail", error=result.error, stage=result.stage, retryable=False)
+    return Recorded(lease, "fail", error=_error_text(result), retryable=True)
 
 
 __all__ = ["Accepted", "Handler", "Outcome", "Quarantine", "Rejected", "Worker", "WorkerSummary"]
