@@ -248,10 +248,12 @@ class Ledger:
             UUID(run_id)
         except ValueError:
             raise RunNotFound(run_id) from None
-        row = tx.fetchone("SELECT * FROM lg_runs WHERE run_id = ?" + (tx.lock_suffix() if lock else ""),
-                          (run_id,))
+        row = tx.fetchone(f"SELECT *{tx.now_column()} FROM lg_runs WHERE run_id = ?"
+                          + (tx.lock_suffix() if lock else ""), (run_id,))
         if row is None:
             raise RunNotFound(run_id)
+        if "db_now" in row:
+            tx.prime_now(row.pop("db_now"))
         return run_from_row(row)
 
     def _item_row(self, tx: Tx, run_id: str, item_id: str) -> dict[str, Any]:
@@ -259,6 +261,17 @@ class Ledger:
         if row is None:
             raise ItemNotFound(run_id, item_id)
         return row
+
+    def _item_rows(self, tx: Tx, run_id: str, item_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        ids = list(dict.fromkeys(item_ids))
+        for k in range(0, len(ids), 500):
+            chunk = ids[k:k + 500]
+            marks = ", ".join("?" for _ in chunk)
+            for row in tx.fetchall(f"SELECT * FROM lg_items WHERE run_id = ? AND item_id IN ({marks})",
+                                   (run_id, *chunk)):
+                out[row["item_id"]] = row
+        return out
 
     def _materialize(self, row: dict[str, Any], now: datetime) -> Item:
         """The item's aggregate; its stream begins now if it has none yet."""
@@ -457,9 +470,7 @@ class Ledger:
             _require_run_state(run, rule)
             now = tx.now()
             in_flight = run.counts[S.IN_PROGRESS]
-            to_state = S.CANCELING if in_flight and run.state not in (S.QUEUED, S.PAUSED) else S.CANCELED
-            if run.state in (S.QUEUED, S.PAUSED) and in_flight:
-                to_state = S.CANCELING
+            to_state = S.CANCELING if in_flight else S.CANCELED
             run.transition("cancel", to_state, actor.id, actor.role, reason or "canceled",
                            {"in_flight": in_flight}, _stamp(now, run))
             self._commit(tx, {run_id: run}, first="run")
@@ -807,8 +818,10 @@ class Ledger:
             self._commit(tx, {run_id: run}, items)
             return leases
 
-    def _check_lease(self, tx: Tx, run: Run, lease: Lease, now: datetime) -> tuple[Item, dict[str, Any]]:
-        row = self._item_row(tx, lease.run_id, lease.item_id)
+    def _check_lease(self, tx: Tx, run: Run, lease: Lease, now: datetime,
+                     row: dict[str, Any] | None = None) -> tuple[Item, dict[str, Any]]:
+        if row is None:
+            row = self._item_row(tx, lease.run_id, lease.item_id)
         item = item_from_row(row)
         if item is None or item.state != S.IN_PROGRESS or item.lease_token != lease.token:
             state = row["state"]
@@ -835,8 +848,9 @@ class Ledger:
             return Lease(lease.run_id, lease.item_id, lease.token, lease.worker_id, item.attempts, expires,
                          json.loads(row["payload"]))
 
-    def _apply_outcome(self, tx: Tx, run: Run, o: Outcome, now: datetime) -> Item:
-        item, _row = self._check_lease(tx, run, o.lease, now)
+    def _apply_outcome(self, tx: Tx, run: Run, o: Outcome, now: datetime,
+                       row: dict[str, Any] | None = None) -> Item:
+        item, _row = self._check_lease(tx, run, o.lease, now, row)
         at = _stamp(now, item)
         base = {"lease_token": o.lease.token, "attempt": item.attempts, "stage": o.stage}
         if o.kind == "accept":
@@ -912,23 +926,31 @@ class Ledger:
                         results[i] = e
                     continue
                 now = tx.now()
+                rows = self._item_rows(tx, run_id, [checked[i].lease.item_id for i in idxs])
                 items: list[Item] = []
-                seen: set[str] = set()
+                done: dict[str, Item] = {}
                 for i in idxs:
                     o = checked[i]
-                    if o.lease.item_id in seen:
+                    if o.lease.item_id in done:
                         results[i] = InvalidInput(f"item {o.lease.item_id!r} appears twice in one record call")
                         continue
+                    row = rows.get(o.lease.item_id)
+                    if row is None:
+                        results[i] = ItemNotFound(run_id, o.lease.item_id)
+                        continue
                     try:
-                        items.append(self._apply_outcome(tx, run, o, now))
-                        seen.add(o.lease.item_id)
-                    except (LeaseLost, ItemNotFound) as e:
+                        item = self._apply_outcome(tx, run, o, now, row)
+                    except LeaseLost as e:
                         results[i] = e
+                        continue
+                    items.append(item)
+                    done[o.lease.item_id] = item
                 self._commit(tx, {run_id: run}, items)
                 self._finish_if_drained(tx, run, now)
                 for i in idxs:
                     if i not in results:
-                        results[i] = self._item_status_tx(tx, run_id, checked[i].lease.item_id)
+                        item_id = checked[i].lease.item_id
+                        results[i] = _item_status(_merged_row(rows[item_id], done[item_id]))
         return [results[i] for i in range(len(checked))]
 
     def _item_command(self, run_id: Any, item_id: Any, actor: Any, command: str, to_state: str,
@@ -1286,6 +1308,14 @@ def _item_status(r: dict[str, Any]) -> ItemStatus:
     return ItemStatus(run_id=r["run_id"], item_id=r["item_id"], state=r["state"], required=bool(r["required"]),
                       attempts=r["attempts"], lease=lease, last_error=r["last_error"], revision=r["revision"],
                       reason=r["reason"], payload=json.loads(r["payload"]), updated_at=parse_dt(r["updated_at"]))
+
+
+def _merged_row(row: dict[str, Any], item: Item) -> dict[str, Any]:
+    """An item row updated with its aggregate's current stream state (no re-read)."""
+    return {**row, "state": item.state, "revision": item.version, "attempts": item.attempts,
+            "lease_token": item.lease_token, "lease_worker": item.lease_worker,
+            "lease_expires_at": item.lease_expires_at, "eligible_at": item.eligible_at,
+            "last_error": item.last_error, "reason": item.reason, "updated_at": iso(item.modified_on)}
 
 
 def _transition(r: dict[str, Any]) -> Transition:

@@ -78,6 +78,15 @@ class Tx(ABC):
         positions = self.insert_stored_events(stored)
         return list(zip(positions, events, strict=True))
 
+    def now_column(self) -> str:
+        """Extra select column giving the database clock (saves a round trip on PostgreSQL)."""
+        return ""
+
+    def prime_now(self, db_now: datetime) -> None:
+        """Use a clock reading taken by a query, unless a clock is injected or one was read."""
+        if self._now is None and self.store.clock is None:
+            self._now = db_now
+
     def lock_suffix(self) -> str:
         """Row-lock clause for rows the transaction will change (PostgreSQL only)."""
         return ""

@@ -59,9 +59,9 @@ class PgTx(Tx):
         assert isinstance(self.store, PostgresStore)
         rec = self.store.recorder
         try:
-            with self.conn.transaction():  # savepoint: a clash leaves the outer txn usable
-                rec._insert_stored_events(self.cur, stored)
-                ids = rec._fetch_ids_after_insert_events(self.cur, stored)
+            # a clash aborts the whole transaction: the command is refused with Conflict
+            rec._insert_stored_events(self.cur, stored)
+            ids = rec._fetch_ids_after_insert_events(self.cur, stored)
         except psycopg.errors.UniqueViolation as e:
             raise StreamConflict(str(e)) from e
         assert ids is not None
@@ -76,6 +76,9 @@ class PgTx(Tx):
 
     def lock_suffix(self) -> str:
         return " FOR UPDATE"
+
+    def now_column(self) -> str:
+        return ", clock_timestamp() AS db_now"
 
 
 class PostgresStore(Store):
