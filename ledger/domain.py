@@ -122,8 +122,8 @@ class Run(Aggregate):
 
     def on_transition(self, e: Transitioned) -> None:
         self.state = e.to_state
-        if e.reason:
-            self.summary = bounded_summary(e.reason)
+        # the summary comes from the latest transition's reason ("run <state>" when it has none)
+        self.summary = bounded_summary(e.reason) if e.reason else ""
         ev = e.evidence
         if e.command == "start":
             self.started_at = e.timestamp
