@@ -388,7 +388,7 @@ def resume(ctx: typer.Context, run_id: RunArg,
            as_json: JsonOpt = False) -> None:
     """Resume a pausing or paused run (operator)."""
     with _ledger(ctx) as lg:
-        status = lg.resume(run_id, _actor(ctx, "resume"))
+        status = lg.resume(run_id, _actor(ctx, "resume"), reason=reason)
     _show_run(status, as_json, "resumed")
 
 
@@ -459,11 +459,15 @@ def reject_item(
     _show_item(item, as_json)
 
 
+OptionalReason = Annotated[str | None, typer.Option("--reason", help="Why (recorded)")]
+
+
 @app.command()
-def retry(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
+def retry(ctx: typer.Context, run_id: RunArg, reason: OptionalReason = None,
+          as_json: JsonOpt = False) -> None:
     """New run replaying a failed(transient) run's latest input, linked retry_of (operator)."""
     with _ledger(ctx) as lg:
-        status = lg.retry(run_id, _actor(ctx, "retry"))
+        status = lg.retry(run_id, _actor(ctx, "retry"), reason=reason)
     _show_run(status, as_json, f"retry of {run_id}:")
 
 
@@ -475,13 +479,14 @@ def repair(
     corrections: Annotated[Path | None, typer.Option(
         "--corrections", metavar="ITEMS.json", dir_okay=False,
         help="Corrected items (a JSON list); links correction_of")] = None,
+    reason: OptionalReason = None,
     as_json: JsonOpt = False,
 ) -> None:
     """New run for a run's items not accepted, linked repair_of / correction_of (operator)."""
     fixed = _read_json_file(corrections, "corrections") if corrections else None
     with _ledger(ctx) as lg:
         status = lg.repair(run_id, _actor(ctx, "repair"), items=_split_ids(items),
-                           corrections=fixed)
+                           corrections=fixed, reason=reason)
     _show_run(status, as_json, f"repair of {run_id}:")
 
 

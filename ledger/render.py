@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from rich.console import Console
@@ -22,8 +22,17 @@ _STATE_STYLE = {
 
 
 def console() -> Console:
-    """A console on the current stdout (so test runners that swap stdout see the output)."""
-    return Console(highlight=False, soft_wrap=False)
+    """A console on the current stdout (so test runners that swap stdout see the output).
+
+    Piped output is not folded to 80 columns: ids and timestamps stay on one line.
+    """
+    import os
+    import sys
+
+    width = None
+    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+        width = 200
+    return Console(highlight=False, width=width)
 
 
 def state(text: str | None) -> str:
@@ -38,7 +47,7 @@ def when(value: datetime | None) -> str:
     """A timestamp to the second, without the noise."""
     if value is None:
         return ""
-    return value.isoformat(timespec="seconds").replace("+00:00", "Z")
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def counts(values: dict[str, int]) -> str:
