@@ -51,6 +51,20 @@ class Scenario:
     attempts: int
     story: list[str] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, name: str, status: RunStatus, attempts: int, story: list[str]) -> Scenario:
+        """The scenario's run as the store accepted it."""
+        scenario = cls(name, status.run_id, "", {}, "", [], attempts, story)
+        scenario.refresh(status)
+        return scenario
+
+    def refresh(self, status: RunStatus) -> None:
+        """Take the run's latest accepted state, counts and links."""
+        self.state = status.state
+        self.counts = _nonzero(status.counts)
+        self.waiting_on = status.waiting_on
+        self.links = [{"relation": link.relation, "run_id": link.run_id} for link in status.links]
+
 
 @dataclass
 class DemoResult:
@@ -116,12 +130,7 @@ class _Demo:
 
     def record(self, name: str, run_id: str, story: list[str]) -> Scenario:
         status = self.lg.status(run_id)
-        result = Scenario(
-            name=name, run_id=run_id, state=status.state, counts=_nonzero(status.counts),
-            waiting_on=status.waiting_on,
-            links=[{"relation": link.relation, "run_id": link.run_id} for link in status.links],
-            attempts=len(self.lg.attempts(run_id)), story=story,
-        )
+        result = Scenario.of(name, status, len(self.lg.attempts(run_id)), story)
         self.scenarios.append(result)
         for line in story:
             self.say(f"  {escape(line)}")
@@ -160,8 +169,8 @@ class _Demo:
         return self.record("flaky", run_id, [
             f"{self.n} items; {sum(1 for f in failures.values() if f)} of them failed "
             f"{retried} attempt(s) in total before succeeding",
-            f"worker: claimed {summary.claimed}, accepted {summary.accepted}, "
-            f"retryable {summary.retryable}, heartbeats {summary.heartbeats}",
+            f"worker: {summary.claimed} claims, {summary.retryable} failed attempt(s) "
+            f"recorded as retryable, {summary.accepted} accepted",
             f"complete -> {status.state}",
         ])
 
@@ -296,17 +305,17 @@ def _counts_text(counts: dict[str, int]) -> str:
 def run_demo(dsn: str, items: int = 20, workers: int = 4, seed: int = 7,
              as_json: bool = False) -> DemoResult:
     """Run the five scenarios on `dsn` and print the story (or one JSON document)."""
-    from rich.console import Console
     from rich.table import Table
 
+    from .render import console
     from .render import links as links_text
     from .render import state as state_text
 
-    out = Console(highlight=False)
+    out = console()
 
     def say(text: str) -> None:
         if not as_json:
-            out.print(text)
+            out.print(text, soft_wrap=True)
 
     began = time.monotonic()
     with Ledger.open(dsn) as lg:
@@ -319,6 +328,8 @@ def run_demo(dsn: str, items: int = 20, workers: int = 4, seed: int = 7,
         partial = demo.partial()
         demo.repair(partial.run_id)
         runs: list[RunStatus] = [lg.status(s.run_id) for s in demo.scenarios]
+        for scenario, status in zip(demo.scenarios, runs, strict=True):
+            scenario.refresh(status)  # e.g. the partial run gained a repaired_by link
     result = DemoResult(dsn=dsn, seed=seed, items=items, workers=workers,
                         seconds=round(time.monotonic() - began, 2), scenarios=demo.scenarios)
     if as_json:
@@ -335,7 +346,7 @@ def run_demo(dsn: str, items: int = 20, workers: int = 4, seed: int = 7,
     out.print(table)
     by_name = {s.name: s.run_id for s in demo.scenarios}
     prefix = "ledger" if dsn == _default_dsn() else f"ledger --dsn {dsn}"
-    out.print("\nTry next:")
+    out.print("\nTry next:", soft_wrap=True)
     for command in (
         f"{prefix} history {by_name['flaky']}",
         f"{prefix} attempts {by_name['flaky']}",
@@ -344,7 +355,7 @@ def run_demo(dsn: str, items: int = 20, workers: int = 4, seed: int = 7,
         f"{prefix} status {by_name['partial']}",
         f"{prefix} lineage {by_name['repair']}",
     ):
-        out.print(f"  {command}", markup=False)
+        out.print(f"  {command}", markup=False, soft_wrap=True)
     return result
 
 
