@@ -1,0 +1,132 @@
+#!/usr/bin/env python
+"""Benchmark the run ledger against raw baselines measured in the same run (issue 7).
+
+    python scripts/bench.py                 # brief's sizes, throwaway durable PostgreSQL
+    python scripts/bench.py --quick         # ~30 s version
+    python scripts/bench.py --full          # cases 4 and 5 with 1,000,000 events
+    python scripts/bench.py --dsn postgresql://user@host/db   # an existing server (CREATEDB)
+    python scripts/bench.py --cases 1,6 --json out.json --profile prof/
+
+Cases (ratio = ledger / baseline, same run, same server):
+  1 item throughput, PostgreSQL, 8 processes: Worker and claim+record loop vs a raw
+    SKIP LOCKED queue, 1 item per transaction (A, goal >= 1.0) and 50 (B, >= 0.3)
+  2 append throughput, PostgreSQL, one process, batches of 100 vs raw executemany (>= 0.5)
+  3 bulk submit of 100,000 items to claimable vs raw executemany, PostgreSQL and SQLite (>= 0.3)
+  4 rebuild_projections over 200,000 events vs reading + decoding them (>= 0.5, RSS < 300 MB)
+  5 status() median latency with 1,000 vs 200,000 events (<= 1.5x; < 2 ms PG, < 1 ms SQLite)
+  6 SQLite, one process, claim+accept in batches of 50 vs raw sqlite3 (>= 0.3)
+  7 `ledger status RUN --json` start-up (< 0.5 s median)
+
+The throwaway server keeps PostgreSQL's durable defaults (fsync and
+synchronous_commit on) and its data on disk. `--profile DIR` runs cProfile
+around the ledger side of cases 1 (first worker process), 2, 3 and 6 and
+writes DIR/<case>.pstats and .txt; profiled timings are inflated.
+Exit status: 0 when every case ran (goals met or not), 1 when a case failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [p for p in (str(HERE.parent), str(HERE)) if p not in sys.path]
+
+from bench_cases import (  # noqa: E402
+    ALL_CASES,
+    DEFAULT,
+    FULL,
+    QUICK,
+    BenchConfig,
+    PgTarget,
+    durable_header,
+    format_table,
+    run_all,
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small sizes, about 30 seconds")
+    size.add_argument("--full", action="store_true", help="cases 4 and 5 over 1,000,000 events")
+    parser.add_argument("--dsn", help="an existing PostgreSQL server (its user needs CREATEDB); "
+                                      "each case gets its own database there, dropped afterwards")
+    parser.add_argument("--no-postgres", action="store_true", help="SQLite rows only")
+    parser.add_argument("--cases", default=",".join(ALL_CASES),
+                        help="comma-separated case numbers (default: all)")
+    parser.add_argument("--json", metavar="PATH", help="also save the results as JSON")
+    parser.add_argument("--profile", metavar="DIR", help="cProfile the ledger side of 1, 2, 3, 6")
+    parser.add_argument("--worker-concurrency", type=int, help="Worker(concurrency=...) in case 1")
+    parser.add_argument("--tmp", metavar="DIR", help="where SQLite files and the server live "
+                                                     "(default: the system temp dir)")
+    parser.add_argument("--quiet", action="store_true", help="print only the table")
+    args = parser.parse_args(argv)
+    args.case_list = tuple(c.strip() for c in args.cases.split(",") if c.strip())
+    unknown = set(args.case_list) - set(ALL_CASES)
+    if unknown:
+        parser.error(f"unknown cases {sorted(unknown)}; cases are {', '.join(ALL_CASES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = QUICK if args.quick else FULL if args.full else DEFAULT
+    if args.worker_concurrency:
+        sizes = sizes.scaled(worker_concurrency=args.worker_concurrency)
+    profile = "quick" if args.quick else "full" if args.full else "default"
+    tmp = Path(args.tmp) if args.tmp else None
+
+    def say(text: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - started:6.1f}s] {text}", file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
+    server = None
+    pg: PgTarget | None = None
+    needs_pg = not args.no_postgres and bool(set(args.case_list) - {"6"})
+    try:
+        if needs_pg and args.dsn:
+            pg = PgTarget(args.dsn)
+        elif needs_pg:
+            from tests.pgserver import PgServer
+
+            say("starting a throwaway PostgreSQL (durable settings, data on disk)")
+            server = PgServer(tmp_parent=tmp).start()  # settings=None: durable defaults
+            pg = PgTarget(server.admin_dsn)
+        header, settings = durable_header(pg)
+        config = BenchConfig(sizes=sizes, pg=pg, cases=args.case_list,
+                             profile_dir=Path(args.profile) if args.profile else None, tmp=tmp,
+                             say=say)
+        rows = run_all(config)
+    finally:
+        if server is not None:
+            server.close()
+    total = time.perf_counter() - started
+    header = [
+        f"run-ledger benchmark: sizes={profile}, cases={','.join(args.case_list)}, "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, total {total:.0f}s"
+        + ("  (PROFILED: timings inflated)" if args.profile else ""),
+        *header,
+        "",
+    ]
+    print(format_table(rows, header), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "sizes": profile, "size_values": sizes.__dict__, "cases": args.case_list,
+            "total_seconds": total, "postgres": settings, "profiled": bool(args.profile),
+            "python": platform.python_version(), "cpus": os.cpu_count(),
+            "rows": [r.to_dict() for r in rows],
+        }, indent=2, default=str))
+    return 1 if any(r.name.endswith("FAILED") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

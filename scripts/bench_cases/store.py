@@ -1,0 +1,184 @@
+"""Cases 4 and 5, which share one big store per database.
+
+Case 5 (status read): a run whose processing leaves about `small_events` events
+in a fresh store; median `status(run_id)` latency is measured, then the store is
+filled with other runs to `store_events` events and the same run's status is
+measured again. Goal: large/small <= 1.5 and median under 2 ms (PostgreSQL) or
+1 ms (SQLite).
+
+Case 4 (rebuild): `rebuild_projections()` over the big store, in a subprocess
+(peak RSS from ru_maxrss). Baseline: another subprocess reading the same events
+in position order, pages of 1,000, and decoding each event's JSON. Goal: events/s
+ratio >= 0.5 and peak RSS under 300 MB. "n/a" while rebuild is not implemented.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import (
+    Callback,
+    Clock,
+    PgTarget,
+    Row,
+    Sizes,
+    accept_all,
+    event_count,
+    fill_events,
+    median_ms,
+    ratio_row,
+    run_json_child,
+    running_run,
+)
+
+RSS_LIMIT_MB = 300.0
+
+REBUILD_CHILD = r"""
+import importlib.util, json, resource, sys, time
+from ledger import Ledger
+lg = Ledger.open(sys.argv[1])
+if not hasattr(lg, "rebuild_projections") or importlib.util.find_spec("projections.rebuild") is None:
+    print(json.dumps({"na": "rebuild_projections not implemented yet (no projections.rebuild)"}))
+    raise SystemExit(0)
+start = time.perf_counter()
+try:
+    n = lg.rebuild_projections()
+except NotImplementedError as e:
+    print(json.dumps({"na": f"rebuild_projections: NotImplementedError {e}"}))
+    raise SystemExit(0)
+seconds = time.perf_counter() - start
+lg.close()
+print(json.dumps({"seconds": seconds, "events": n,
+                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+READ_CHILD_PG = r"""
+import json, resource, sys, time
+import psycopg
+from psycopg import sql
+dsn, table = sys.argv[1], sys.argv[2]
+query = sql.SQL("SELECT notification_id, originator_id, originator_version, topic, state FROM {} "
+                "WHERE notification_id > %s ORDER BY notification_id LIMIT 1000").format(
+                    sql.Identifier(table))
+with psycopg.connect(dsn) as conn:
+    start = time.perf_counter()
+    after, n = 0, 0
+    while True:
+        rows = conn.execute(query, (after,)).fetchall()
+        if not rows:
+            break
+        for row in rows:
+            json.loads(row[4])
+        n += len(rows)
+        after = rows[-1][0]
+    seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "events": n,
+                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+READ_CHILD_SQLITE = r"""
+import json, resource, sqlite3, sys, time
+path, table = sys.argv[1], sys.argv[2]
+assert table.isidentifier()
+conn = sqlite3.connect(path)
+start = time.perf_counter()
+after, n = 0, 0
+while True:
+    rows = conn.execute(f"SELECT rowid, originator_id, originator_version, topic, state FROM {table} "
+                        "WHERE rowid > ? ORDER BY rowid LIMIT 1000", (after,)).fetchall()
+    if not rows:
+        break
+    for row in rows:
+        json.loads(row[4])
+    n += len(rows)
+    after = rows[-1][0]
+seconds = time.perf_counter() - start
+conn.close()
+print(json.dumps({"seconds": seconds, "events": n,
+                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def status_latency(lg: Any, run_id: str, samples: int) -> float:
+    """Median milliseconds of `status(run_id)` after a short warm-up."""
+    for _ in range(min(20, samples)):
+        lg.status(run_id)
+    times = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        lg.status(run_id)
+        times.append(time.perf_counter() - start)
+    return median_ms(times)
+
+
+def _one_store(label: str, dsn: str, sizes: Sizes, say: Callback, store: str,
+               sqlite_path: str | None, timeout: float) -> list[Row]:
+    from ledger import Actor, Ledger
+
+    limit_ms = 2.0 if store == "PG" else 1.0
+    rows: list[Row] = []
+    with Ledger.open(dsn) as lg:
+        n_items = max(1, (sizes.small_events - 2) // 3)
+        run_id = running_run(lg, n_items, prefix="s")
+        accept_all(lg, run_id, Actor("bench-status", "worker"), 50)
+        small_events = event_count(lg)
+        small = status_latency(lg, run_id, sizes.status_samples)
+        say(f"  {store} status: {small:.3f} ms median with {small_events} events; filling to "
+            f"{sizes.store_events}")
+        with Clock() as fill:
+            big_events = fill_events(lg, sizes.store_events, sizes.fill_batch)
+        say(f"  filled to {big_events} events in {fill.seconds:.1f}s "
+            f"({(big_events - small_events) / fill.seconds:,.0f} events/s through the ledger)")
+        large = status_latency(lg, run_id, sizes.status_samples)
+        say(f"  {store} status: {large:.3f} ms median with {big_events} events")
+        table = lg.store.events_table()
+    ratio = large / small if small else None
+    met = ratio is not None and ratio <= 1.5 and large < limit_ms and small < limit_ms
+    rows.append(Row("5", f"{store} status() median, {small_events} vs {big_events} events",
+                    large, "ms", small, "ms", ratio, f"ratio <= 1.5, < {limit_ms:g} ms", met,
+                    note=f"{sizes.status_samples} calls each",
+                    extra={"small_events": small_events, "large_events": big_events,
+                           "fill_seconds": fill.seconds}))
+
+    say(f"case 4: rebuild on {store}, {big_events} events")
+    reader = READ_CHILD_PG if store == "PG" else READ_CHILD_SQLITE
+    base = run_json_child(reader, [dsn if sqlite_path is None else sqlite_path, table], timeout)
+    base_rate = base["events"] / base["seconds"]
+    say(f"  baseline read+decode {base_rate:,.0f} events/s, peak RSS {base['maxrss_mb']:.0f} MB")
+    got = run_json_child(REBUILD_CHILD, [dsn], timeout)
+    if "na" in got:
+        say(f"  ledger: n/a ({got['na']})")
+        rows.append(Row("4", f"{store} rebuild {big_events} events", None, "events/s", base_rate,
+                        "events/s", None, "ratio >= 0.5", None, note=f"n/a: {got['na']}"))
+        rows.append(Row("4", f"{store} rebuild peak RSS", None, "MB", base["maxrss_mb"], "MB", None,
+                        f"< {RSS_LIMIT_MB:g} MB", None, note="n/a; baseline = reader's peak RSS"))
+        return rows
+    rate = got["events"] / got["seconds"] if got["seconds"] else None
+    say(f"  ledger rebuild {rate or 0:,.0f} events/s in {got['seconds']:.1f}s, "
+        f"peak RSS {got['maxrss_mb']:.0f} MB")
+    rows.append(ratio_row("4", f"{store} rebuild {big_events} events", rate, base_rate,
+                          "events/s", 0.5, note=f"{got['seconds']:.1f}s; {got['events']} replayed"))
+    rss = float(got["maxrss_mb"])
+    rows.append(Row("4", f"{store} rebuild peak RSS", rss, "MB", base["maxrss_mb"], "MB",
+                    rss / base["maxrss_mb"] if base["maxrss_mb"] else None,
+                    f"< {RSS_LIMIT_MB:g} MB", rss < RSS_LIMIT_MB,
+                    note="baseline = reader's peak RSS"))
+    return rows
+
+
+def run(pg: PgTarget | None, sizes: Sizes, say: Callback, tmp: Path | None = None,
+        timeout: float = 1800.0) -> list[Row]:
+    rows: list[Row] = []
+    if pg is not None:
+        say(f"cases 5 and 4 on PostgreSQL ({sizes.small_events} -> {sizes.store_events} events)")
+        with pg.database("c45") as dsn:
+            rows += _one_store("PG", dsn, sizes, say, "PG", None, timeout)
+    say(f"cases 5 and 4 on SQLite ({sizes.small_events} -> {sizes.store_events} events)")
+    with tempfile.TemporaryDirectory(dir=tmp, prefix="bench-c45-") as d:
+        path = f"{d}/ledger.db"
+        rows += _one_store("SQLite", f"sqlite:///{path}", sizes, say, "SQLite", path, timeout)
+    order = {"5": 0, "4": 1}
+    return sorted(rows, key=lambda r: order[r.case])
