@@ -7,7 +7,8 @@ with the error's `to_dict()` as its JSON body. FastAPI is imported lazily, so
 
 - `create_app(lg, tokens_path=None, public_reads=False) -> FastAPI` (`app.py`)
 - `add_token(actor_id, role, path=None) -> str` (`tokens.py`)
-- `serve(dsn, host, port, tokens_path, public_reads)` (`serve.py`)
+- `serve(dsn, host, port, tokens_path, public_reads)`: import it from
+  `ledger.http.serve` (a package attribute of that name would shadow the module)
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .app import create_app
-    from .serve import serve
     from .tokens import add_token
 
-_LAZY = {"create_app": "app", "serve": "serve", "add_token": "tokens"}
+_LAZY = {"create_app": "app", "add_token": "tokens"}
 
 
 def __getattr__(name: str) -> Any:
@@ -31,4 +31,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
-__all__ = ["add_token", "create_app", "serve"]
+__all__ = ["add_token", "create_app"]

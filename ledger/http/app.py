@@ -78,3 +78,16 @@ def create_app(lg: Ledger, tokens_path: str | os.PathLike[str] | None = None, pu
     app.mount("/static", page.static_files(), name="static")
     app.openapi = lambda: _openapi_schema(app)  # type: ignore[method-assign]
     return app
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document the app serves at `/openapi.json` (no ledger or tokens needed)."""
+    app = create_app(None, tokens_path=os.devnull)  # type: ignore[arg-type]
+    return app.openapi()
+
+
+def openapi_text() -> str:
+    """The document as committed in `docs/openapi.json`."""
+    import json
+
+    return json.dumps(openapi_document(), indent=2, ensure_ascii=False) + "\n"

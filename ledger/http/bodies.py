@@ -11,15 +11,41 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 # Revisions and positions fit in a JSON-safe integer (and a BIGINT column).
 Revision = Annotated[StrictInt, Field(ge=0, le=2**53 - 1)]
 Text = StrictStr
 
 
+def first_bad_string(value: Any) -> str | None:
+    """The first string in a JSON value that is not valid Unicode (a lone surrogate
+    such as the JSON escape \\ud800), or None. Such strings cannot be stored as UTF-8."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return node
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        if first_bad_string(data) is not None:
+            raise ValueError("strings must be valid Unicode (no lone surrogate escapes such as \\ud800)")
+        return data
 
 
 class Expected(_Body):
@@ -39,7 +65,7 @@ class AmendBody(Expected):
     policy: dict[str, Any] | None = Field(default=None, description="Policy fields to change.")
 
 
-class ClaimBody(_Body):
+class ClaimBody(Expected):
     """Claim up to `limit` claimable items in one transaction (the caller is the worker)."""
 
     limit: Annotated[StrictInt, Field(ge=1, le=1000)] = 1
@@ -81,9 +107,21 @@ class FailAttemptBody(LeaseBody):
 
 
 class ReasonBody(Expected):
-    """A command that only needs a reason."""
+    """A command that needs a reason."""
 
     reason: Text
+
+
+class OptionalReasonBody(Expected):
+    """A command whose reason is optional."""
+
+    reason: Text | None = None
+
+
+class RetryBody(_Body):
+    """A new run replaying a failed(transient) run's latest input."""
+
+    reason: Text | None = None
 
 
 class RejectItemBody(Expected):
@@ -115,20 +153,23 @@ class FailBody(Expected):
     failure_reason: Text | None = None
 
 
-class RepairBody(Expected):
+class RepairBody(_Body):
     """A new run for the items not accepted (default), chosen items, or corrections."""
 
+    reason: Text | None = None
     items: list[Text] | None = Field(default=None, description="Item ids to repair (default: those not accepted).")
     corrections: list[dict[str, Any]] | None = Field(
         default=None, description="Corrected manifest items; the new run is a correction_of."
     )
 
 
-class CompensateBody(Expected):
+class CompensateBody(_Body):
     """A new run that undoes effects of the original."""
 
     reason: Text
-    items: list[Text] | None = None
+    items: list[Text | dict[str, Any]] | None = Field(
+        default=None, description="Item ids, or item objects (default: the accepted items)."
+    )
 
 
 class TokenBody(_Body):

@@ -10,17 +10,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ..errors import NotAuthorized
 from ..manifest import MAX_MANIFEST_BYTES
-from ..states import RUN_COMMAND_ROLES, describe_roles, item_rule
+from ..states import describe_roles, item_rule
 from ..views import Actor, CancelOutcome, ItemStatus, Lease, ReconcileReport, RunStatus
 from . import bodies as B
 from .auth import CommandActor
-from .deps import LedgerDep, aware
+from .deps import LedgerDep, aware, view_response
 from .errors import error_responses
 from .reads import RunId
 
@@ -35,7 +36,7 @@ def _expected(body: B.Expected | None) -> dict[str, Any]:
     return {"expected_revision": body.expected_revision}
 
 
-def _lease(body: B.LeaseBody) -> Lease:
+def _lease(body: B.LeaseBody) -> JSONResponse:
     return Lease(
         run_id=body.run_id, item_id=body.item_id, token=body.token, worker_id=body.worker_id,
         attempt=body.attempt, expires_at=aware(body.expires_at),  # type: ignore[arg-type]
@@ -43,14 +44,22 @@ def _lease(body: B.LeaseBody) -> Lease:
     )
 
 
-def _require_role(actor: Actor, roles: frozenset[str], command: str) -> None:
-    # The service takes no actor for lease commands and reconcile (the lease token,
-    # or the reconciler's own process, is the authority there); over HTTP the
-    # token's role must still be one the transition table allows.
+def _lease_holder(lg: Any, actor: Actor, body: B.LeaseBody, command: str) -> JSONResponse:
+    """The service takes no actor for lease commands (the lease token is the authority)
+    and records the lease's `worker_id` as the actor; over HTTP the token's role must be
+    one the table allows, and the lease must be this actor's, so the record stays true."""
+    lg.item(body.run_id, body.item_id)  # SPEC order: input and existence before role
+    roles = item_rule(command).roles
     if actor.role not in roles:
         raise NotAuthorized(
             f"role {actor.role!r} may not {command}; allowed roles: {describe_roles(roles)}"
         )
+    if body.worker_id != actor.id:
+        raise NotAuthorized(
+            f"actor {actor.id!r} may not {command} a lease held by worker {body.worker_id!r}; "
+            "only the lease holder may"
+        )
+    return _lease(body)
 
 
 def _parse_json_body(raw: bytes) -> Any:
@@ -59,11 +68,14 @@ def _parse_json_body(raw: bytes) -> Any:
     except UnicodeDecodeError as e:
         raise HTTPException(400, f"request body is not UTF-8: {e.reason} at byte {e.start}") from None
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise HTTPException(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except (ValueError, RecursionError) as e:  # e.g. integers past the 4300-digit limit
         raise HTTPException(400, f"request body is not acceptable JSON: {type(e).__name__}") from None
+    if B.first_bad_string(data) is not None:
+        raise HTTPException(400, "request body holds a string that is not valid Unicode (a lone surrogate escape)")
+    return data
 
 
 # --- runs ----------------------------------------------------------------------
@@ -80,104 +92,119 @@ def _parse_json_body(raw: bytes) -> Any:
         }
     },
 )
-async def submit(request: Request, response: Response, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+async def submit(request: Request, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.submit(manifest, actor)`. The body is the manifest itself."""
     raw = await request.body()
     if len(raw) > MAX_MANIFEST_BYTES:
         raise HTTPException(413, f"manifest is {len(raw)} bytes; at most {MAX_MANIFEST_BYTES} bytes allowed")
     manifest = _parse_json_body(raw)
     status: RunStatus = await run_in_threadpool(lg.submit, manifest, actor)
-    response.headers["Location"] = f"/runs/{status.run_id}"
-    return status
+    return view_response(status, 201, headers={"Location": f"/runs/{status.run_id}"})
 
 
 @router.post("/runs/{run_id}/start", response_model=RunStatus, summary="start: queued -> running", responses=RUN_ERRORS)
-def start(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.Expected | None = None) -> RunStatus:
+def start(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.Expected | None = None) -> JSONResponse:
     """`lg.start(run_id, actor)`."""
-    return lg.start(run_id, actor, **_expected(body))  # type: ignore[no-any-return]
+    result = lg.start(run_id, actor, **_expected(body))
+    return view_response(result)
 
 
 @router.post("/runs/{run_id}/amend", response_model=RunStatus, summary="amend: a new input version", responses=RUN_ERRORS)
-def amend(run_id: RunId, body: B.AmendBody, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+def amend(run_id: RunId, body: B.AmendBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.amend(run_id, actor, reason, items, withdraw, policy)`."""
-    return lg.amend(  # type: ignore[no-any-return]
+    result = lg.amend(
         run_id, actor, body.reason, items=body.items, withdraw=body.withdraw, policy=body.policy,
         **_expected(body),
     )
+    return view_response(result)
 
 
 @router.post("/runs/{run_id}/claim", response_model=list[Lease], summary="claim: leases on claimable items", responses=RUN_ERRORS)
-def claim(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.ClaimBody | None = None) -> list[Lease]:
-    """`lg.claim(run_id, worker, limit)`: `[]` when a running run has nothing claimable."""
-    limit = body.limit if body is not None else 1
-    return list(lg.claim(run_id, actor, limit=limit))
+def claim(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.ClaimBody | None = None) -> JSONResponse:
+    """`lg.claim(run_id, worker, limit)`: `[]` when a running run has nothing claimable.
+    The token's actor is the worker (its id becomes the leases' `worker_id`)."""
+    body = body or B.ClaimBody()
+    result = list(lg.claim(run_id, actor, limit=body.limit, **_expected(body)))
+    return view_response(result)
 
 
 @router.post("/runs/{run_id}/request_review", response_model=RunStatus, summary="request_review: running -> awaiting_review", responses=RUN_ERRORS)
-def request_review(run_id: RunId, body: B.RequestReviewBody, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+def request_review(run_id: RunId, body: B.RequestReviewBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.request_review(run_id, actor, decision)`."""
-    return lg.request_review(run_id, actor, body.decision, **_expected(body))  # type: ignore[no-any-return]
+    result = lg.request_review(run_id, actor, body.decision, **_expected(body))
+    return view_response(result)
 
 
 @router.post("/runs/{run_id}/decide", response_model=RunStatus, summary="decide: approve -> running, reject -> failed", responses=RUN_ERRORS)
-def decide(run_id: RunId, body: B.DecideBody, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+def decide(run_id: RunId, body: B.DecideBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.decide(run_id, actor, input_version, approve, reason)`."""
-    return lg.decide(  # type: ignore[no-any-return]
+    result = lg.decide(
         run_id, actor, body.input_version, body.approve, body.reason, **_expected(body)
     )
+    return view_response(result)
 
 
 @router.post("/runs/{run_id}/pause", response_model=RunStatus, summary="pause: running -> pausing or paused", responses=RUN_ERRORS)
-def pause(run_id: RunId, body: B.ReasonBody, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+def pause(run_id: RunId, body: B.OptionalReasonBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.pause(run_id, actor, reason)`."""
-    return lg.pause(run_id, actor, body.reason, **_expected(body))  # type: ignore[no-any-return]
+    result = lg.pause(run_id, actor, body.reason, **_expected(body))
+    return view_response(result)
 
 
 @router.post("/runs/{run_id}/resume", response_model=RunStatus, summary="resume: pausing or paused -> running", responses=RUN_ERRORS)
-def resume(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.Expected | None = None) -> RunStatus:
+def resume(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.OptionalReasonBody | None = None) -> JSONResponse:
     """`lg.resume(run_id, actor)`."""
-    return lg.resume(run_id, actor, **_expected(body))  # type: ignore[no-any-return]
+    body = body or B.OptionalReasonBody()
+    result = lg.resume(run_id, actor, reason=body.reason, **_expected(body))
+    return view_response(result)
 
 
 @router.post("/runs/{run_id}/cancel", response_model=CancelOutcome, summary="cancel: canceling or canceled", responses=RUN_ERRORS)
-def cancel(run_id: RunId, body: B.ReasonBody, actor: CommandActor, lg: LedgerDep) -> CancelOutcome:
+def cancel(run_id: RunId, body: B.OptionalReasonBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.cancel(run_id, actor, reason)`: durable intent; repeating it writes nothing."""
-    return lg.cancel(run_id, actor, body.reason, **_expected(body))  # type: ignore[no-any-return]
+    result = lg.cancel(run_id, actor, body.reason, **_expected(body))
+    return view_response(result)
 
 
 @router.post("/runs/{run_id}/complete", response_model=RunStatus, summary="complete: succeeded or completed_with_errors", responses=RUN_ERRORS)
-def complete(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.Expected | None = None) -> RunStatus:
+def complete(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.Expected | None = None) -> JSONResponse:
     """`lg.complete(run_id, actor)`: 409 NotComplete names what blocks success."""
-    return lg.complete(run_id, actor, **_expected(body))  # type: ignore[no-any-return]
+    result = lg.complete(run_id, actor, **_expected(body))
+    return view_response(result)
 
 
 @router.post("/runs/{run_id}/fail", response_model=RunStatus, summary="fail: the run failed", responses=RUN_ERRORS)
-def fail(run_id: RunId, body: B.FailBody, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+def fail(run_id: RunId, body: B.FailBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.fail(run_id, actor, reason, transient, failure_reason)`."""
-    return lg.fail(  # type: ignore[no-any-return]
+    result = lg.fail(
         run_id, actor, body.reason, body.transient, failure_reason=body.failure_reason, **_expected(body)
     )
+    return view_response(result)
 
 
 @router.post("/runs/{run_id}/retry", status_code=201, response_model=RunStatus, summary="retry: a new linked run (retry_of)", responses=RUN_ERRORS)
-def retry(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.Expected | None = None) -> RunStatus:
+def retry(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.RetryBody | None = None) -> JSONResponse:
     """`lg.retry(run_id, actor)`: replays the original's latest input exactly."""
-    return lg.retry(run_id, actor, **_expected(body))  # type: ignore[no-any-return]
+    body = body or B.RetryBody()
+    result = lg.retry(run_id, actor, reason=body.reason)
+    return view_response(result, 201)
 
 
 @router.post("/runs/{run_id}/repair", status_code=201, response_model=RunStatus, summary="repair: a new linked run (repair_of / correction_of)", responses=RUN_ERRORS)
-def repair(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.RepairBody | None = None) -> RunStatus:
+def repair(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.RepairBody | None = None) -> JSONResponse:
     """`lg.repair(run_id, actor, items, corrections)`."""
     body = body or B.RepairBody()
-    return lg.repair(  # type: ignore[no-any-return]
-        run_id, actor, items=body.items, corrections=body.corrections, **_expected(body)
+    result = lg.repair(
+        run_id, actor, items=body.items, corrections=body.corrections, reason=body.reason
     )
+    return view_response(result, 201)
 
 
 @router.post("/runs/{run_id}/compensate", status_code=201, response_model=RunStatus, summary="compensate: a new linked run (compensates)", responses=RUN_ERRORS)
-def compensate(run_id: RunId, body: B.CompensateBody, actor: CommandActor, lg: LedgerDep) -> RunStatus:
+def compensate(run_id: RunId, body: B.CompensateBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.compensate(run_id, actor, reason, items)`."""
-    return lg.compensate(run_id, actor, body.reason, items=body.items, **_expected(body))  # type: ignore[no-any-return]
+    result = lg.compensate(run_id, actor, body.reason, items=body.items)
+    return view_response(result, 201)
 
 
 # --- items ---------------------------------------------------------------------
@@ -186,63 +213,70 @@ ItemPath = "/runs/{run_id}/items/{item_id:path}"
 
 
 @router.post(f"{ItemPath}/skip", response_model=ItemStatus, summary="skip: -> skipped", responses=RUN_ERRORS)
-def skip(run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: LedgerDep) -> ItemStatus:
+def skip(run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.skip(run_id, item_id, actor, reason)`."""
-    return lg.skip(run_id, item_id, actor, body.reason, **_expected(body))  # type: ignore[no-any-return]
+    result = lg.skip(run_id, item_id, actor, body.reason, **_expected(body))
+    return view_response(result)
 
 
 @router.post(f"{ItemPath}/release", response_model=ItemStatus, summary="release: quarantined -> retryable", responses=RUN_ERRORS)
-def release(run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: LedgerDep) -> ItemStatus:
+def release(run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.release(run_id, item_id, actor, reason)`."""
-    return lg.release(run_id, item_id, actor, body.reason, **_expected(body))  # type: ignore[no-any-return]
+    result = lg.release(run_id, item_id, actor, body.reason, **_expected(body))
+    return view_response(result)
 
 
 @router.post(f"{ItemPath}/reject_item", response_model=ItemStatus, summary="reject_item: quarantined -> rejected", responses=RUN_ERRORS)
-def reject_item(run_id: RunId, item_id: str, body: B.RejectItemBody, actor: CommandActor, lg: LedgerDep) -> ItemStatus:
+def reject_item(run_id: RunId, item_id: str, body: B.RejectItemBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.reject_item(run_id, item_id, actor, rule, detail)`."""
-    return lg.reject_item(  # type: ignore[no-any-return]
+    result = lg.reject_item(
         run_id, item_id, actor, body.rule, detail=body.detail, **_expected(body)
     )
+    return view_response(result)
 
 
 # --- leases (the lease holder) ------------------------------------------------
 
 
 @router.post("/leases/heartbeat", response_model=Lease, summary="heartbeat: extend a live lease", responses=RUN_ERRORS)
-def heartbeat(body: B.LeaseBody, actor: CommandActor, lg: LedgerDep) -> Lease:
+def heartbeat(body: B.LeaseBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.heartbeat(lease)`: 409 LeaseLost when the lease is not live."""
-    _require_role(actor, item_rule("heartbeat").roles, "heartbeat")
-    return lg.heartbeat(_lease(body))  # type: ignore[no-any-return]
+    lease = _lease_holder(lg, actor, body, "heartbeat")
+    result = lg.heartbeat(lease)
+    return view_response(result)
 
 
 @router.post("/leases/accept", response_model=ItemStatus, summary="accept: in_progress -> accepted", responses=RUN_ERRORS)
-def accept(body: B.AcceptBody, actor: CommandActor, lg: LedgerDep) -> ItemStatus:
+def accept(body: B.AcceptBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.accept(lease, evidence, stage)`."""
-    _require_role(actor, item_rule("accept").roles, "accept")
-    return lg.accept(_lease(body), evidence=body.evidence, stage=body.stage)  # type: ignore[no-any-return]
+    lease = _lease_holder(lg, actor, body, "accept")
+    result = lg.accept(lease, evidence=body.evidence, stage=body.stage)
+    return view_response(result)
 
 
 @router.post("/leases/reject", response_model=ItemStatus, summary="reject: in_progress -> rejected", responses=RUN_ERRORS)
-def reject(body: B.RejectBody, actor: CommandActor, lg: LedgerDep) -> ItemStatus:
+def reject(body: B.RejectBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.reject(lease, rule, detail, stage)`."""
-    _require_role(actor, item_rule("reject").roles, "reject")
-    return lg.reject(_lease(body), body.rule, detail=body.detail, stage=body.stage)  # type: ignore[no-any-return]
+    lease = _lease_holder(lg, actor, body, "reject")
+    result = lg.reject(lease, body.rule, detail=body.detail, stage=body.stage)
+    return view_response(result)
 
 
 @router.post("/leases/fail_attempt", response_model=ItemStatus, summary="fail_attempt: -> retryable or quarantined", responses=RUN_ERRORS)
-def fail_attempt(body: B.FailAttemptBody, actor: CommandActor, lg: LedgerDep) -> ItemStatus:
+def fail_attempt(body: B.FailAttemptBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.fail_attempt(lease, error, stage, retryable)`."""
-    _require_role(actor, item_rule("fail_attempt").roles, "fail_attempt")
-    return lg.fail_attempt(  # type: ignore[no-any-return]
-        _lease(body), body.error, stage=body.stage, retryable=body.retryable
+    lease = _lease_holder(lg, actor, body, "fail_attempt")
+    result = lg.fail_attempt(
+        lease, body.error, stage=body.stage, retryable=body.retryable
     )
+    return view_response(result)
 
 
 # --- reconcile -------------------------------------------------------------------
 
 
 @router.post("/reconcile", response_model=ReconcileReport, summary="reconcile: expire leases, finish cancels and pauses")
-def reconcile(actor: CommandActor, lg: LedgerDep) -> ReconcileReport:
+def reconcile(actor: CommandActor, lg: LedgerDep) -> JSONResponse:
     """`lg.reconcile()` at the store's clock (a caller cannot choose `now`)."""
-    _require_role(actor, RUN_COMMAND_ROLES["reconcile"], "reconcile")
-    return lg.reconcile()  # type: ignore[no-any-return]
+    result = lg.reconcile(actor=actor)
+    return view_response(result)

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
 
 if TYPE_CHECKING:
     from ..service import Ledger
@@ -25,3 +26,14 @@ def aware(value: datetime | None) -> datetime | None:
     if value is not None and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value
+
+
+def view_response(value: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
+    """A view (or list of views) as JSON, exactly as its `to_dict()` gives it, so the API,
+    the CLI's `--json` and library users see the same documents. The route's
+    `response_model` still documents the shape."""
+    if isinstance(value, list):
+        content: Any = [v.to_dict() for v in value]
+    else:
+        content = value.to_dict()
+    return JSONResponse(content=content, status_code=status_code, headers=headers)

@@ -6,12 +6,13 @@ from datetime import datetime
 from itertools import islice
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import JSONResponse
 
 from ..states import ITEM_STATES, ROLES, RUN_STATES
 from ..views import Attempt, ItemStatus, RunStatus, Transition
 from .auth import Reader
-from .deps import LedgerDep, aware
+from .deps import LedgerDep, aware, view_response
 from .errors import error_responses
 
 router = APIRouter(tags=["reads"], responses=error_responses(401, 422))
@@ -30,9 +31,9 @@ def list_runs(
         str | None, Query(description="Only runs in this state.", json_schema_extra={"enum": list(RUN_STATES)})
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-) -> list[RunStatus]:
+) -> JSONResponse:
     """`lg.runs(state, limit)`: run statuses, newest first."""
-    return list(lg.runs(state=state, limit=limit))
+    return view_response(list(lg.runs(state=state, limit=limit)))
 
 
 @router.get(
@@ -46,13 +47,13 @@ def run_status(
         datetime | None,
         Query(description="The status as accepted at this time (ISO 8601; UTC when no offset)."),
     ] = None,
-) -> RunStatus:
+) -> JSONResponse:
     """`lg.status(run_id)`, or `lg.status_at(run_id, at)` with `at`."""
     if at is not None:
         status: RunStatus = lg.status_at(run_id, aware(at))
     else:
         status = lg.status(run_id)
-    return status
+    return view_response(status)
 
 
 @router.get(
@@ -66,9 +67,9 @@ def run_items(
     state: Annotated[
         str | None, Query(description="Only items in this state.", json_schema_extra={"enum": list(ITEM_STATES)})
     ] = None,
-) -> list[ItemStatus]:
+) -> JSONResponse:
     """`lg.items(run_id, state)`."""
-    return list(lg.items(run_id, state=state))
+    return view_response(list(lg.items(run_id, state=state)))
 
 
 @router.get(
@@ -80,34 +81,33 @@ def run_attempts(
     lg: LedgerDep,
     run_id: RunId,
     item_id: Annotated[str | None, Query(description="Only this item's attempts.")] = None,
-) -> list[Attempt]:
+) -> JSONResponse:
     """`lg.attempts(run_id, item_id)`."""
-    return list(lg.attempts(run_id, item_id=item_id))
+    return view_response(list(lg.attempts(run_id, item_id=item_id)))
 
 
 @router.get(
     "/runs/{run_id}/history", response_model=list[Transition], summary="A run's transitions",
     responses=error_responses(404),
 )
-def run_history(_reader: Reader, lg: LedgerDep, run_id: RunId) -> list[Transition]:
+def run_history(_reader: Reader, lg: LedgerDep, run_id: RunId) -> JSONResponse:
     """`lg.history(run_id)`: every run and item transition in position order."""
-    return list(lg.history(run_id))
+    return view_response(list(lg.history(run_id)))
 
 
 @router.get(
     "/runs/{run_id}/lineage", response_model=list[RunStatus], summary="Linked runs, root first",
     responses=error_responses(404),
 )
-def run_lineage(_reader: Reader, lg: LedgerDep, run_id: RunId) -> list[RunStatus]:
+def run_lineage(_reader: Reader, lg: LedgerDep, run_id: RunId) -> JSONResponse:
     """`lg.lineage(run_id)`: the original run and its retries, repairs and compensations."""
-    return list(lg.lineage(run_id))
+    return view_response(list(lg.lineage(run_id)))
 
 
 @router.get("/audit", response_model=list[Transition], summary="The audit trail, keyset paged")
 def audit(
     _reader: Reader,
     lg: LedgerDep,
-    response: Response,
     run_id: Annotated[str | None, Query(description="Only this run's transitions.")] = None,
     actor: Annotated[str | None, Query(description="Only transitions made by this actor id.")] = None,
     role: Annotated[str | None, Query(json_schema_extra={"enum": list(ROLES)})] = None,
@@ -120,7 +120,7 @@ def audit(
         Query(ge=0, le=2**63 - 1, description="Keyset cursor: the `position` of the last transition seen."),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-) -> list[Transition]:
+) -> JSONResponse:
     """`lg.audit(...)`: one page. When the page is full, the `X-Next-After` header holds
     the cursor for the next page (pass it as `after`, with the same filters)."""
     transitions = lg.audit(
@@ -128,6 +128,5 @@ def audit(
         newest_first=newest_first, after=after, limit=limit,
     )
     page: list[Transition] = list(islice(transitions, limit))
-    if len(page) == limit:
-        response.headers[NEXT_AFTER_HEADER] = str(page[-1].position)
-    return page
+    headers = {NEXT_AFTER_HEADER: str(page[-1].position)} if len(page) == limit else None
+    return view_response(page, headers=headers)
