@@ -10,13 +10,14 @@ inside the commands that need them.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -204,14 +205,14 @@ def _parse_time(text: str | None) -> datetime | None:
     if text is None:
         return None
     if text.strip().lower() == "now":
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
     try:
         value = datetime.fromisoformat(text.strip())
     except ValueError:
         raise typer.BadParameter(
             f"{text!r} is not an ISO 8601 time (e.g. 2026-11-28T10:00:00Z)"
         ) from None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _read_json_file(path: Path, what: str) -> Any:
@@ -520,7 +521,7 @@ def reconcile(
                 typer.echo(json.dumps(report.to_dict()))
             else:
                 typer.echo(
-                    f"{datetime.now(timezone.utc).isoformat(timespec='seconds')} reconciled: "
+                    f"{datetime.now(UTC).isoformat(timespec='seconds')} reconciled: "
                     f"{report.expired_leases} lease(s) expired, {report.finished_cancels} "
                     f"cancel(s) and {report.finished_pauses} pause(s) finished, "
                     f"{report.failed_runs} run(s) failed")
@@ -801,11 +802,40 @@ def demo(
     run_demo(_globals(ctx).dsn, items=items, workers=workers, seed=seed, as_json=as_json)
 
 
+def _command_name(args: Sequence[str]) -> str | None:
+    """The subcommand named in `args` (global options skipped), if any."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in _GLOBAL_OPTIONS:
+            i += 2
+            continue
+        if arg.startswith("-"):
+            return None  # --help and the like: the full app answers
+        return arg
+    return None
+
+
+def _lean_app(args: Sequence[str]) -> typer.Typer:
+    """The app with only the command being run: typer inspects every command's signature
+    when it builds the CLI, which would cost ~80 ms per call for commands never used."""
+    name = _command_name(_hoist_global_options(args))
+    for info in app.registered_commands:
+        callback = info.callback
+        if name is not None and callback is not None and name == (
+                info.name or callback.__name__.replace("_", "-")):
+            lean = copy.copy(app)
+            lean.registered_commands = [info]
+            lean.registered_groups = []
+            return lean
+    return app
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app(args=list(argv) if argv is not None else None, prog_name="ledger",
-            standalone_mode=True)
+        _lean_app(args)(args=args, prog_name="ledger", standalone_mode=True)
     except SystemExit as e:
         code = e.code
         return code if isinstance(code, int) else (0 if code is None else 1)

@@ -167,10 +167,10 @@ class _Demo:
         status = self.lg.complete(run_id, CONTROLLER)
         retried = sum(failures.values())
         return self.record("flaky", run_id, [
-            f"{self.n} items; {sum(1 for f in failures.values() if f)} of them failed "
-            f"{retried} attempt(s) in total before succeeding",
-            f"worker: {summary.claimed} claims, {summary.retryable} failed attempt(s) "
-            f"recorded as retryable, {summary.accepted} accepted",
+            (f"{self.n} items; {sum(1 for f in failures.values() if f)} of them failed "
+             f"{retried} attempt(s) in total before succeeding"),
+            (f"worker: {summary.claimed} claims, {summary.retryable} failed attempt(s) "
+             f"recorded as retryable, {summary.accepted} accepted"),
             f"complete -> {status.state}",
         ])
 
@@ -231,8 +231,8 @@ class _Demo:
         finally:
             gate.set()
             thread.join()
-        story = [f"operator canceled with {outcome.in_flight} attempt(s) in flight -> "
-                 f"{outcome.state}; no new claims"]
+        story = [(f"operator canceled with {outcome.in_flight} attempt(s) in flight -> "
+                 f"{outcome.state}; no new claims")]
         summary = box[0] if box else None
         if summary is not None:
             story.append(f"the in-flight attempts finished and were kept: {summary.accepted} "
@@ -264,8 +264,8 @@ class _Demo:
 
         self.work(run_id, handle, "partial")
         status = self.lg.complete(run_id, CONTROLLER)
-        story = [f"{len(rejected)} item(s) rejected by a validation rule, "
-                 f"{len(quarantined)} quarantined; complete -> {status.state}"]
+        story = [(f"{len(rejected)} item(s) rejected by a validation rule, "
+                 f"{len(quarantined)} quarantined; complete -> {status.state}")]
         story += [f"not accepted: {item.item_id} ({item.state}: {item.reason})"
                   for item in status.not_accepted]
         return self.record("partial", run_id, story)
@@ -279,10 +279,10 @@ class _Demo:
         self.lg.start(run_id, CONTROLLER)
         self.work(run_id, _accept_all("imported after the supplier fixed the data"), "repair")
         status = self.lg.complete(run_id, CONTROLLER)
-        story = [f"repair run of {original}: {sum(status.counts.values())} item(s); "
-                 f"complete -> {status.state}",
-                 "the original run stays completed_with_errors: terminal runs are never "
-                 "rewritten"]
+        story = [(f"repair run of {original}: {sum(status.counts.values())} item(s); "
+                 f"complete -> {status.state}"),
+                 ("the original run stays completed_with_errors: terminal runs are never "
+                 "rewritten")]
         return self.record("repair", run_id, story)
 
 

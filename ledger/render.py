@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
@@ -47,7 +47,7 @@ def when(value: datetime | None) -> str:
     """A timestamp to the second, without the noise."""
     if value is None:
         return ""
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def counts(values: dict[str, int]) -> str:

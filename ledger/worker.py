@@ -79,7 +79,7 @@ class WorkerSummary:
 class _InFlight:
     """One claimed item whose handler runs; the lock orders heartbeats against the outcome."""
 
-    __slots__ = ("lease", "lock", "finished", "lost", "next_beat")
+    __slots__ = ("finished", "lease", "lock", "lost", "next_beat")
 
     def __init__(self, lease: Lease, next_beat: float) -> None:
         self.lease = lease
@@ -310,7 +310,7 @@ class Worker:
             except LeaseLost:
                 entry.lost = True  # stop writing for this item; the next owner reconciles
                 return
-            except Exception:  # a lost connection: try again next tick, the lease may hold
+            except Exception:  # noqa: BLE001  a lost connection: retry next tick, the lease may hold
                 entry.next_beat = time.monotonic() + min(interval, 1.0)
                 return
             self._summary.heartbeats += 1

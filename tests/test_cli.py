@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from ledger import Actor, Ledger
+from ledger import Ledger
 from ledger.cli import app
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.conftest import CONTROLLER, WORKER, manifest
 
 runner = CliRunner()
 
@@ -369,14 +369,15 @@ def test_the_process_entry_point(dsn: str, tmp_path: Path) -> None:
     if shutil.which("ledger"):
         command = [shutil.which("ledger") or "ledger"]
     done = subprocess.run([*command, "--dsn", dsn, "status", run, "--json"],
-                          capture_output=True, text=True, timeout=60)
+                          check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["run_id"] == run
     missing = subprocess.run([*command, "--dsn", dsn, "status", str(uuid.uuid4())],
-                             capture_output=True, text=True, timeout=60)
+                             check=False, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1
     assert missing.stderr.startswith("error: RunNotFound: ") and missing.stderr.count("\n") == 1
-    usage = subprocess.run([*command, "nonsense"], capture_output=True, text=True, timeout=60)
+    usage = subprocess.run([*command, "nonsense"], check=False, capture_output=True, text=True,
+                           timeout=60)
     assert usage.returncode == 2
 
 
@@ -391,7 +392,7 @@ def test_status_json_imports_only_what_it_needs(dsn: str, tmp_path: Path) -> Non
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy)\n"
         "print(rc, loaded, file=sys.stderr)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "0 []"

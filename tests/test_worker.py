@@ -172,12 +172,14 @@ def test_cancel_stops_claiming_and_keeps_the_in_flight_outcome(lg: Ledger) -> No
 
 def test_pause_stops_claiming(lg: Ledger) -> None:
     run_id = running_run(lg, 4)
-    both_claimed = threading.Barrier(2, timeout=WAIT)
+    paused = threading.Event()
 
     def handle(lease: Lease) -> Accepted:
-        both_claimed.wait()
         if lease.item_id == "i1":
             lg.pause(run_id, OPERATOR, "maintenance window")
+            paused.set()
+        else:  # i2 finishes only after the pause, so no slot frees up before it
+            assert paused.wait(WAIT)
         return Accepted()
 
     summary = Worker(lg, run_id, handle, concurrency=2).run()
@@ -194,7 +196,12 @@ def test_worker_on_a_run_that_is_not_running_returns_at_once(lg: Ledger) -> None
     run_id = lg.submit({"source_version": "s", "config_version": "c",
                         "items": [{"item_id": "a"}]}, SUBMITTER).run_id
     calls: list[Lease] = []
-    summary = Worker(lg, run_id, lambda lease: calls.append(lease) or Accepted()).run()
+
+    def handle(lease: Lease) -> Accepted:
+        calls.append(lease)
+        return Accepted()
+
+    summary = Worker(lg, run_id, handle).run()
     assert calls == [] and summary.claimed == 0
     assert summary.stopped == "run is queued" and summary.run_state == "queued"
 
