@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -358,6 +359,42 @@ def test_commands_the_core_does_not_support_yet_fail_cleanly(
 
     monkeypatch.setattr(Ledger, "verify", not_yet)
     assert_refused(cli(dsn, "verify"), "NotImplementedError", "not support")
+
+
+def _core_has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def test_verify_and_rebuild(dsn: str, tmp_path: Path) -> None:
+    run = submitted(dsn, tmp_path)
+    ok(dsn, "start", run)
+    if not _core_has("projections.verify"):
+        assert_refused(cli(dsn, "verify"), "NotImplementedError", "verify")
+    else:
+        report = doc(dsn, "verify")
+        assert report["ok"] is True and report["problems"] == []
+        assert "ok" in ok(dsn, "verify").stdout
+    before = snapshot(dsn)
+    if not _core_has("projections.rebuild"):
+        assert_refused(cli(dsn, "projections", "rebuild"), "NotImplementedError", "rebuild")
+    else:
+        result = ok(dsn, "projections", "rebuild")
+        assert "projections rebuilt from" in result.stdout
+        assert "rebuilding projections:" in result.stderr
+        assert "rebuilding" not in ok(dsn, "projections", "rebuild", "--no-progress").stderr
+    assert snapshot(dsn) == before
+
+
+def test_status_at_a_past_time(dsn: str, tmp_path: Path) -> None:
+    run = submitted(dsn, tmp_path)
+    ok(dsn, "start", run)
+    submit, start = doc(dsn, "history", run)[:2]
+    if not _core_has("projections.timetravel"):
+        assert_refused(cli(dsn, "status", run, "--at", submit["at"]), "NotImplementedError",
+                       "status --at")
+        return
+    assert doc(dsn, "status", run, "--at", submit["at"])["state"] == "queued"
+    assert doc(dsn, "status", run, "--at", start["at"])["state"] == "running"
 
 
 # -- the real console script and start-up cost -----------------------------------
