@@ -30,6 +30,8 @@ function el(tag, attrs, ...children) {
     if (value === null || value === undefined || value === false) continue;
     if (key === "class") node.className = value;
     else if (key === "dataset") Object.assign(node.dataset, value);
+    // CSSOM, not a style attribute: the page's Content-Security-Policy forbids inline styles.
+    else if (key === "style") Object.assign(node.style, value);
     else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
     else node.setAttribute(key, value === true ? "" : String(value));
   }
@@ -94,9 +96,26 @@ function progressBar(counts) {
   if (!total) return bar;
   for (const state of ITEM_STATES) {
     const n = (counts && counts[state]) || 0;
-    if (n) bar.append(el("span", { class: "seg item-" + state, style: "width:" + (100 * n / total) + "%" }));
+    if (n) bar.append(el("span", { class: "seg item-" + state, title: state + " " + n, style: { width: (100 * n / total) + "%" } }));
   }
   return bar;
+}
+
+// Replace the main view; null parts are left out (replaceChildren would print "null").
+function show(...parts) {
+  document.getElementById("view").replaceChildren(...parts.flat().filter((p) => p !== null && p !== undefined && p !== false));
+}
+
+function itemChip(state) {
+  return el("span", { class: "chip item-" + state }, state.replaceAll("_", " "));
+}
+
+function reviewText(review) {
+  if (!review) return null;
+  const parts = [review.decision || "review"];
+  if (review.input_version) parts.push("of " + review.input_version);
+  if (review.approved_version) parts.push("· approved " + review.approved_version);
+  return parts.join(" ");
 }
 
 function table(headers, rows, emptyText) {
@@ -140,7 +159,7 @@ function showSignIn(message) {
   el("p", { class: "muted" }, "Paste a token made by ", el("code", {}, "ledger token add ACTOR_ID ROLE"),
     ". It is kept in an HttpOnly cookie for this site and is only used for reads."),
   el("label", { for: "token" }, "Token "), input, " ", el("button", { type: "submit" }, "Sign in"), status);
-  document.getElementById("view").replaceChildren(form);
+  show(form);
   input.focus();
 }
 
@@ -194,7 +213,7 @@ async function renderRuns(seq) {
         el("a", { href: runHref(link.run_id), class: "mono", title: link.run_id }, shortId(link.run_id))))));
   });
 
-  document.getElementById("view").replaceChildren(
+  show(
     el("section", { class: "toolbar" }, el("h1", {}, "Runs"), el("label", { for: "state-filter" }, "State "), stateSelect,
       filter.waiting ? el("button", { type: "button", onclick: () => setFilter({ ...filter, waiting: "" }) }, "show all waiting") : null),
     tally,
@@ -231,7 +250,7 @@ async function renderRun(runId, seq) {
     fact("stopped", run.stopped_at ? timeCell(run.stopped_at) : null),
     fact("last change", timeCell(run.updated_at)),
     fact("failure", run.failure_kind ? run.failure_kind + " · " + (run.failure_reason || "") : null),
-    fact("review", run.review ? JSON.stringify(run.review) : null),
+    fact("review", reviewText(run.review)),
     fact("cancel requested", run.cancel_requested ? "yes" : null));
 
   const lineageList = lineage.length > 1 ? el("section", {}, el("h2", {}, "Lineage"),
@@ -246,10 +265,12 @@ async function renderRun(runId, seq) {
       el("tr", {}, el("td", { class: "mono" }, n.item_id), el("td", {}, stateBadge(n.state)),
         el("td", {}, n.required ? "yes" : "no"), el("td", {}, n.reason || ""))), "")) : null;
 
+
   const itemRows = items.map((it) => el("tr", { dataset: { itemId: it.item_id } },
-    el("td", { class: "mono" }, it.item_id), el("td", {}, el("span", { class: "chip item-" + it.state }, it.state.replaceAll("_", " "))),
+    el("td", { class: "mono" }, it.item_id), el("td", {}, itemChip(it.state)),
     el("td", {}, it.required ? "yes" : "no"), el("td", {}, String(it.attempts)), el("td", {}, leaseText(it.lease)),
-    el("td", { class: "error-text" }, it.last_error || it.reason || "")));
+    el("td", {}, it.reason && it.reason !== it.state ? el("div", {}, it.reason) : null,
+      it.last_error ? el("div", { class: "error-text" }, it.last_error) : null)));
 
   const attemptRows = attempts.map((a) => el("tr", {},
     el("td", { class: "mono" }, a.item_id), el("td", {}, String(a.attempt)), el("td", {}, a.worker_id),
@@ -259,11 +280,12 @@ async function renderRun(runId, seq) {
   const timeline = el("ol", { class: "timeline" }, history.map((t) => el("li", { class: t.item_id === null ? "run-step" : "item-step" },
     el("time", { datetime: t.at, title: t.at }, new Date(t.at).toLocaleString()),
     el("span", { class: "what" }, t.item_id === null ? "run" : el("span", {}, "item ", el("code", {}, t.item_id))),
-    " ", el("span", { class: "from" }, t.from_state), " → ", stateBadge(t.to_state),
+    " ", el("span", { class: "from" }, t.from_state === "-" ? "new" : t.from_state.replaceAll("_", " ")), " → ",
+    t.item_id === null ? stateBadge(t.to_state) : itemChip(t.to_state),
     el("span", { class: "who" }, " by " + t.actor_id + " (" + t.role + ")"),
-    t.reason ? el("div", { class: "reason" }, t.reason) : null)));
+    t.reason && t.reason !== t.to_state ? el("div", { class: "reason" }, t.reason) : null)));
 
-  document.getElementById("view").replaceChildren(
+  show(
     el("p", {}, el("a", { href: "#/" }, "← all runs")),
     el("section", { class: "run-head" },
       el("h1", {}, "Run ", el("span", { class: "mono" }, run.run_id)),
@@ -278,7 +300,7 @@ async function renderRun(runId, seq) {
     lineageList,
     notAccepted,
     el("section", {}, el("h2", {}, "Items (" + items.length + ")"),
-      table(["Item", "State", "Required", "Attempts", "Lease", "Last error / reason"], itemRows, "No items.")),
+      table(["Item", "State", "Required", "Attempts", "Lease", "Reason / last error"], itemRows, "No items.")),
     el("section", {}, el("h2", {}, "Attempts (" + attempts.length + ")"),
       table(["Item", "#", "Worker", "Started", "Finished", "Stage", "Outcome", "Error"], attemptRows, "No attempts yet.")),
     el("section", {}, el("h2", {}, "Timeline"), timeline));
@@ -305,7 +327,7 @@ async function route() {
   } catch (error) {
     if (seq !== renderSeq) return;
     if (error instanceof NeedsToken) { showSignIn(error.message); return; }
-    document.getElementById("view").replaceChildren(el("p", { class: "error", role: "alert" }, String(error.message || error)),
+    show(el("p", { class: "error", role: "alert" }, String(error.message || error)),
       el("p", {}, el("a", { href: "#/" }, "← all runs")));
   }
   if (seq === renderSeq) timer = setTimeout(() => { if (!document.hidden) route(); else timer = setTimeout(route, REFRESH_MS); }, REFRESH_MS);
