@@ -161,14 +161,16 @@ class Manifest(_Strict):
             raise ValueError("must not contain control characters")
         return v
 
-    @model_validator(mode="after")
-    def _unique(self) -> Manifest:
+    @field_validator("items")
+    @classmethod
+    def _unique(cls, items: list[ManifestItem]) -> list[ManifestItem]:
+        # a field validator, so the error's path is `items` (a model validator has none)
         seen: set[str] = set()
-        for i, item in enumerate(self.items):
+        for i, item in enumerate(items):
             if item.item_id in seen:
                 raise ValueError(f"items.{i}.item_id {item.item_id!r} is a duplicate; item ids are unique within a run")
             seen.add(item.item_id)
-        return self
+        return items
 
     def to_json_dict(self) -> dict[str, Any]:
         """The manifest as plain JSON data (every default filled in)."""
