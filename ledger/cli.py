@@ -561,8 +561,9 @@ def work(
         try:
             summary = worker.run()
         except KeyboardInterrupt:
-            worker.stop()
-            raise
+            typer.echo("interrupted: stopped claiming; the outcomes in flight were recorded",
+                       err=True)
+            raise typer.Exit(130) from None
     if as_json:
         _emit_json(summary)
         return

@@ -151,7 +151,14 @@ class Worker:
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"{self.worker_id}-handler")
         beat.start()
         try:
-            reason = self._loop(pool, interval)
+            try:
+                reason = self._loop(pool, interval)
+            except KeyboardInterrupt:
+                # Ctrl-C: claim nothing more, record what is in flight, then let it propagate
+                # (a second Ctrl-C abandons the rest; their leases expire and are reconciled)
+                self._stop.set()
+                self._drain()
+                raise
         finally:
             # on an unexpected error, still wait for the handlers (their leases expire if
             # we cannot record) and stop heartbeating
@@ -204,6 +211,11 @@ class Worker:
             done, _ = wait(list(self._in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
             self._record(done)
 
+    def _drain(self) -> None:
+        while self._in_flight:
+            done, _ = wait(list(self._in_flight), return_when=FIRST_COMPLETED)
+            self._record(done)
+
     def _why_idle(self) -> str:
         """Empty when items may still become claimable (retryable items on backoff)."""
         status = self.lg.status(self.run_id)
@@ -213,7 +225,7 @@ class Worker:
         if waiting:
             return ""
         if status.counts.get(IN_PROGRESS, 0):
-            return "nothing left to claim; other workers hold the remaining leases"
+            return "nothing left to claim; the remaining items are leased"
         return "nothing left to claim"
 
     def _submit(self, pool: ThreadPoolExecutor, lease: Lease, interval: float) -> None:
