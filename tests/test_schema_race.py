@@ -1,0 +1,151 @@
+"""Several processes open the same EMPTY database at the same moment: the schema is
+created exactly once, nobody fails, and everyone ends up at the latest version.
+
+Without serialisation this is a real race (concurrent `CREATE TABLE IF NOT EXISTS`
+/ `CREATE TYPE` on PostgreSQL fail with unique violations on the catalogs); the
+store takes a transaction-scoped advisory lock around its migrations.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from ledger import Ledger
+from ledger.stores.base import SCHEMA_VERSION
+from ledger.stores.postgres import _SCHEMA_LOCK
+from tests.test_migrations import (
+    empty_pg,  # noqa: F401  (fixture)
+    pg_catalog,
+    schema_version_pg,
+    schema_version_sqlite,
+    sqlite_catalog,
+)
+
+SPAWN = multiprocessing.get_context("spawn")
+OPENERS = 6
+ROUNDS = 10
+WAIT = 120.0  # a bound on waiting for a child or a lock, never a timing assertion
+
+
+def _opener(dsns: list[str], barrier: Any, out: Any) -> None:
+    """For each database in turn: wait for every opener, then all open it at once."""
+    results: list[str | None] = []
+    # import the store modules first, so the processes race on opening, not on importing
+    import ledger.stores.postgres  # noqa: F401
+    import ledger.stores.sqlite  # noqa: F401
+
+    for dsn in dsns:
+        barrier.wait(WAIT)
+        try:
+            Ledger.open(dsn).close()
+            results.append(None)
+        except Exception:  # noqa: BLE001 - reported to the parent
+            results.append(traceback.format_exc())
+    out.put(results)
+
+
+def open_all_at_once(dsns: list[str]) -> list[list[str | None]]:
+    """OPENERS spawned processes open each of `dsns`, all at the same moment per database."""
+    barrier = SPAWN.Barrier(OPENERS)
+    out: Any = SPAWN.Queue()
+    procs = [SPAWN.Process(target=_opener, args=(dsns, barrier, out), daemon=True) for _ in range(OPENERS)]
+    for p in procs:
+        p.start()
+    try:
+        results = []
+        for _ in procs:
+            try:
+                results.append(out.get(timeout=WAIT))
+            except queue.Empty:
+                raise AssertionError("an opener process did not report back") from None
+        return results
+    finally:
+        for p in procs:
+            p.join(WAIT)
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+        out.close()
+        out.join_thread()
+
+
+def creator_transactions(dsn: str) -> set[int]:
+    """The transaction ids that created the schema's relations (pg_class.xmin)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT xmin::text::bigint FROM pg_class "
+            "WHERE relnamespace = 'public'::regnamespace").fetchall()
+    return {r[0] for r in rows}
+
+
+@pytest.mark.postgres
+def test_processes_opening_an_empty_pg_database_at_once(empty_pg: Callable[[], str], pg_dsn: str) -> None:
+    want = pg_catalog(pg_dsn)  # the fresh schema (the template's)
+    dsns = [empty_pg() for _ in range(ROUNDS)]
+    results = open_all_at_once(dsns)
+
+    failures = [r for per_process in results for r in per_process if r is not None]
+    assert failures == [], failures[0]
+    for dsn in dsns:
+        assert schema_version_pg(dsn) == SCHEMA_VERSION
+        assert pg_catalog(dsn) == want
+        # one transaction created every table, index, type and sequence: exactly once
+        assert len(creator_transactions(dsn)) == 1
+
+
+@pytest.mark.postgres
+def test_the_advisory_lock_is_what_serialises_schema_creation(empty_pg: Callable[[], str]) -> None:
+    """While another session holds the schema lock, an opener waits and creates nothing."""
+    dsn = empty_pg()
+    errors: list[BaseException] = []
+
+    def open_it() -> None:
+        try:
+            Ledger.open(dsn).close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    with psycopg.connect(dsn, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (_SCHEMA_LOCK,))
+        opener = threading.Thread(target=open_it)
+        opener.start()
+        try:
+            deadline = time.monotonic() + WAIT
+            while not holder.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                    "AND objid = %s AND database = (SELECT oid FROM pg_database "
+                    "WHERE datname = current_database())", (_SCHEMA_LOCK,)).fetchone()[0]:  # type: ignore[index]
+                assert time.monotonic() < deadline, "the opener never waited for the schema lock"
+                time.sleep(0.01)
+            tables = holder.execute("SELECT count(*) FROM information_schema.tables "
+                                    "WHERE table_schema = 'public'").fetchone()
+            assert tables == (0,)  # it waits before creating anything
+        finally:
+            holder.execute("SELECT pg_advisory_unlock(%s)", (_SCHEMA_LOCK,))
+            opener.join(WAIT)
+    assert not opener.is_alive() and errors == []
+    assert schema_version_pg(dsn) == SCHEMA_VERSION
+
+
+def test_processes_opening_an_empty_sqlite_file_at_once(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh.db"
+    Ledger.open(f"sqlite:///{fresh}").close()
+    want = sqlite_catalog(fresh)
+    paths = [tmp_path / f"race{k}.db" for k in range(ROUNDS // 2)]
+    results = open_all_at_once([f"sqlite:///{p}" for p in paths])
+
+    failures = [r for per_process in results for r in per_process if r is not None]
+    assert failures == [], failures[0]
+    for p in paths:
+        assert schema_version_sqlite(p) == SCHEMA_VERSION
+        assert sqlite_catalog(p) == want
