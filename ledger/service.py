@@ -599,6 +599,8 @@ class Ledger:
         roles = S.RUN_COMMAND_ROLES["amend"]
         with self.store.write() as tx:
             run = self._load_run(tx, run_id)
+            for w in withdraw:  # existence before role (SPEC order of checks)
+                self._item_row(tx, run_id, w)
             _require_role(actor, roles, "amend")
             _check_revision(expected, run.version, run.state, f"run {run_id}")
             if S.is_terminal(run.state):
@@ -702,6 +704,8 @@ class Ledger:
         rule = S.run_rule("repair")
         with self.store.write() as tx:
             original = self._load_run(tx, run_id)
+            for named in [*(items or []), *(f.item_id for f in fixed or [])]:
+                self._item_row(tx, run_id, named)  # existence before role (SPEC order of checks)
             _require_role(actor, rule.roles, "repair")
             if not S.is_terminal(original.state):
                 raise IllegalTransition(f"run {run_id} is {original.state}; repair needs a terminal run "
@@ -747,6 +751,8 @@ class Ledger:
                 given = parse_items(items)
         with self.store.write() as tx:
             original = self._load_run(tx, run_id)
+            for named in ids or []:
+                self._item_row(tx, run_id, named)  # existence before role (SPEC order of checks)
             _require_role(actor, rule.roles, "compensate")
             if original.state not in S.TERMINAL_RUN_STATES:
                 raise IllegalTransition(f"run {run_id} is {original.state}; compensate needs a terminal run "
