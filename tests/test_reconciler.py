@@ -243,6 +243,9 @@ def test_reconcile_leaves_terminal_runs_alone(lg: Ledger, clock: ManualClock) ->
 # several processes against one PostgreSQL database
 # --------------------------------------------------------------------------
 FAR = timedelta(days=30)
+# fork starts a child in milliseconds (spawn re-imports everything); every ledger the
+# parent opened is closed before a child starts, and children open their own.
+MP_START = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 
 
 def _reconciler_proc(dsn: str, now_iso: str, go: Any, stop: Any, out: Any, name: str) -> None:
@@ -313,7 +316,7 @@ def _item_events(lg: Ledger, run_id: str) -> dict[str, list[Any]]:
 def test_reconciler_processes_racing_workers_never_double_write(pg_dsn: str, procs: list[Any]) -> None:
     """4 reconcilers and 3 workers race over 12 runs: each lease ends exactly once, either
     accepted (the worker was told so) or lease_expired (the worker got LeaseLost)."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(MP_START)
     go, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
     with Ledger.open(pg_dsn) as lg:
         run_ids = [running(lg, 15, lease_seconds=3600, max_attempts=5) for _ in range(12)]
@@ -381,21 +384,23 @@ def _holder_proc(dsn: str, run_ids: list[str], out: Any) -> None:
 
 @pytest.mark.postgres
 def test_reconciler_processes_finish_cancels_pauses_and_deadlines_once(pg_dsn: str, procs: list[Any]) -> None:
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(MP_START)
     go, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
     with Ledger.open(pg_dsn) as lg:
         cancel_runs = [running(lg, 5, lease_seconds=3600) for _ in range(3)]
         pause_runs = [running(lg, 5, lease_seconds=3600) for _ in range(3)]
         deadline_runs = [running(lg, 5, lease_seconds=3600, run_deadline_seconds=1) for _ in range(3)]
-        # its own queue: a process killed while using a queue may leave the queue's lock held
-        holder_out = ctx.Queue()
-        holder = ctx.Process(target=_holder_proc,
-                             args=(pg_dsn, cancel_runs + pause_runs + deadline_runs, holder_out))
-        procs.append(holder)
-        holder.start()
-        assert holder_out.get(timeout=WAIT) == ("holder", 27)
-        os.kill(holder.pid, signal.SIGKILL)  # the owner of every lease dies
-        holder.join(WAIT)
+    # its own queue: a process killed while using a queue may leave the queue's lock held
+    holder_out = ctx.Queue()
+    holder = ctx.Process(target=_holder_proc,
+                         args=(pg_dsn, cancel_runs + pause_runs + deadline_runs, holder_out))
+    procs.append(holder)
+    holder.start()
+    assert holder_out.get(timeout=WAIT) == ("holder", 27)
+    assert holder.pid is not None
+    os.kill(holder.pid, signal.SIGKILL)  # the owner of every lease dies
+    holder.join(WAIT)
+    with Ledger.open(pg_dsn) as lg:
         for r in cancel_runs:
             assert lg.cancel(r, OPERATOR, "stop it").state == "canceling"
         for r in pause_runs:
@@ -467,7 +472,7 @@ def _accept_slowly_proc(dsn: str, leases_json: str, go: Any, out: Any) -> None:
 def test_deadline_waits_for_a_live_worker_across_processes(pg_dsn: str, procs: list[Any]) -> None:
     """Reconcilers that see the run past its deadline keep polling while a live worker
     finishes its leases one by one: the run fails once, after the last outcome."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(MP_START)
     go, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
     with Ledger.open(pg_dsn) as lg:
         run_id = running(lg, 20, lease_seconds=3600, run_deadline_seconds=1)
