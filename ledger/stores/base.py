@@ -19,7 +19,9 @@ from eventsourcing.persistence import (
     UUIDAsHex,
 )
 
-SCHEMA_VERSION = 1
+from .hashchain import record_hashes
+
+SCHEMA_VERSION = 2  # 2: ledger_event_hashes (hash chain)
 
 
 class StreamConflict(Exception):
@@ -76,6 +78,7 @@ class Tx(ABC):
         """Store events; return them with their positions."""
         stored = [self.store.mapper.to_stored_event(e) for e in events]
         positions = self.insert_stored_events(stored)
+        record_hashes(self, stored)  # tamper evidence, same transaction (see hashchain.py)
         return list(zip(positions, events, strict=True))
 
     def now_column(self) -> str:

@@ -22,6 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from projections.schema import projection_ddl
 
+from . import hashchain
 from .base import SCHEMA_VERSION, Store, StreamConflict, Tx
 
 EVENTS_TABLE = "ledger_events"
@@ -169,6 +170,11 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
     v1: list[Any] = types + rest + projection_ddl("postgres") + [
         "CREATE TABLE IF NOT EXISTS lg_tracking (name TEXT PRIMARY KEY, position BIGINT NOT NULL)",
     ]
-    out = [v1]
+    v2: list[Any] = hashchain.ddl("postgres") + [
+        # events written before the hash chain existed are not chained (see hashchain.py)
+        f"INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
+        f"COALESCE(MAX(notification_id), 0)::text FROM {EVENTS_TABLE}",
+    ]
+    out = [v1, v2]
     assert len(out) == SCHEMA_VERSION
     return out

@@ -20,6 +20,7 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLite
 
 from projections.schema import projection_ddl
 
+from . import hashchain
 from .base import SCHEMA_VERSION, Store, StreamConflict, Tx
 
 BUSY_TIMEOUT_S = 60.0
@@ -182,7 +183,12 @@ def migrations() -> list[list[str]]:
     v1 = base + projection_ddl("sqlite") + [
         "CREATE TABLE IF NOT EXISTS lg_tracking (name TEXT PRIMARY KEY, position INTEGER NOT NULL)",
     ]
-    out = [v1]
+    v2 = hashchain.ddl("sqlite") + [
+        # events written before the hash chain existed are not chained (see hashchain.py)
+        "INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
+        "CAST(COALESCE(MAX(rowid), 0) AS TEXT) FROM stored_events",
+    ]
+    out = [v1, v2]
     assert len(out) == SCHEMA_VERSION
     return out
 

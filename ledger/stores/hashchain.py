@@ -1,0 +1,107 @@
+"""Tamper evidence: every stored event carries a hash chaining it to the previous
+event of its stream.
+
+    hash(v) = sha256(len-prefixed: tag, hash(v-1), originator id, version, topic, state)
+
+computed over the stored bytes at write time (`Tx.append`, same transaction as the
+event) and kept beside the event in `ledger_event_hashes`. The first event of a
+stream chains to "" (as does an event whose predecessor was written before the
+hash chain existed: see `HASH_CHAIN_FROM`). `projections.verify` recomputes every
+chain; a user can record the digest of all stream heads elsewhere to detect a
+history rewritten wholesale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from eventsourcing.persistence import StoredEvent
+
+if TYPE_CHECKING:
+    from .base import Tx
+
+HASH_TABLE = "ledger_event_hashes"
+GENESIS = ""
+# ledger_meta key: events at or before this position predate the hash chain (schema v2)
+HASH_CHAIN_FROM = "hash_chain_from"
+_TAG = b"run-ledger/event-hash/1"
+_CHUNK = 300
+
+
+def event_hash(prev: str, originator_id: UUID, version: int, topic: str, state: bytes) -> str:
+    """The chained hash of one stored event (hex)."""
+    h = hashlib.sha256()
+    for part in (_TAG, prev.encode(), str(originator_id).encode(), str(version).encode(),
+                 topic.encode(), bytes(state)):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.hexdigest()
+
+
+def heads_digest(heads: Sequence[tuple[UUID, int, str]]) -> str:
+    """One short digest over every stream head (id, version, hash), order-independent."""
+    h = hashlib.sha256(_TAG + b"/heads")
+    for oid, version, hx in sorted(heads, key=lambda t: str(t[0])):
+        h.update(f"{oid}:{version}:{hx}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def oid_param(dialect: str, oid: UUID) -> Any:
+    """An originator id as the store's events table keeps it."""
+    return oid if dialect == "postgres" else oid.hex
+
+
+def as_uuid(value: Any) -> UUID:
+    """An originator id read back from either store."""
+    return value if isinstance(value, UUID) else UUID(str(value))
+
+
+def ddl(dialect: str) -> list[str]:
+    """The hash table (schema version 2)."""
+    oid = "UUID" if dialect == "postgres" else "TEXT"
+    big = "BIGINT" if dialect == "postgres" else "INTEGER"
+    return [
+        f"CREATE TABLE IF NOT EXISTS {HASH_TABLE} (originator_id {oid} NOT NULL, "
+        f"originator_version {big} NOT NULL, hash TEXT NOT NULL, "
+        "PRIMARY KEY (originator_id, originator_version))",
+    ]
+
+
+def fetch_hashes(tx: Tx, keys: Sequence[tuple[UUID, int]]) -> dict[tuple[UUID, int], str]:
+    """Stored hashes of the given (stream, version) pairs that have one."""
+    dialect = tx.store.dialect
+    out: dict[tuple[UUID, int], str] = {}
+    for i in range(0, len(keys), _CHUNK):
+        chunk = keys[i:i + _CHUNK]
+        values = ", ".join("(?, ?)" for _ in chunk)
+        params: list[Any] = []
+        for oid, version in chunk:
+            params += [oid_param(dialect, oid), version]
+        rows = tx.fetchall(f"SELECT originator_id, originator_version, hash FROM {HASH_TABLE} "
+                           f"WHERE (originator_id, originator_version) IN (VALUES {values})", params)
+        for r in rows:
+            out[(as_uuid(r["originator_id"]), int(r["originator_version"]))] = r["hash"]
+    return out
+
+
+def record_hashes(tx: Tx, stored: Sequence[StoredEvent]) -> None:
+    """Write the chained hash of each just-inserted event (called by Tx.append)."""
+    if not stored:
+        return
+    batch: dict[tuple[UUID, int], str] = {}
+    keys = {(se.originator_id, se.originator_version) for se in stored}
+    wanted = [(se.originator_id, se.originator_version - 1) for se in stored
+              if se.originator_version > 1 and (se.originator_id, se.originator_version - 1) not in keys]
+    previous = fetch_hashes(tx, wanted) if wanted else {}
+    rows = []
+    for se in stored:
+        oid, version = as_uuid(se.originator_id), se.originator_version
+        prev = batch.get((oid, version - 1)) or previous.get((oid, version - 1)) or GENESIS
+        hx = event_hash(prev, oid, version, se.topic, se.state)
+        batch[(oid, version)] = hx
+        rows.append((oid_param(tx.store.dialect, oid), version, hx))
+    tx.executemany(f"INSERT INTO {HASH_TABLE} (originator_id, originator_version, hash) VALUES (?, ?, ?)",
+                   rows)
