@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", metavar="PATH", help="also save the results as JSON")
     parser.add_argument("--profile", metavar="DIR", help="cProfile the ledger side of 1, 2, 3, 6")
     parser.add_argument("--worker-concurrency", type=int, help="Worker(concurrency=...) in case 1")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=N",
+                        help="override one size, e.g. --set throughput_items=5000 (see "
+                             "bench_cases/common.py Sizes); repeatable")
     parser.add_argument("--tmp", metavar="DIR", help="where SQLite files and the server live "
                                                      "(default: the system temp dir)")
     parser.add_argument("--quiet", action="store_true", help="print only the table")
@@ -81,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else FULL if args.full else DEFAULT
     if args.worker_concurrency:
         sizes = sizes.scaled(worker_concurrency=args.worker_concurrency)
+    for assignment in args.set:
+        name, _, value = assignment.partition("=")
+        if not hasattr(sizes, name.strip()) or not value.strip().isdigit():
+            print(f"--set {assignment!r}: expected NAME=N with NAME one of "
+                  f"{', '.join(sizes.__dataclass_fields__)}", file=sys.stderr)
+            return 2
+        sizes = sizes.scaled(**{name.strip(): int(value)})
     profile = "quick" if args.quick else "full" if args.full else "default"
     tmp = Path(args.tmp) if args.tmp else None
 
@@ -89,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.perf_counter() - started:6.1f}s] {text}", file=sys.stderr, flush=True)
 
     started = time.perf_counter()
+    load_before = os.getloadavg()
     server = None
     pg: PgTarget | None = None
     needs_pg = not args.no_postgres and bool(set(args.case_list) - {"6"})
@@ -115,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, total {total:.0f}s"
         + ("  (PROFILED: timings inflated)" if args.profile else ""),
         *header,
+        f"load average (1 min) {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end "
+        f"(other processes on this machine skew the figures; ratios less so)",
         "",
     ]
     print(format_table(rows, header), flush=True)
@@ -123,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             "sizes": profile, "size_values": sizes.__dict__, "cases": args.case_list,
             "total_seconds": total, "postgres": settings, "profiled": bool(args.profile),
             "python": platform.python_version(), "cpus": os.cpu_count(),
+            "load_average": [load_before[0], os.getloadavg()[0]],
             "rows": [r.to_dict() for r in rows],
         }, indent=2, default=str))
     return 1 if any(r.name.endswith("FAILED") for r in rows) else 0

@@ -52,8 +52,8 @@ class Sizes:
 DEFAULT = Sizes()
 FULL = DEFAULT.scaled(store_events=1_000_000)
 QUICK = DEFAULT.scaled(
-    throughput_items=2_000, append_items=1_000, submit_items=10_000, store_events=10_000,
-    status_samples=100, sqlite_items=2_000, startup_runs=3,
+    throughput_items=1_000, append_items=500, submit_items=10_000, store_events=5_000,
+    status_samples=100, sqlite_items=1_000, startup_runs=3,
 )
 TINY = Sizes(
     throughput_items=60, throughput_procs=2, throughput_batch=10, worker_concurrency=4,
@@ -268,7 +268,8 @@ def run_json_child(code: str, args: list[str], timeout: float) -> dict[str, Any]
 
 
 class Profiler:
-    """cProfile the blocks wrapped in `with profiler.section(name):`, saved to `out_dir`."""
+    """cProfile the blocks wrapped in `with profiler.section(name):`, saved to `out_dir`
+    (NAME.txt, NAME.pstats), with PostgreSQL time per statement (NAME.sql.txt)."""
 
     def __init__(self, out_dir: Path | None) -> None:
         self.out_dir = out_dir
@@ -286,13 +287,20 @@ class Profiler:
             return
         import cProfile
 
-        prof = cProfile.Profile()
-        prof.enable()
-        try:
-            yield
-        finally:
-            prof.disable()
-            save_profile(prof, self.out_dir, name)
+        from . import sqltrace
+
+        with sqltrace.trace() as sql:
+            prof = cProfile.Profile()
+            start = time.perf_counter()
+            prof.enable()
+            try:
+                yield
+            finally:
+                prof.disable()
+                wall = time.perf_counter() - start
+                save_profile(prof, self.out_dir, name)
+                if sql.stats:
+                    sqltrace.save(sql, self.out_dir, name, wall)
 
 
 def save_profile(prof: Any, out_dir: Path, name: str) -> None:
