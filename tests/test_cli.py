@@ -259,6 +259,12 @@ def test_terminal_runs_refuse_and_cancel_reports_completion_won(dsn: str, lg: Le
     assert snapshot(dsn) == before
 
 
+def test_an_unreachable_store_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["--dsn", f"sqlite:///{tmp_path}/no/such/dir/x.db", "runs"])
+    assert_refused(result, "OperationalError", "unable to open")
+    assert_refused(runner.invoke(app, ["--dsn", "mysql://x", "runs"]), "InvalidInput", "mysql")
+
+
 @pytest.mark.parametrize(
     "args",
     [
