@@ -237,6 +237,21 @@ def test_pause_resume_cancel_fail_retry_reconcile(api: Api, clock: ManualClock) 
     assert skipped.json()["state"] == "skipped"
 
 
+def test_status_at_a_past_time(api: Api, clock: ManualClock) -> None:
+    submitted = api.submit()
+    clock.advance(60)
+    run_id = submitted["run_id"]
+    api.post(f"/runs/{run_id}/start", "controller")
+    r = api.get(f"/runs/{run_id}", params={"at": submitted["created_at"]})
+    if r.status_code == 501:
+        pytest.skip("the core has no status_at yet (projections.timetravel)")
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "queued"
+    naive = submitted["created_at"].replace("+00:00", "")
+    assert api.get(f"/runs/{run_id}", params={"at": naive}).json()["state"] == "queued"
+    assert api.get(f"/runs/{run_id}").json()["state"] == "running"
+
+
 def test_item_ids_with_slashes_reach_item_commands(api: Api) -> None:
     m = manifest(1)
     m["items"].append({"item_id": "dir/file.csv"})
@@ -690,7 +705,8 @@ def test_schemathesis_finds_no_server_error(case: Any, fuzz_app: tuple[Any, dict
         case.path_parameters["run_id"] = run_id  # about half the cases reach a real run
     headers = {"Authorization": f"Bearer {made[_role_for(case.path)]}"}
     response = case.call(headers=headers)
-    assert response.status_code < 500, (case.method, case.formatted_path, response.status_code, response.text[:500])
+    # 501: a feature the core lacks in this build (status_at before projections.timetravel)
+    assert response.status_code < 500 or response.status_code == 501, (case.method, case.formatted_path, response.status_code, response.text[:500])
     if response.status_code >= 400:
         body = response.json()
         assert isinstance(body, dict) and isinstance(body.get("error"), str) and isinstance(body.get("message"), str)
