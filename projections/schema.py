@@ -4,6 +4,24 @@ from __future__ import annotations
 
 PROJECTION_TABLES = ("lg_runs", "lg_items", "lg_attempts", "lg_transitions")
 
+# Primary key of each projection table: the order checksums and diffs walk rows in.
+TABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "lg_runs": ("run_id",),
+    "lg_items": ("run_id", "item_id"),
+    "lg_attempts": ("run_id", "item_id", "attempt"),
+    "lg_transitions": ("position", "ord"),
+}
+
+
+def table_ddl(dialect: str, suffix: str = "") -> list[str]:
+    """CREATE TABLE statements only (a rebuild fills bare tables, then indexes them)."""
+    return [s for s in projection_ddl(dialect, suffix) if not s.startswith("CREATE INDEX")]
+
+
+def index_ddl(dialect: str, suffix: str = "") -> list[str]:
+    """CREATE INDEX statements only (names are the table's name plus a fixed tail)."""
+    return [s for s in projection_ddl(dialect, suffix) if s.startswith("CREATE INDEX")]
+
 
 def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
     """CREATE statements for every projection table and index."""

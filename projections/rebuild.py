@@ -1,0 +1,448 @@
+"""Rebuild every projection from the first event, beside the live tables, then swap.
+
+How it works:
+
+1. Start (or resume): a tracking row `lg_tracking(name='rebuild')` and bare
+   tables `lg_*_rebuild` (projection_ddl with a suffix, no secondary indexes)
+   are created in one transaction. If the tracking row already exists, an
+   earlier rebuild crashed: its tables and position are resumed.
+2. Batches: each transaction reads the next `batch_size` events after the
+   tracked position, loads from the new tables only the run and item rows those
+   events touch, replays the events through the same aggregates and the same
+   `Projector` the live commands use, writes the rows and moves the tracking
+   position, and commits. A crash loses at most the uncommitted batch, which is
+   replayed on resume: no event is applied twice or skipped.
+3. Switch: once caught up, one transaction locks out writers (SQLite: BEGIN
+   IMMEDIATE; PostgreSQL: ACCESS EXCLUSIVE on the live projection tables, with
+   a short lock_timeout and retries so a writer is never chosen as a deadlock
+   victim), applies the events that arrived meanwhile, drops the live tables,
+   renames the new ones into place with the live tables' indexes, deletes the
+   tracking row and commits. Readers see the old tables until that commit and
+   the new ones after it, never a half-built table; a writer that was waiting
+   continues on the new tables.
+
+Memory is bounded by the batch: aggregates are loaded per batch from the new
+tables and dropped after it.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+from uuid import UUID
+
+from eventsourcing.domain import CanInitAggregate, DomainEvent
+
+from ledger.domain import Item, Run
+from ledger.stores.base import Store, Tx
+
+from .rows import item_from_row, run_from_row
+from .schema import PROJECTION_TABLES, table_ddl
+from .writer import Projector
+
+BATCH_SIZE = 2000
+REBUILD_SUFFIX = "_rebuild"
+TRACKING_NAME = "rebuild"
+LOCK_ATTEMPTS = 200
+_CHUNK = 400
+
+Progress = Callable[[int, int], None]
+Fault = Callable[[str, int], None]
+
+
+class Observer(Protocol):
+    """Called before each event is applied (verify checks SPEC rules here)."""
+
+    def __call__(self, tx: Tx, position: int, event: DomainEvent, replayer: Replayer) -> None: ...
+
+
+class RebuildInterrupted(RuntimeError):
+    """Another process finished (or restarted) the rebuild this one was working on."""
+
+
+# --------------------------------------------------------------------------
+# replaying events into a set of projection tables
+# --------------------------------------------------------------------------
+class RecordingCursor:
+    """Collects the projector's statements so a batch can write them together."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.calls.append((sql, tuple(params)))
+
+    def executemany(self, sql: str, rows: Any) -> None:
+        self.calls.extend((sql, tuple(r)) for r in rows)
+
+
+class Replayer:
+    """Applies events, in position order, to the projection tables with `suffix`.
+
+    Each event is applied to its aggregate and projected on its own (so the
+    projector sees exactly the state it saw live); the resulting statements are
+    written per batch: inserts in order, then the last run and item row per key.
+    """
+
+    def __init__(self, suffix: str, observer: Observer | None = None, tolerant: bool = False) -> None:
+        self.suffix = suffix
+        self.projector = Projector(suffix)
+        self.observer = observer
+        self.tolerant = tolerant
+        self.problems: list[dict[str, Any]] = []
+        self.runs: dict[str, Run] = {}
+        self.items: dict[tuple[str, str], Item] = {}
+        self.streams: dict[UUID, Any] = {}
+        self._rec = RecordingCursor()
+        p = self.projector
+        # statement order within a flush; the row upserts go last, deduplicated
+        self._rank = {p.insert_item: 0, p.replace_item: 1, p.withdraw_item: 1, p.insert_attempt: 2,
+                      p.finish_attempt: 3, p.extend_attempt: 3, p.insert_transition: 4}
+
+    # loading ------------------------------------------------------------
+    def _load(self, tx: Tx, events: Sequence[tuple[int, DomainEvent]]) -> None:
+        run_ids: dict[str, None] = {}
+        item_keys: dict[tuple[str, str], None] = {}
+        for _pos, e in events:
+            run_id = getattr(e, "run_id", None)
+            item_id = getattr(e, "item_id", None)
+            if run_id is not None and item_id is not None:
+                item_keys[(run_id, item_id)] = None
+                run_ids[run_id] = None
+            else:
+                run_ids[str(e.originator_id)] = None
+            for link in getattr(e, "links", None) or ():
+                run_ids[link["run_id"]] = None
+        self.runs, self.items, self.streams = {}, {}, {}
+        runs_t, items_t = "lg_runs" + self.suffix, "lg_items" + self.suffix
+        ids = list(run_ids)
+        for i in range(0, len(ids), _CHUNK):
+            chunk = ids[i:i + _CHUNK]
+            marks = ", ".join("?" for _ in chunk)
+            for row in tx.fetchall(f"SELECT * FROM {runs_t} WHERE run_id IN ({marks})", chunk):
+                run = run_from_row(row)
+                self.runs[run.run_id] = run
+                self.streams[run.id] = run
+        keys = list(item_keys)
+        for i in range(0, len(keys), _CHUNK):
+            chunk = keys[i:i + _CHUNK]
+            values = ", ".join("(?, ?)" for _ in chunk)
+            params = [v for k in chunk for v in k]
+            for row in tx.fetchall(f"SELECT * FROM {items_t} WHERE (run_id, item_id) IN (VALUES {values})",
+                                   params):
+                item = item_from_row(row)
+                if item is not None:
+                    self.items[(item.run_id, item.item_id)] = item
+                    self.streams[item.id] = item
+
+    # applying -----------------------------------------------------------
+    def _mutate(self, e: DomainEvent) -> None:
+        if isinstance(e, CanInitAggregate):
+            agg = e.mutate(None)
+        else:
+            agg = self.streams.get(e.originator_id)
+            if agg is None:
+                raise LookupError(f"no aggregate for stream {e.originator_id} (its first event is missing)")
+            e.mutate(agg)  # type: ignore[attr-defined]
+        self.streams[e.originator_id] = agg
+        if isinstance(agg, Run):
+            self.runs[agg.run_id] = agg
+        elif isinstance(agg, Item):
+            self.items[(agg.run_id, agg.item_id)] = agg
+
+    def force(self, e: DomainEvent) -> None:
+        """Apply an event whose version does not follow its aggregate's (verify, after reporting)."""
+        agg = self.streams.get(e.originator_id)
+        if agg is not None:
+            agg.version = e.originator_version - 1
+        self._mutate(e)
+
+    def apply(self, tx: Tx, events: Sequence[tuple[int, DomainEvent]]) -> None:
+        """Apply and write one batch of events (the caller commits)."""
+        self._load(tx, events)
+        self._rec = RecordingCursor()
+        for pos, e in events:
+            try:
+                if self.observer is not None:
+                    self.observer(tx, pos, e, self)
+                try:
+                    self._mutate(e)
+                except Exception as exc:
+                    if not self.tolerant or not _is_version_error(exc):
+                        raise
+                    self.force(e)
+                self.projector.project(self._rec, [(pos, e)], self.runs, self.items)
+            except Exception as exc:
+                if not self.tolerant:
+                    raise
+                self.problems.append({"kind": "replay", "run_id": _run_of(e), "position": pos,
+                                      "detail": f"{type(e).__qualname__} v{e.originator_version} could not "
+                                                f"be applied: {type(exc).__name__}: {exc}"})
+        self.flush(tx)
+
+    def flush(self, tx: Tx) -> None:
+        """Write the statements recorded so far."""
+        calls, self._rec = self._rec.calls, RecordingCursor()
+        p = self.projector
+        if any(sql not in self._rank and sql not in (p.upsert_run, p.update_item) for sql, _ in calls):
+            # a statement this module does not know: keep the projector's exact order
+            _write_in_order(tx, calls)
+            return
+        last_run: dict[Any, tuple[Any, ...]] = {}
+        last_item: dict[Any, tuple[Any, ...]] = {}
+        ordered: list[tuple[int, int, str, tuple[Any, ...]]] = []
+        for i, (sql, params) in enumerate(calls):
+            if sql == p.upsert_run:
+                last_run[params[0]] = params
+            elif sql == p.update_item:
+                last_item[(params[-2], params[-1])] = params
+            else:
+                ordered.append((self._rank[sql], i, sql, params))
+        ordered.sort(key=lambda t: (t[0], t[1]))
+        _write_in_order(tx, [(sql, params) for _r, _i, sql, params in ordered])
+        if last_run:
+            tx.executemany(p.upsert_run, list(last_run.values()))
+        if last_item:
+            tx.executemany(p.update_item, list(last_item.values()))
+
+
+def _write_in_order(tx: Tx, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
+    i = 0
+    while i < len(calls):
+        j = i
+        while j < len(calls) and calls[j][0] == calls[i][0]:
+            j += 1
+        if j - i == 1:
+            tx.execute(calls[i][0], calls[i][1])
+        else:
+            tx.executemany(calls[i][0], [c[1] for c in calls[i:j]])
+        i = j
+
+
+def _is_version_error(exc: Exception) -> bool:
+    return type(exc).__name__ == "OriginatorVersionError"
+
+
+def _run_of(e: DomainEvent) -> str:
+    return str(getattr(e, "run_id", None) or e.originator_id)
+
+
+# --------------------------------------------------------------------------
+# store helpers
+# --------------------------------------------------------------------------
+def position_column(store: Store) -> str:
+    """The events table's position column."""
+    return "notification_id" if store.dialect == "postgres" else "rowid"
+
+
+def count_events(tx: Tx, upto: int | None = None) -> int:
+    """Events stored (up to a position)."""
+    store = tx.store
+    sql = f"SELECT COUNT(*) AS n FROM {store.events_table()}"
+    params: tuple[Any, ...] = ()
+    if upto is not None:
+        sql += f" WHERE {position_column(store)} <= ?"
+        params = (upto,)
+    row = tx.fetchone(sql, params)
+    return int(row["n"]) if row else 0
+
+
+def tracked_position(tx: Tx, name: str, lock: bool = False) -> int | None:
+    """The position a rebuild recorded, or None when none is in progress."""
+    row = tx.fetchone("SELECT position FROM lg_tracking WHERE name = ?" + (tx.lock_suffix() if lock else ""),
+                      (name,))
+    return None if row is None else int(row["position"])
+
+
+def create_tables(tx: Tx, suffix: str) -> None:
+    """Fresh, empty projection tables with `suffix` (dropped first if left over)."""
+    drop_tables(tx, suffix)
+    for sql in table_ddl(tx.store.dialect, suffix):
+        tx.execute(sql)
+
+
+def drop_tables(tx: Tx, suffix: str) -> None:
+    """Drop the projection tables with `suffix`, if they exist."""
+    for name in PROJECTION_TABLES:
+        tx.execute(f"DROP TABLE IF EXISTS {name}{suffix}")
+
+
+def replay_batch(tx: Tx, replayer: Replayer, after: int, batch_size: int) -> tuple[int, int]:
+    """Apply the next batch after `after`; returns (new position, events applied)."""
+    events = tx.store.read_events_tx(tx, after, batch_size)
+    if not events:
+        return after, 0
+    replayer.apply(tx, events)
+    return events[-1][0], len(events)
+
+
+# --------------------------------------------------------------------------
+# the rebuild
+# --------------------------------------------------------------------------
+def rebuild(lg: Any, progress: Progress | None = None, batch_size: int = BATCH_SIZE,
+            fault: Fault | None = None) -> int:
+    """Rebuild every projection (resuming a crashed rebuild); returns the events replayed.
+
+    `progress(done, total)` is called after each committed batch. `fault(stage, n)`
+    is a test hook called inside each transaction just before it commits
+    (stage "batch" with the batch number, or "switch").
+    """
+    store: Store = lg.store
+    suffix, name = REBUILD_SUFFIX, TRACKING_NAME
+    replayer = Replayer(suffix)
+    with store.write() as tx:
+        cur = tx.execute("INSERT INTO lg_tracking (name, position) VALUES (?, 0) ON CONFLICT (name) DO NOTHING",
+                         (name,))
+        if cur.rowcount == 1:
+            create_tables(tx, suffix)
+        position = tracked_position(tx, name, lock=True)
+        assert position is not None
+        done = count_events(tx, position)
+        total = count_events(tx)
+    if progress is not None:
+        progress(done, total)
+    batch_no = 0
+    while True:
+        batch_no += 1
+        with store.write() as tx:
+            position = _position_or_raise(tx, name)
+            position, n = replay_batch(tx, replayer, position, batch_size)
+            if n:
+                tx.execute("UPDATE lg_tracking SET position = ? WHERE name = ?", (position, name))
+            if fault is not None:
+                fault("batch", batch_no)
+        done += n
+        total = max(total, done)
+        if progress is not None and n:
+            progress(done, total)
+        if n < batch_size:
+            break
+    done += _switch(store, replayer, suffix, name, batch_size, fault)
+    if progress is not None:
+        progress(done, done)
+    return done
+
+
+def _position_or_raise(tx: Tx, name: str) -> int:
+    position = tracked_position(tx, name, lock=True)
+    if position is None:
+        raise RebuildInterrupted("the rebuild's tracking row is gone: another process finished it")
+    return position
+
+
+def _catch_up(tx: Tx, replayer: Replayer, name: str, batch_size: int) -> int:
+    position = _position_or_raise(tx, name)
+    applied = 0
+    while True:
+        position, n = replay_batch(tx, replayer, position, batch_size)
+        applied += n
+        if n < batch_size:
+            break
+    if applied:
+        tx.execute("UPDATE lg_tracking SET position = ? WHERE name = ?", (position, name))
+    return applied
+
+
+def _switch(store: Store, replayer: Replayer, suffix: str, name: str, batch_size: int,
+            fault: Fault | None) -> int:
+    if store.dialect == "postgres":
+        return _switch_postgres(store, replayer, suffix, name, batch_size, fault)
+    with store.write() as tx:  # BEGIN IMMEDIATE: writers wait until the commit
+        applied = _catch_up(tx, replayer, name, batch_size)
+        indexes = [r["sql"] for name_ in PROJECTION_TABLES for r in tx.fetchall(
+            "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL",
+            (name_,))]
+        for table in PROJECTION_TABLES:
+            tx.execute(f"DROP TABLE IF EXISTS {table}")
+            tx.execute(f"ALTER TABLE {table}{suffix} RENAME TO {table}")
+        for sql in indexes:
+            tx.execute(sql)
+        tx.execute("DELETE FROM lg_tracking WHERE name = ?", (name,))
+        if fault is not None:
+            fault("switch", 0)
+    return applied
+
+
+# PostgreSQL --------------------------------------------------------------
+_INDEX_DEF = re.compile(r"^CREATE (UNIQUE )?INDEX (\S+) ON (?:ONLY )?(\S+) (USING .*)$")
+
+
+def _live_indexes(tx: Tx, table: str) -> list[tuple[str, str]]:
+    """(name, definition) of the indexes on a live table that no constraint owns."""
+    return [(r["indexname"], r["indexdef"]) for r in tx.fetchall(
+        "SELECT i.indexname, i.indexdef FROM pg_indexes i WHERE i.schemaname = current_schema() "
+        "AND i.tablename = ? AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = "
+        "(quote_ident(i.schemaname) || '.' || quote_ident(i.indexname))::regclass) ORDER BY i.indexname",
+        (table,))]
+
+
+def _scratch_index_name(name: str) -> str:
+    return ("rb_" + name)[:63]
+
+
+def _index_scratch(store: Store, suffix: str) -> None:
+    """Give the new tables the live tables' indexes, under temporary names (outside any lock)."""
+    with store.write() as tx:
+        for table in PROJECTION_TABLES:
+            for index, definition in _live_indexes(tx, table):
+                m = _INDEX_DEF.match(definition)
+                if m is None:
+                    continue
+                tx.execute(f"CREATE {m.group(1) or ''}INDEX IF NOT EXISTS {_scratch_index_name(index)} "
+                           f"ON {table}{suffix} {m.group(4)}")
+
+
+def _switch_postgres(store: Store, replayer: Replayer, suffix: str, name: str, batch_size: int,
+                     fault: Fault | None) -> int:
+    import psycopg
+
+    _index_scratch(store, suffix)
+    applied = 0
+    for attempt in range(LOCK_ATTEMPTS):
+        try:
+            with store.write() as tx:
+                timeout_ms = _lock_timeout_ms(tx)
+                tx.execute(f"SET LOCAL lock_timeout = '{timeout_ms}ms'")
+                # Writers lock projection rows before the events table; we take every
+                # projection table in ACCESS EXCLUSIVE mode (waits for running writers,
+                # queues new ones and readers). If a writer holding a projection lock is
+                # queued behind something we hold, our short timeout gives way first.
+                tx.execute("LOCK TABLE " + ", ".join(PROJECTION_TABLES) + " IN ACCESS EXCLUSIVE MODE")
+                tx.execute("SET LOCAL lock_timeout = 0")
+                n = _catch_up(tx, replayer, name, batch_size)
+                renames = []
+                for table in PROJECTION_TABLES:
+                    live = [i for i, _d in _live_indexes(tx, table)]
+                    owned = [r["indexname"] for r in tx.fetchall(
+                        "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ?",
+                        (table + suffix,))]
+                    for index in owned:
+                        if index.startswith(table + suffix):
+                            renames.append((index, table + index[len(table + suffix):]))
+                    renames += [(_scratch_index_name(i), i) for i in live if _scratch_index_name(i) in owned]
+                tx.execute("DROP TABLE " + ", ".join(PROJECTION_TABLES))
+                for table in PROJECTION_TABLES:
+                    tx.execute(f"ALTER TABLE {table}{suffix} RENAME TO {table}")
+                for old, new in renames:
+                    tx.execute(f"ALTER INDEX {old} RENAME TO {new}")
+                tx.execute("DELETE FROM lg_tracking WHERE name = ?", (name,))
+                if fault is not None:
+                    fault("switch", 0)
+            return applied + n
+        except psycopg.errors.LockNotAvailable:
+            # gave way to a writer; catch up outside the lock so the next try is short
+            with store.write() as tx:
+                applied += _catch_up(tx, replayer, name, batch_size)
+            time.sleep(min(0.5, 0.02 * (attempt + 1)) * random.random())
+    raise RuntimeError(f"could not lock the projection tables to switch after {LOCK_ATTEMPTS} tries")
+
+
+def _lock_timeout_ms(tx: Tx) -> int:
+    """Well under deadlock_timeout, so PostgreSQL never picks a writer as the victim."""
+    row = tx.fetchone("SELECT setting::int AS ms FROM pg_settings WHERE name = 'deadlock_timeout'")
+    deadlock_ms = int(row["ms"]) if row else 1000
+    return max(10, min(200, deadlock_ms // (2 * len(PROJECTION_TABLES))))
+
