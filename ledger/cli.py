@@ -4,8 +4,8 @@ Global options (`--dsn`, `--as ID:ROLE`) go before the subcommand, and are also
 accepted after it. Read commands take `--json` (one JSON document). Exit codes: 0 ok,
 1 a ledger error (one line on stderr: `error: <Type>: <message>`), 2 bad usage.
 
-Start-up is kept short: heavy modules (the service, rich, pydantic) are imported
-inside the commands that need them.
+Start-up is kept short: the service, rich and the worker are imported inside the
+commands that need them, and `main` builds only the command being run.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from .service import Ledger
     from .views import Actor
 
-DEFAULT_DSN = "sqlite:///./ledger.db"
 _GLOBAL_OPTIONS = ("--dsn", "--as")
 
 # The role each command acts in unless --as names one.
@@ -127,7 +126,7 @@ app.add_typer(token_app, name="token")
 
 @dataclass
 class _Globals:
-    dsn: str
+    dsn: str | None
     actor: str | None
 
 
@@ -146,7 +145,7 @@ def _main(
     ] = None,
 ) -> None:
     """The durable, auditable record of workflow and batch runs."""
-    ctx.obj = _Globals(dsn or os.environ.get("LEDGER_DSN") or DEFAULT_DSN, actor)
+    ctx.obj = _Globals(dsn, actor)  # None: Ledger.open resolves LEDGER_DSN, then the default
 
 
 # -- helpers --------------------------------------------------------------------

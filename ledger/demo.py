@@ -302,15 +302,18 @@ def _counts_text(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in _nonzero(counts).items()) or "no items"
 
 
-def run_demo(dsn: str, items: int = 20, workers: int = 4, seed: int = 7,
+def run_demo(dsn: str | None, items: int = 20, workers: int = 4, seed: int = 7,
              as_json: bool = False) -> DemoResult:
-    """Run the five scenarios on `dsn` and print the story (or one JSON document)."""
+    """Run the five scenarios on `dsn` (None: LEDGER_DSN, else ./ledger.db) and print the
+    story (or one JSON document)."""
     from rich.table import Table
 
     from .render import console
     from .render import links as links_text
     from .render import state as state_text
+    from .stores import resolve_dsn
 
+    given, dsn = dsn, resolve_dsn(dsn)
     out = console()
 
     def say(text: str) -> None:
@@ -345,7 +348,7 @@ def run_demo(dsn: str, items: int = 20, workers: int = 4, seed: int = 7,
                       links_text(status.links))
     out.print(table)
     by_name = {s.name: s.run_id for s in demo.scenarios}
-    prefix = "ledger" if dsn == _default_dsn() else f"ledger --dsn {dsn}"
+    prefix = "ledger" if given is None else f"ledger --dsn {given}"
     out.print("\nTry next:", soft_wrap=True)
     for command in (
         f"{prefix} history {by_name['flaky']}",
@@ -357,11 +360,3 @@ def run_demo(dsn: str, items: int = 20, workers: int = 4, seed: int = 7,
     ):
         out.print(f"  {command}", markup=False, soft_wrap=True)
     return result
-
-
-def _default_dsn() -> str:
-    import os
-
-    from .cli import DEFAULT_DSN
-
-    return os.environ.get("LEDGER_DSN") or DEFAULT_DSN
