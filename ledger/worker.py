@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import IllegalTransition, InvalidInput, LeaseLost, LedgerError
+from .errors import Conflict, IllegalTransition, InvalidInput, LeaseLost, LedgerError
 from .states import IN_PROGRESS, PENDING, RETRYABLE, RUNNING, WORKER, is_terminal
 from .views import Actor, ItemStatus, Lease
 
@@ -52,6 +52,7 @@ class Quarantine:
 
 Outcome = Accepted | Rejected | Quarantine
 Handler = Callable[[Lease], Outcome]
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -186,6 +187,8 @@ class Worker:
                     claimed = self.lg.claim(self.run_id, self.actor, limit=free)
                 except IllegalTransition as e:  # canceling, pausing, terminal...: stop at once
                     stopping = f"run is {e.state}"
+                except Conflict:
+                    pass  # another writer got there first; nothing was written, look again
                 for lease in claimed:
                     self._submit(pool, lease, interval)
             if claimed:
@@ -231,12 +234,9 @@ class Worker:
     def _submit(self, pool: ThreadPoolExecutor, lease: Lease, interval: float) -> None:
         self._summary.claimed += 1
         entry = _InFlight(lease, time.monotonic() + interval)
-        future = pool.submit(self._call_handler, lease)
+        future = pool.submit(self.handle, lease)
         with self._registry_lock:
             self._in_flight[future] = entry
-
-    def _call_handler(self, lease: Lease) -> Outcome:
-        return self.handle(lease)
 
     # -- outcomes ----------------------------------------------------------------
 
@@ -256,9 +256,10 @@ class Worker:
             return
         batch = getattr(self.lg, "record", None)
         if batch is not None:
+            outcomes = [_as_outcome(entry.lease, result) for entry, result in live]
             try:
-                results = batch([_as_outcome(entry.lease, result) for entry, result in live])
-            except InvalidInput:
+                results = _retry_conflicts(lambda: batch(outcomes))
+            except (InvalidInput, Conflict):
                 pass  # one outcome the ledger refuses: record them one by one below
             else:
                 for (entry, _), item in zip(live, results, strict=True):
@@ -269,7 +270,8 @@ class Worker:
 
     def _record_one(self, entry: _InFlight, result: Outcome | BaseException) -> None:
         try:
-            item: ItemStatus | LedgerError = self._write(entry.lease, result)
+            item: ItemStatus | LedgerError = _retry_conflicts(
+                lambda: self._write(entry.lease, result))
         except InvalidInput as e:
             # e.g. evidence that is not JSON: the attempt produced nothing recordable
             try:
@@ -327,6 +329,16 @@ class Worker:
                 return
             self._summary.heartbeats += 1
             entry.next_beat = time.monotonic() + interval
+
+
+def _retry_conflicts(write: Callable[[], _T], attempts: int = 3) -> _T:
+    """A Conflict means another writer committed first and nothing of ours was written."""
+    for _ in range(attempts - 1):
+        try:
+            return write()
+        except Conflict:
+            continue
+    return write()
 
 
 def _error_text(result: Outcome | BaseException) -> str:

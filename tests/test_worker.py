@@ -294,3 +294,29 @@ def test_evidence_the_ledger_refuses_becomes_a_failed_attempt(lg: Ledger) -> Non
     assert summary.accepted == 1 and summary.quarantined == 1
     error = lg.attempts(run_id, item_id="i1")[0].error
     assert error is not None and "refused" in error
+
+
+def test_a_conflicting_write_is_retried(lg: Ledger) -> None:
+    """Conflict means nothing of ours was written: the worker writes again."""
+    from ledger import Conflict
+
+    class ConflictOnce:
+        def __init__(self, inner: Ledger) -> None:
+            self._inner = inner
+            self.conflicts = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def record(self, outcomes: Any) -> Any:
+            if not self.conflicts:
+                self.conflicts += 1
+                raise Conflict("another writer changed the run first", 1, "running")
+            return self._inner.record(outcomes)
+
+    run_id = running_run(lg, 3)
+    proxy = ConflictOnce(lg)
+    summary = Worker(proxy, run_id, lambda lease: Accepted(), concurrency=3).run()  # type: ignore[arg-type]
+    assert proxy.conflicts == 1
+    assert summary.accepted == 3 and summary.errors == []
+    assert states(lg, run_id) == {"i1": "accepted", "i2": "accepted", "i3": "accepted"}
