@@ -78,7 +78,7 @@ def columns(tx: Reader, table: str) -> list[str]:
 
 def diff_rows(tx: Reader, name: str, suffix_a: str, suffix_b: str, limit: int = 20) -> list[dict[str, Any]]:
     """Up to `limit` rows that differ between `name+suffix_a` and `name+suffix_b`:
-    {"key": {...}, "change": "missing"|"extra"|"changed", "columns": [...]}
+    {"key": {...}, "run_id": ..., "change": "missing"|"extra"|"changed", "columns": [...]}
     ("missing": in a, not in b; "extra": in b, not in a)."""
     a, b = name + suffix_a, name + suffix_b
     key = TABLE_KEYS[name]
@@ -88,15 +88,16 @@ def diff_rows(tx: Reader, name: str, suffix_a: str, suffix_b: str, limit: int = 
     distinct = "IS DISTINCT FROM" if tx.store.dialect == "postgres" else "IS NOT"
     out: list[dict[str, Any]] = []
     for change, left, right in (("missing", a, b), ("extra", b, a)):
-        rows = tx.fetchall(f"SELECT {keys} FROM {left} x LEFT JOIN {right} y ON {on} "
+        rows = tx.fetchall(f"SELECT {keys}, x.run_id AS run_id_ FROM {left} x LEFT JOIN {right} y ON {on} "
                            f"WHERE y.{key[0]} IS NULL LIMIT ?", (limit,))
-        out += [{"key": dict(r), "change": change, "columns": []} for r in rows]
+        out += [{"key": {k: r[k] for k in key}, "run_id": r["run_id_"], "change": change, "columns": []}
+                for r in rows]
     if cols:
         flags = ", ".join(f"CASE WHEN x.{c} {distinct} y.{c} THEN 1 ELSE 0 END AS d_{c}" for c in cols)
         any_diff = " OR ".join(f"x.{c} {distinct} y.{c}" for c in cols)
-        rows = tx.fetchall(f"SELECT {keys}, {flags} FROM {a} x JOIN {b} y ON {on} WHERE {any_diff} LIMIT ?",
-                           (limit,))
+        rows = tx.fetchall(f"SELECT {keys}, x.run_id AS run_id_, {flags} FROM {a} x JOIN {b} y ON {on} "
+                           f"WHERE {any_diff} LIMIT ?", (limit,))
         for r in rows:
-            out.append({"key": {k: r[k] for k in key}, "change": "changed",
+            out.append({"key": {k: r[k] for k in key}, "run_id": r["run_id_"], "change": "changed",
                         "columns": [c for c in cols if r[f"d_{c}"]]})
     return out[:limit]

@@ -41,12 +41,20 @@ def event_hash(prev: str, originator_id: UUID, version: int, topic: str, state: 
     return h.hexdigest()
 
 
-def heads_digest(heads: Sequence[tuple[UUID, int, str]]) -> str:
-    """One short digest over every stream head (id, version, hash), order-independent."""
-    h = hashlib.sha256(_TAG + b"/heads")
-    for oid, version, hx in sorted(heads, key=lambda t: str(t[0])):
-        h.update(f"{oid}:{version}:{hx}\n".encode())
-    return h.hexdigest()[:32]
+class HeadsDigest:
+    """One short digest over every stream head (id, last version, its hash), fed in
+    stream-id order (the events table's key order, the same on every store)."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256(_TAG + b"/heads")
+        self.streams = 0
+
+    def add(self, originator_id: UUID, version: int, hx: str) -> None:
+        self._h.update(f"{originator_id}:{version}:{hx}\n".encode())
+        self.streams += 1
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()[:32]
 
 
 def oid_param(dialect: str, oid: UUID) -> Any:

@@ -1,0 +1,324 @@
+"""`Ledger.verify()`: replay every event and report what is wrong, with run ids and positions.
+
+Three checks, over one consistent point of the history (position P):
+
+1. **Hash chains** (tamper evidence). Events are walked per stream in version
+   order; each event's hash is recomputed from its stored bytes and the
+   recomputed hash of the event before it, and compared with the hash recorded
+   at write time (`ledger_event_hashes`). Reported: an edited event
+   (`hash_chain`), a missing hash (`hash_missing`), a deleted event (a version
+   gap, `stream_gap`, or a hash whose event is gone, `hash_orphan`) and events
+   whose positions disagree with their versions (`stream_order`). `heads` is a
+   digest over every stream's last event and hash: record it elsewhere to detect
+   a history rewritten wholesale, hashes included.
+2. **SPEC rules in the history**, checked while replaying in position order:
+   a terminal run that changed (`terminal_changed`), a claim of an item that
+   already had a live lease (`two_leases`), `succeeded` with a required item not
+   accepted or work still open (`success_unearned`), a reconciler recording an
+   acceptance or a success (`reconciler_success`), event times going backwards
+   within a stream (`time_backwards`), and events that cannot be applied
+   (`replay`, `undecodable`).
+3. **Projections vs a fresh rebuild**: the replay builds scratch tables with a
+   private suffix (the same `Replayer` the rebuild uses); per-table checksums are
+   compared with the live tables (`projection`, naming the differing rows), and
+   the scratch tables are dropped.
+
+Problems are dicts: {"kind", "run_id", "position", "detail", ...}.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import CanInitAggregate, DomainEvent
+from eventsourcing.persistence import StoredEvent
+
+from ledger import states as S
+from ledger.domain import Item, Run
+from ledger.stores.base import Store, Tx
+from ledger.stores.hashchain import (
+    GENESIS,
+    HASH_CHAIN_FROM,
+    HASH_TABLE,
+    HeadsDigest,
+    as_uuid,
+    event_hash,
+)
+from ledger.views import VerifyReport
+
+from .checksums import checksums, diff_rows
+from .rebuild import BATCH_SIZE, Replayer, count_events, create_tables, drop_tables, position_column
+from .schema import PROJECTION_TABLES
+
+MAX_PROBLEMS = 1000
+PAGE = 2000
+_SUCCESS_STATES = frozenset({S.ACCEPTED, S.SUCCEEDED, S.COMPLETED_WITH_ERRORS})
+
+
+class Problems:
+    """The list of problems, capped so a badly broken ledger still yields a report."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.dropped = 0
+
+    def add(self, kind: str, run_id: str | None, position: int | None, detail: str, **extra: Any) -> None:
+        if len(self.items) >= MAX_PROBLEMS:
+            self.dropped += 1
+            return
+        self.items.append({"kind": kind, "run_id": run_id, "position": position, "detail": detail, **extra})
+
+    def extend(self, problems: list[dict[str, Any]]) -> None:
+        for p in problems:
+            self.add(**p)
+
+    def result(self) -> list[dict[str, Any]]:
+        out = list(self.items)
+        if self.dropped:
+            out.append({"kind": "truncated", "run_id": None, "position": None,
+                        "detail": f"{self.dropped} more problems not listed"})
+        return out
+
+
+def verify(lg: Any) -> VerifyReport:
+    """Replay every event; report broken hash chains, broken SPEC rules and projection drift."""
+    store: Store = lg.store
+    problems = Problems()
+    suffix = "_verify_" + secrets.token_hex(4)
+    rules = RuleChecker(problems, suffix)
+    replayer = Replayer(suffix, observer=rules, tolerant=True)
+    try:
+        with store.write() as tx:
+            create_tables(tx, suffix)
+        position = 0
+        while True:  # catch up in batches, outside any lock
+            with store.write() as tx:
+                position, n = _replay(tx, replayer, position, problems)
+            if n < BATCH_SIZE:
+                break
+        with _consistent(store) as tx:  # the last events and the comparison see one state
+            while True:
+                position, n = _replay(tx, replayer, position, problems)
+                if n < BATCH_SIZE:
+                    break
+            problems.extend(replayer.problems)
+            replayer.problems = []
+            _compare(tx, suffix, problems)
+            events = count_events(tx, position)
+    finally:
+        with store.write() as tx:
+            drop_tables(tx, suffix)
+    with store.read() as tx:
+        heads = _check_chains(tx, position, problems)
+    found = problems.result()
+    return VerifyReport(ok=not found, problems=found, events=events, heads=heads)
+
+
+def _consistent(store: Store) -> Any:
+    """A write transaction that sees one state: PostgreSQL REPEATABLE READ (writers go on);
+    SQLite BEGIN IMMEDIATE (writers wait)."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def tx() -> Iterator[Tx]:
+        with store.write() as t:
+            if store.dialect == "postgres":
+                t.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            yield t
+
+    return tx()
+
+
+# --------------------------------------------------------------------------
+# replay (position order)
+# --------------------------------------------------------------------------
+def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple[int, int]:
+    store: Store = tx.store
+    rows = store.read_stored_rows(tx, after, BATCH_SIZE)
+    events: list[tuple[int, DomainEvent]] = []
+    for pos, stored in rows:
+        try:
+            events.append((pos, store.mapper.to_domain_event(stored)))
+        except Exception as exc:  # an edited row may no longer decode
+            problems.add("undecodable", _run_id_of_stored(store, stored), pos,
+                         f"event v{stored.originator_version} of stream {stored.originator_id} does not "
+                         f"decode: {type(exc).__name__}: {exc}")
+    if events:
+        replayer.apply(tx, events)
+    return (rows[-1][0] if rows else after), len(rows)
+
+
+class RuleChecker:
+    """SPEC rules over the history, checked before each event is applied."""
+
+    def __init__(self, problems: Problems, suffix: str) -> None:
+        self.problems = problems
+        self.items_table = "lg_items" + suffix
+
+    def __call__(self, tx: Tx, position: int, e: DomainEvent, rp: Replayer) -> None:
+        run_id = str(getattr(e, "run_id", None) or e.originator_id)
+        run = rp.runs.get(run_id)
+        created = isinstance(e, CanInitAggregate)
+        agg = None if created else rp.streams.get(e.originator_id)
+        add = self.problems.add
+        if agg is not None and e.timestamp < agg.modified_on:
+            add("time_backwards", run_id, position,
+                f"{type(e).__qualname__} v{e.originator_version} is stamped {e.timestamp.isoformat()}, before "
+                f"the previous event of its stream ({agg.modified_on.isoformat()})")
+        if run is not None and S.is_terminal(run.state) and not created:
+            if isinstance(e, (Run.Transitioned, Run.Amended)):
+                add("terminal_changed", run_id, position,
+                    f"run was {run.state} (terminal) and then recorded {_describe(e)}")
+            elif getattr(e, "item_id", None) is not None and not (
+                    run.state == S.CANCELED and getattr(e, "command", None) == "cancel_skip"):
+                add("terminal_changed", run_id, position,
+                    f"item {e.item_id!r} changed ({_describe(e)}) after its run was {run.state} (terminal)")  # type: ignore[attr-defined]
+        if isinstance(e, Item.Transitioned) and e.command == "claim":
+            item = rp.items.get((e.run_id, e.item_id))
+            if (item is not None and item.state == S.IN_PROGRESS) or e.from_state == S.IN_PROGRESS:
+                add("two_leases", run_id, position,
+                    f"item {e.item_id!r} was claimed by {e.actor_id} while the lease of attempt "
+                    f"{item.attempts if item else '?'} ({item.lease_worker if item else '?'}) was live")
+        if getattr(e, "role", None) == S.RECONCILER and getattr(e, "to_state", None) in _SUCCESS_STATES:
+            add("reconciler_success", run_id, position,
+                f"the reconciler {getattr(e, 'actor_id', '?')} recorded {_describe(e)}; only the party that "
+                "did the work may record success")
+        if isinstance(e, Run.Transitioned) and e.to_state in (S.SUCCEEDED, S.COMPLETED_WITH_ERRORS):
+            self._check_success(tx, position, e, run, rp)
+
+    def _check_success(self, tx: Tx, position: int, e: Run.Transitioned, run: Run | None, rp: Replayer) -> None:
+        run_id = str(e.originator_id)
+        if run is not None:
+            open_ = {s: run.counts[s] for s in (S.PENDING, S.IN_PROGRESS, S.RETRYABLE) if run.counts.get(s)}
+            if open_:
+                self.problems.add("success_unearned", run_id, position,
+                                  f"run recorded {e.to_state} with work still open: "
+                                  + ", ".join(f"{n} {s}" for s, n in open_.items()))
+        if e.to_state != S.SUCCEEDED:
+            return
+        rp.flush(tx)  # the item rows as of the previous event
+        rows = tx.fetchall(f"SELECT item_id, state FROM {self.items_table} WHERE run_id = ? AND in_manifest = 1 "
+                           "AND required = 1 AND state <> 'accepted' ORDER BY seq LIMIT 5", (run_id,))
+        if rows:
+            self.problems.add("success_unearned", run_id, position,
+                              "run recorded succeeded but required items were not accepted: "
+                              + ", ".join(f"{r['item_id']} ({r['state']})" for r in rows))
+
+
+def _describe(e: DomainEvent) -> str:
+    cmd = getattr(e, "command", None) or type(e).__name__.lower()
+    to = getattr(e, "to_state", None)
+    return f"{cmd}" + (f" -> {to}" if to else "") + f" (v{e.originator_version})"
+
+
+def _run_id_of_stored(store: Store, stored: StoredEvent) -> str | None:
+    """The run an event belongs to, best effort (for reports on damaged events)."""
+    try:
+        state = json.loads(bytes(stored.state))
+    except (ValueError, TypeError):
+        return None
+    if isinstance(state, dict) and isinstance(state.get("run_id"), str):
+        return str(state["run_id"])
+    return str(stored.originator_id)
+
+
+# --------------------------------------------------------------------------
+# projections vs the replay
+# --------------------------------------------------------------------------
+def _compare(tx: Tx, suffix: str, problems: Problems) -> None:
+    live = checksums(tx)
+    fresh = checksums(tx, suffix)
+    for name in PROJECTION_TABLES:
+        if live[name] == fresh[name]:
+            continue
+        diffs = diff_rows(tx, name, "", suffix)
+        if not diffs:
+            problems.add("projection", None, None, f"{name}: checksum {live[name]} differs from a rebuild's "
+                         f"{fresh[name]}", table=name)
+        for d in diffs:
+            what = {"missing": "is not in a rebuild", "extra": "is missing (a rebuild has it)",
+                    "changed": "differs from a rebuild in " + ", ".join(d["columns"])}[d["change"]]
+            problems.add("projection", d["run_id"], d["key"].get("position"),
+                         f"{name} row {d['key']} {what}", table=name, key=d["key"])
+
+
+# --------------------------------------------------------------------------
+# hash chains (stream order)
+# --------------------------------------------------------------------------
+def _stream_rows(tx: Tx, upto: int) -> Iterator[dict[str, Any]]:
+    """Every event up to `upto` with its recorded hash, in (stream, version) order."""
+    store: Store = tx.store
+    pos = position_column(store)
+    ev = store.events_table()
+    base = (f"SELECT e.{pos} AS position, e.originator_id AS oid, e.originator_version AS version, e.topic, "
+            f"e.state, h.hash FROM {ev} e LEFT JOIN {HASH_TABLE} h ON h.originator_id = e.originator_id "
+            f"AND h.originator_version = e.originator_version WHERE e.{pos} <= ?")
+    last: tuple[Any, int] | None = None
+    while True:
+        if last is None:
+            rows = tx.fetchall(base + " ORDER BY e.originator_id, e.originator_version LIMIT ?", (upto, PAGE))
+        else:
+            rows = tx.fetchall(base + " AND (e.originator_id, e.originator_version) > (?, ?) "
+                               "ORDER BY e.originator_id, e.originator_version LIMIT ?", (upto, *last, PAGE))
+        yield from rows
+        if len(rows) < PAGE:
+            return
+        last = (rows[-1]["oid"], rows[-1]["version"])
+
+
+def _check_chains(tx: Tx, upto: int, problems: Problems) -> str:
+    store: Store = tx.store
+    meta = tx.fetchone("SELECT value FROM ledger_meta WHERE key = ?", (HASH_CHAIN_FROM,))
+    chain_from = int(meta["value"]) if meta else 0
+    heads = HeadsDigest()
+    current: UUID | None = None
+    prev_version = prev_position = 0
+    prev_recorded = chain = GENESIS
+    for r in _stream_rows(tx, upto):
+        oid, version, position = as_uuid(r["oid"]), int(r["version"]), int(r["position"])
+        if oid != current:
+            if current is not None:
+                heads.add(current, prev_version, chain)
+            current, prev_version, prev_position, prev_recorded, chain = oid, 0, 0, GENESIS, GENESIS
+        state, topic, recorded = bytes(r["state"]), r["topic"], r["hash"]
+        stored = StoredEvent(originator_id=oid, originator_version=version, topic=topic, state=state)
+        where = {"stream": str(oid), "version": version}
+        gap = version != prev_version + 1
+        if gap:
+            problems.add("stream_gap", _run_id_of_stored(store, stored), position,
+                         f"stream {oid} jumps from version {prev_version} to {version}: "
+                         f"{version - prev_version - 1} event(s) deleted" if version > prev_version + 1
+                         else f"stream {oid} repeats version {version}", **where)
+        if position <= prev_position:
+            problems.add("stream_order", _run_id_of_stored(store, stored), position,
+                         f"version {version} of stream {oid} is at position {position}, before version "
+                         f"{prev_version} at position {prev_position}: events were reordered", **where)
+        chain = event_hash(chain, oid, version, topic, state)
+        if recorded is None:
+            if position > chain_from:
+                problems.add("hash_missing", _run_id_of_stored(store, stored), position,
+                             f"version {version} of stream {oid} has no recorded hash: it was written "
+                             "behind the ledger's back", **where)
+            prev_recorded = GENESIS  # before the hash chain existed, or already reported
+        else:
+            # the hash recorded at write time chains this event's bytes to the recorded
+            # hash of the event before it; a gap is reported above and cannot be checked
+            if not gap and event_hash(prev_recorded, oid, version, topic, state) != recorded:
+                problems.add("hash_chain", _run_id_of_stored(store, stored), position,
+                             f"version {version} of stream {oid} does not match the hash recorded when it "
+                             "was written: its stored bytes were edited", **where)
+            prev_recorded = recorded
+        prev_version, prev_position = version, position
+    if current is not None:
+        heads.add(current, prev_version, chain)
+    for r in tx.fetchall(f"SELECT h.originator_id AS oid, h.originator_version AS version FROM {HASH_TABLE} h "
+                         f"LEFT JOIN {store.events_table()} e ON e.originator_id = h.originator_id AND "
+                         "e.originator_version = h.originator_version WHERE e.originator_id IS NULL LIMIT 100"):
+        problems.add("hash_orphan", None, None, f"a hash is recorded for version {r['version']} of stream "
+                     f"{as_uuid(r['oid'])} but the event is gone: it was deleted",
+                     stream=str(as_uuid(r["oid"])), version=int(r["version"]))
+    return heads.hexdigest()
