@@ -36,15 +36,16 @@ def _expected(body: B.Expected | None) -> dict[str, Any]:
     return {"expected_revision": body.expected_revision}
 
 
-def _lease(body: B.LeaseBody) -> JSONResponse:
+def _lease(body: B.LeaseBody) -> Lease:
+    expires_at = aware(body.expires_at)
+    assert expires_at is not None
     return Lease(
         run_id=body.run_id, item_id=body.item_id, token=body.token, worker_id=body.worker_id,
-        attempt=body.attempt, expires_at=aware(body.expires_at),  # type: ignore[arg-type]
-        payload=None,
+        attempt=body.attempt, expires_at=expires_at, payload=None,
     )
 
 
-def _lease_holder(lg: Any, actor: Actor, body: B.LeaseBody, command: str) -> JSONResponse:
+def _lease_holder(lg: Any, actor: Actor, body: B.LeaseBody, command: str) -> Lease:
     """The service takes no actor for lease commands (the lease token is the authority)
     and records the lease's `worker_id` as the actor; over HTTP the token's role must be
     one the table allows, and the lease must be this actor's, so the record stays true."""

@@ -8,6 +8,7 @@ error's own `to_dict()`, so `Conflict` also carries `current_revision` and
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -82,7 +83,7 @@ def status_for(error: LedgerError) -> int:
     return 400
 
 
-def error_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(status_code=status, content=body, headers=headers)
 
 
