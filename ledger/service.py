@@ -248,8 +248,7 @@ class Ledger:
             UUID(run_id)
         except ValueError:
             raise RunNotFound(run_id) from None
-        row = tx.fetchone(f"SELECT *{tx.now_column()} FROM lg_runs WHERE run_id = ?"
-                          + (tx.lock_suffix() if lock else ""), (run_id,))
+        row = tx.fetchone(tx.select_run_sql(lock), (run_id,))
         if row is None:
             raise RunNotFound(run_id)
         if "db_now" in row:

@@ -243,8 +243,6 @@ def test_status_at_a_past_time(api: Api, clock: ManualClock) -> None:
     run_id = submitted["run_id"]
     api.post(f"/runs/{run_id}/start", "controller")
     r = api.get(f"/runs/{run_id}", params={"at": submitted["created_at"]})
-    if r.status_code == 501:
-        pytest.skip("the core has no status_at yet (projections.timetravel)")
     assert r.status_code == 200, r.text
     assert r.json()["state"] == "queued"
     naive = submitted["created_at"].replace("+00:00", "")
@@ -705,8 +703,7 @@ def test_schemathesis_finds_no_server_error(case: Any, fuzz_app: tuple[Any, dict
         case.path_parameters["run_id"] = run_id  # about half the cases reach a real run
     headers = {"Authorization": f"Bearer {made[_role_for(case.path)]}"}
     response = case.call(headers=headers)
-    # 501: a feature the core lacks in this build (status_at before projections.timetravel)
-    assert response.status_code < 500 or response.status_code == 501, (case.method, case.formatted_path, response.status_code, response.text[:500])
+    assert response.status_code < 500, (case.method, case.formatted_path, response.status_code, response.text[:500])
     if response.status_code >= 400:
         body = response.json()
         assert isinstance(body, dict) and isinstance(body.get("error"), str) and isinstance(body.get("message"), str)

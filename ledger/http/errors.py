@@ -53,7 +53,6 @@ _NAME_BY_STATUS = {
     413: "PayloadTooLarge",
     415: "UnsupportedMediaType",
     422: "InvalidInput",
-    501: "NotImplemented",
 }
 
 

@@ -94,6 +94,11 @@ class Tx(ABC):
         """Row-lock clause for rows the transaction will change (PostgreSQL only)."""
         return ""
 
+    def select_run_sql(self, lock: bool) -> str:
+        """The query loading one lg_runs row by run_id (`?`), locked for the rest of the
+        transaction when `lock`, with the database clock as `db_now` where it has one."""
+        return f"SELECT *{self.now_column()} FROM lg_runs WHERE run_id = ?" + (self.lock_suffix() if lock else "")
+
 
 class Store(ABC):
     """A database holding the event log and the projections."""

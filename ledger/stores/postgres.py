@@ -81,6 +81,17 @@ class PgTx(Tx):
     def now_column(self) -> str:
         return ", clock_timestamp() AS db_now"
 
+    def select_run_sql(self, lock: bool) -> str:
+        if not lock:
+            return super().select_run_sql(lock)
+        # In a plain SELECT ... FOR UPDATE, clock_timestamp() is computed before the row
+        # lock is waited for (and not again unless the holder changed the row), so a
+        # command that queued behind another would judge leases by the time it started
+        # waiting. Read through a materialised locking CTE, it is taken once the lock is
+        # granted: the time the command really acts. Still one round trip.
+        return ("WITH locked AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = ? FOR UPDATE) "
+                "SELECT *, clock_timestamp() AS db_now FROM locked")
+
 
 class PostgresStore(Store):
     """A PostgreSQL database (libpq URL)."""
