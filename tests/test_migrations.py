@@ -200,3 +200,14 @@ def test_sqlite_every_upgrade_path_ends_in_the_fresh_schema(
     assert sqlite_catalog(db) == want
     Ledger.open(f"sqlite:///{db}").close()
     assert sqlite_catalog(db) == want
+
+
+@pytest.mark.postgres
+def test_pg_a_database_newer_than_the_code_is_refused(pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE ledger_meta SET value = %s WHERE key = 'schema_version'",
+                     (str(SCHEMA_VERSION + 1),))
+    before = pg_catalog(pg_dsn)
+    with pytest.raises(RuntimeError, match=f"version {SCHEMA_VERSION + 1}, newer"):
+        Ledger.open(pg_dsn)
+    assert pg_catalog(pg_dsn) == before

@@ -25,9 +25,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from psycopg.conninfo import conninfo_to_dict
+
 from ledger import IllegalTransition, LeaseLost, Ledger
 from ledger.stores.postgres import PostgresStore
 from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
+from tests.pgserver import free_port
 
 pytestmark = pytest.mark.postgres
 
@@ -423,3 +426,47 @@ def test_a_closed_ledger_does_not_reconnect(pg_dsn: str) -> None:
     with pytest.raises(Exception):  # noqa: B017 - which error is the pool's business
         lg.status(run_id)
     wait_until(lambda: backends(pg_dsn) == 0, "the closed ledger's connections to go")
+
+
+# --------------------------------------------------------------------------
+# the DSN
+# --------------------------------------------------------------------------
+def with_params(dsn: str, params: str) -> str:
+    return dsn + ("&" if "?" in dsn else "?") + params
+
+
+def test_every_dsn_parameter_reaches_the_server(pg_dsn: str) -> None:
+    dsn = with_params(pg_dsn, "application_name=ledger-dsn-test&options=-c%20statement_timeout%3D4321")
+    with Ledger.open(dsn) as lg:
+        run_id = running_run(lg, 1)
+        with lg.store.read() as tx:
+            row = tx.fetchone("SELECT current_setting('statement_timeout') AS v")
+        assert row == {"v": "4321ms"}
+        assert backends(pg_dsn, "application_name = 'ledger-dsn-test'") >= 1
+        assert lg.status(run_id).state == "running"
+
+
+def test_a_dsn_without_host_port_or_user_uses_the_libpq_environment(
+        pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = conninfo_to_dict(pg_dsn)
+    monkeypatch.setenv("PGHOST", str(info["host"]))
+    monkeypatch.setenv("PGPORT", str(info["port"]))
+    monkeypatch.setenv("PGUSER", str(info["user"]))
+    with Ledger.open(f"postgresql:///{info['dbname']}") as lg:
+        run_id = running_run(lg, 1)
+    with Ledger.open(pg_dsn) as lg:  # the same database
+        assert lg.status(run_id).state == "running"
+
+
+def test_an_unreachable_server_is_refused_at_once_with_the_reason() -> None:
+    before = set(threading.enumerate())
+    with pytest.raises(Exception) as refused:  # noqa: B017 - the reason matters, not the class
+        Ledger.open(f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere")
+    assert "refused" in str(refused.value).lower(), refused.value
+    assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
+
+
+def test_a_missing_database_is_named(pg_server: Any) -> None:
+    with pytest.raises(Exception) as missing:  # noqa: B017
+        Ledger.open(pg_server.dsn("no_such_ledger_db"))
+    assert 'database "no_such_ledger_db" does not exist' in str(missing.value)

@@ -19,6 +19,7 @@ import psycopg
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
 
 from projections.schema import projection_ddl
 
@@ -28,6 +29,7 @@ from .base import SCHEMA_VERSION, Store, StreamConflict, Tx
 EVENTS_TABLE = "ledger_events"
 _QMARK = re.compile(r"\?")
 _SCHEMA_LOCK = zlib.crc32(b"run-ledger schema") & 0x7FFFFFFF
+CONNECT_TIMEOUT_S = 10
 
 
 def to_pg(sql: str) -> str:
@@ -111,11 +113,20 @@ class PostgresStore(Store):
             password=str(info.get("password") or ""),
             pool_size=pool_size,
             max_overflow=max_overflow,
-            connect_timeout=10,
+            connect_timeout=CONNECT_TIMEOUT_S,
             pre_ping=True,
         )
-        self._create_schema()
-        self.recorder = LedgerPostgresRecorder(self.datastore, events_table_name=EVENTS_TABLE)
+        # The datastore hands libpq only host, port, user, password and dbname. Connect with
+        # the DSN as given instead, so its other parameters (sslmode, application_name,
+        # options, ...) and libpq's defaults and PG* environment variables apply, as in psql.
+        self.datastore.pool.conninfo = dsn
+        self.datastore.pool.kwargs = {"row_factory": dict_row}
+        try:
+            self._create_schema()
+            self.recorder = LedgerPostgresRecorder(self.datastore, events_table_name=EVENTS_TABLE)
+        except BaseException:
+            self.datastore.close()  # no pool threads left behind retrying a database we cannot use
+            raise
 
     @contextmanager
     def _tx(self, write: bool) -> Iterator[PgTx]:
@@ -140,14 +151,23 @@ class PostgresStore(Store):
 
     def _create_schema(self) -> None:
         # Several processes may open an empty database at once: one creates the
-        # schema under an advisory lock, the others wait and then see it.
-        with self.datastore.get_connection() as conn, conn.transaction(), conn.cursor() as cur:
+        # schema under an advisory lock, the others wait and then see it. A connection of
+        # its own, not the pool's: a wrong DSN or an unreachable server fails here at once
+        # with libpq's reason rather than as a pool timeout.
+        timeout = conninfo_to_dict(self.dsn).get("connect_timeout", CONNECT_TIMEOUT_S)
+        with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=timeout) as conn, \
+                conn.transaction(), conn.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             cur.execute("CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             cur.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'")
             row = cur.fetchone()
             current = int(row["value"]) if row else 0
-            for version, statements in enumerate(migrations(self.datastore), start=1):
+            steps = migrations(self.datastore)
+            if current > len(steps):
+                raise RuntimeError(
+                    f"the database's ledger schema is version {current}, newer than this run-ledger "
+                    f"knows ({len(steps)}): upgrade run-ledger before using this database")
+            for version, statements in enumerate(steps, start=1):
                 if version <= current:
                     continue
                 for sql in statements:
