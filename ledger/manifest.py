@@ -24,10 +24,20 @@ def check_identifier(value: str, what: str) -> str:
     """Ids are 1-200 characters with no control characters (they appear in tables and logs)."""
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
+    check_unicode(value, what)
     if not value or len(value) > MAX_ID_CHARS:
         raise InvalidInput(f"{what} must be 1-{MAX_ID_CHARS} characters, got {len(value)}")
     if _CONTROL.search(value):
         raise InvalidInput(f"{what} must not contain control characters")
+    return value
+
+
+def check_unicode(value: str, what: str) -> str:
+    """Refuse strings that cannot be stored as UTF-8 (lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} is not valid Unicode text (it contains a lone surrogate)") from None
     return value
 
 
@@ -219,6 +229,8 @@ def _load_json(data: str | bytes | bytearray) -> Any:
         raise ManifestInvalid(f"manifest nests too deeply; at most {MAX_JSON_DEPTH} levels", field="manifest") from e
     except json.JSONDecodeError as e:
         raise ManifestInvalid(f"manifest is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", field="manifest") from e
+    except ValueError as e:  # e.g. integers beyond Python's digit limit
+        raise ManifestInvalid(f"manifest is not acceptable JSON: {e}", field="manifest") from e
 
 
 def parse_manifest(data: Manifest | dict[str, Any] | str | bytes) -> Manifest:
