@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import threading
 import time
 import traceback
 from collections import Counter, defaultdict
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.context import SpawnProcess
 from typing import Any
 
+import psycopg
 import pytest
 
 from ledger import Actor, IllegalTransition, Ledger, Transition
@@ -87,7 +89,9 @@ def _claimer(dsn: str, run_id: str, worker_id: str, limit: int, fail_first_of: i
     def body() -> dict[str, Any]:
         with Ledger.open(dsn) as lg:
             go.wait(WAIT)
-            return _claim_until_stopped(lg, run_id, Actor(worker_id, "worker"), limit, fail_first_of)
+            done = _claim_until_stopped(lg, run_id, Actor(worker_id, "worker"), limit, fail_first_of)
+            pool = lg.store.datastore.pool  # type: ignore[attr-defined]
+            return {**done, "pool_max": pool.max_size, "pool_size": pool.get_stats()["pool_size"]}
 
     _report(out, worker_id, body)
 
@@ -254,6 +258,33 @@ def positions(history: Sequence[Transition], command: str, run_level: bool) -> l
 # --------------------------------------------------------------------------
 # tests
 # --------------------------------------------------------------------------
+class ConnectionWatch:
+    """Samples how many sessions are connected to the database (not counting itself)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch)
+
+    def _watch(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchone()
+                self.peak = max(self.peak, row[0] if row else 0)
+                self._stop.wait(0.02)
+
+    def __enter__(self) -> ConnectionWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(WAIT)
+
+
 def test_four_processes_share_one_run_without_overlapping_leases(pg_dsn: str) -> None:
     n = 2000
     with Ledger.open(pg_dsn) as lg:
@@ -261,16 +292,20 @@ def test_four_processes_share_one_run_without_overlapping_leases(pg_dsn: str) ->
     children = Children()
     go = SPAWN.Event()
     try:
-        for k in range(4):
-            children.start(_claimer, pg_dsn, run_id, f"w{k}", 25, 20, go)
-        go.set()
-        results = children.results(4)
+        with ConnectionWatch(pg_dsn) as watch:
+            for k in range(4):
+                children.start(_claimer, pg_dsn, run_id, f"w{k}", 25, 20, go)
+            go.set()
+            results = children.results(4)
     finally:
         children.close()
 
     assert all(r["stopped_by"] == "drained" for r in results.values()), results
     # every process got a share of the work (they really ran concurrently)
     assert all(r["leases"] > 0 for r in results.values()), results
+    # pool sizing: each process's pool stays within its 12; together at most 4 x 12
+    assert all(r["pool_max"] == 12 and 0 < r["pool_size"] <= 12 for r in results.values()), results
+    assert 4 <= watch.peak <= 4 * 12
 
     with Ledger.open(pg_dsn) as lg:
         history = lg.history(run_id)
