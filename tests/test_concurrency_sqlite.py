@@ -14,6 +14,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from ledger import Actor, Conflict, LeaseLost, Ledger
@@ -113,7 +114,7 @@ def check_record(lg: Ledger, run_id: str, n_items: int, tallies: list[Tally]) ->
             assert a.finished_at is not None, (item_id, a)  # no lease is left live
             assert a.started_at <= a.finished_at
         # attempt windows never overlap: each ends before the next begins
-        for prev, nxt in zip(atts, atts[1:]):
+        for prev, nxt in pairwise(atts):
             assert prev.finished_at <= nxt.started_at, (item_id, prev, nxt)
         accepted_tokens.add((item_id, atts[-1].lease_token))
 
