@@ -10,6 +10,8 @@ screenshots to docs/. Skipped only when chromium is not installed.
 
 from __future__ import annotations
 
+import os
+
 import shutil
 import socket
 import threading
@@ -108,7 +110,10 @@ def live_server(tmp_path: Path) -> Iterator[tuple[str, str, Ledger, dict[str, st
         lg.close()
 
 
-def test_operator_page_shows_who_each_run_waits_on(live_server: tuple[str, str, Ledger, dict[str, str]]) -> None:
+def test_operator_page_shows_who_each_run_waits_on(live_server: tuple[str, str, Ledger, dict[str, str]],
+                                                  tmp_path: Path) -> None:
+    # screenshots go to tmp_path; LEDGER_UPDATE_SCREENSHOTS=1 refreshes the README's copies in docs/
+    shots = ROOT / "docs" if os.environ.get("LEDGER_UPDATE_SCREENSHOTS") else tmp_path
     from playwright.sync_api import expect, sync_playwright
 
     base, token, lg, runs = live_server
@@ -138,7 +143,7 @@ def test_operator_page_shows_who_each_run_waits_on(live_server: tuple[str, str, 
                 row = page.locator(f"tr[data-run-id='{runs[name]}']")
                 expect(row).to_have_attribute("data-waiting-on", who)
             expect(page.locator(".tally")).to_contain_text("waiting on: reviewer")
-            page.screenshot(path=str(ROOT / "docs" / "operator-page.png"), full_page=True)
+            page.screenshot(path=str(shots / "operator-page.png"), full_page=True)
 
             # The state filter keeps only matching runs.
             page.select_option("#state-filter", "awaiting_review")
@@ -152,7 +157,7 @@ def test_operator_page_shows_who_each_run_waits_on(live_server: tuple[str, str, 
             expect(page.locator(".run-head")).to_contain_text("awaiting review")
             expect(page.locator("ol.timeline li")).to_have_count(len(lg.history(runs["review"])))
             expect(page.locator("section", has_text="Attempts (6)")).to_be_visible()
-            page.screenshot(path=str(ROOT / "docs" / "operator-run-page.png"), full_page=True)
+            page.screenshot(path=str(shots / "operator-run-page.png"), full_page=True)
 
             # The page refreshes on its own: approve, and the badge changes without a reload.
             status = lg.status(runs["review"])
