@@ -71,6 +71,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tmp", metavar="DIR", help="where SQLite files and the server live "
                                                      "(default: the system temp dir)")
     parser.add_argument("--quiet", action="store_true", help="print only the table")
+    parser.add_argument("--snapshot", action="store_true",
+                        help="copy ledger/, projections/, scripts/ and tests/pgserver.py to a "
+                             "temporary directory first and run from there, so edits made to "
+                             "the working tree during a long run cannot break it")
     args = parser.parse_args(argv)
     args.case_list = tuple(c.strip() for c in args.cases.split(",") if c.strip())
     unknown = set(args.case_list) - set(ALL_CASES)
@@ -79,8 +83,60 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+SNAPSHOT_ENV = "BENCH_SNAPSHOT_OF"
+SNAPSHOT_PARTS = ("ledger", "projections", "scripts", "tests/__init__.py", "tests/pgserver.py")
+
+
+def run_from_snapshot(argv: list[str]) -> int:
+    """Copy the code as it is now and run this script from the copy."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    repo = HERE.parent
+    snap = Path(tempfile.mkdtemp(prefix="bench-snapshot-"))
+    try:
+        for part in SNAPSHOT_PARTS:
+            src, dst = repo / part, snap / part
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir():
+                shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.db*"))
+            else:
+                shutil.copy2(src, dst)
+        env = dict(os.environ, **{SNAPSHOT_ENV: str(repo)})
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(snap), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+        args = [a for a in argv if a != "--snapshot"]
+        return subprocess.call([sys.executable, str(snap / "scripts" / "bench.py"), *args], env=env)
+    finally:
+        shutil.rmtree(snap, ignore_errors=True)
+
+
+def code_origin() -> str:
+    import subprocess
+
+    import ledger
+
+    origin = os.environ.get(SNAPSHOT_ENV)
+    repo = Path(origin) if origin else HERE.parent
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--",
+                                "ledger", "projections"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        head, dirty = "?", ""
+    where = Path(ledger.__file__).resolve().parent.parent
+    return (f"code: {'snapshot of ' if origin else ''}{repo} at git {head or '?'}"
+            f"{' + uncommitted changes in ledger/ or projections/' if dirty else ''}"
+            f" (ledger imported from {where})")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.snapshot and not os.environ.get(SNAPSHOT_ENV):
+        return run_from_snapshot(list(sys.argv[1:] if argv is None else argv))
     sizes = QUICK if args.quick else FULL if args.full else DEFAULT
     if args.worker_concurrency:
         sizes = sizes.scaled(worker_concurrency=args.worker_concurrency)
@@ -125,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         f"run-ledger benchmark: sizes={profile}, cases={','.join(args.case_list)}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, total {total:.0f}s"
         + ("  (PROFILED: timings inflated)" if args.profile else ""),
+        code_origin(),
         *header,
         f"load average (1 min) {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end "
         f"(other processes on this machine skew the figures; ratios less so)",

@@ -51,7 +51,8 @@ def test_sqlite_cases(tmp_path: Path) -> None:
 def test_postgres_cases(pg_dsn: str, tmp_path: Path) -> None:
     # Cases make their own databases on the test server; they run on its fast test
     # settings here, which is fine: only the code path is under test.
-    config = BenchConfig(sizes=TINY, pg=PgTarget(pg_dsn), tmp=tmp_path)
+    # spawn, not fork: this pytest process may run other threads
+    config = BenchConfig(sizes=TINY, pg=PgTarget(pg_dsn), tmp=tmp_path, start_method="spawn")
     rows = run_all(config)
     check_rows(rows, set(bench_cases.ALL_CASES))
     assert {r.name for r in rows if r.case == "1"} >= {

@@ -31,6 +31,7 @@ class BenchConfig:
     cases: tuple[str, ...] = ALL_CASES
     profile_dir: Path | None = None
     tmp: Path | None = None  # parent of SQLite files (default: the system temp dir, on disk)
+    start_method: str | None = None  # case 1's processes: fork where available, else spawn
     say: Callable[[str], None] = field(default=lambda text: None)
 
 
@@ -60,19 +61,28 @@ def run_all(config: BenchConfig) -> list[Row]:
             row.extra.setdefault("case_seconds", round(time.perf_counter() - started, 2))
         rows.extend(got)
 
+    tmp = config.tmp
     if "1" in wanted and pg is not None:
-        attempt("1", lambda: throughput.run(pg, sizes, say, config.profile_dir))
+        attempt("1", lambda: throughput.run(pg, sizes, say, config.profile_dir,
+                                            config.start_method))
     if "2" in wanted and pg is not None:
         attempt("2", lambda: append.run(pg, sizes, say, profiler))
     if "3" in wanted:
-        attempt("3", lambda: submit.run(pg, sizes, say, profiler, config.tmp))
+        if pg is not None:
+            attempt("3", lambda: submit.run_pg(pg, sizes, say, profiler))
+        attempt("3", lambda: submit.run_sqlite(sizes, say, profiler, tmp))
     if "4" in wanted or "5" in wanted:
+        # one big store per database serves both cases
         label = "4+5" if {"4", "5"} <= wanted else ("4" if "4" in wanted else "5")
-        attempt(label, lambda: [r for r in store.run(pg, sizes, say, config.tmp) if r.case in wanted])
+        if pg is not None:
+            attempt(label, lambda: [r for r in store.run_pg(pg, sizes, say) if r.case in wanted])
+        attempt(label, lambda: [r for r in store.run_sqlite(sizes, say, tmp) if r.case in wanted])
     if "6" in wanted:
-        attempt("6", lambda: sqlite_items.run(sizes, say, profiler, config.tmp))
+        attempt("6", lambda: sqlite_items.run(sizes, say, profiler, tmp))
     if "7" in wanted:
-        attempt("7", lambda: startup.run(pg, sizes, say, config.tmp))
+        attempt("7", lambda: startup.run_sqlite(sizes, say, tmp))
+        if pg is not None:
+            attempt("7", lambda: startup.run_pg(pg, sizes, say))
     return sorted(rows, key=lambda r: r.case)
 
 

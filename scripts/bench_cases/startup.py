@@ -59,13 +59,20 @@ def _row(store: str, dsn: str, sizes: Sizes, base: float, say: Callback) -> Row:
                note=f"median of {sizes.startup_runs}; {how}; baseline = python -c pass")
 
 
-def run(pg: PgTarget | None, sizes: Sizes, say: Callback, tmp: Path | None = None) -> list[Row]:
-    say("case 7: command start-up")
-    base = timed([sys.executable, "-c", "pass"], sizes.startup_runs)
-    rows = []
+def python_floor(sizes: Sizes) -> float:
+    """Median start-up of a bare interpreter, for scale."""
+    return timed([sys.executable, "-c", "pass"], sizes.startup_runs)
+
+
+def run_sqlite(sizes: Sizes, say: Callback, tmp: Path | None = None) -> list[Row]:
+    say("case 7: command start-up, SQLite")
+    base = python_floor(sizes)
     with tempfile.TemporaryDirectory(dir=tmp, prefix="bench-c7-") as d:
-        rows.append(_row("SQLite", f"sqlite:///{d}/ledger.db", sizes, base, say))
-    if pg is not None:
-        with pg.database("c7") as dsn:
-            rows.append(_row("PG", dsn, sizes, base, say))
-    return rows
+        return [_row("SQLite", f"sqlite:///{d}/ledger.db", sizes, base, say)]
+
+
+def run_pg(pg: PgTarget, sizes: Sizes, say: Callback) -> list[Row]:
+    say("case 7: command start-up, PostgreSQL")
+    base = python_floor(sizes)
+    with pg.database("c7") as dsn:
+        return [_row("PG", dsn, sizes, base, say)]

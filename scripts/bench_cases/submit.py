@@ -88,28 +88,28 @@ def ledger_submit(dsn: str, n: int, profiler: Profiler, name: str) -> float:
     return clock.seconds
 
 
-def run(pg: PgTarget | None, sizes: Sizes, say: Callback, profiler: Profiler | None = None,
-        tmp: Path | None = None) -> list[Row]:
+def run_pg(pg: PgTarget, sizes: Sizes, say: Callback, profiler: Profiler | None = None) -> list[Row]:
     profiler = profiler or Profiler(None)
     n, batch = sizes.submit_items, sizes.submit_batch
-    rows = []
-    if pg is not None:
-        say(f"case 3: bulk submit on PostgreSQL, {n} items")
-        with pg.database("c3") as dsn:
-            seconds = ledger_submit(dsn, n, profiler, "case3_submit_pg")
-            say(f"  ledger {n / seconds:,.0f} items/s ({seconds:.2f}s to claimable)")
-            base = raw_pg(dsn, n, batch)
-            say(f"  raw executemany {base:,.0f} rows/s")
-        rows.append(ratio_row("3", f"PG submit {n} items to claimable", n / seconds, base,
-                              "items/s", 0.3, note=f"{seconds:.2f}s; raw: {batch} rows/txn",
-                              seconds=seconds))
+    say(f"case 3: bulk submit on PostgreSQL, {n} items")
+    with pg.database("c3") as dsn:
+        seconds = ledger_submit(dsn, n, profiler, "case3_submit_pg")
+        say(f"  ledger {n / seconds:,.0f} items/s ({seconds:.2f}s to claimable)")
+        base = raw_pg(dsn, n, batch)
+        say(f"  raw executemany {base:,.0f} rows/s")
+    return [ratio_row("3", f"PG submit {n} items to claimable", n / seconds, base, "items/s", 0.3,
+                      note=f"{seconds:.2f}s; raw: {batch} rows/txn", seconds=seconds)]
+
+
+def run_sqlite(sizes: Sizes, say: Callback, profiler: Profiler | None = None,
+               tmp: Path | None = None) -> list[Row]:
+    profiler = profiler or Profiler(None)
+    n, batch = sizes.submit_items, sizes.submit_batch
     say(f"case 3: bulk submit on SQLite, {n} items")
     with tempfile.TemporaryDirectory(dir=tmp, prefix="bench-c3-") as d:
         seconds = ledger_submit(f"sqlite:///{d}/ledger.db", n, profiler, "case3_submit_sqlite")
         say(f"  ledger {n / seconds:,.0f} items/s ({seconds:.2f}s to claimable)")
         base = raw_sqlite(f"{d}/raw.db", n, batch)
         say(f"  raw executemany {base:,.0f} rows/s")
-    rows.append(ratio_row("3", f"SQLite submit {n} items to claimable", n / seconds, base,
-                          "items/s", 0.3, note=f"{seconds:.2f}s; raw: {batch} rows/txn",
-                          seconds=seconds))
-    return rows
+    return [ratio_row("3", f"SQLite submit {n} items to claimable", n / seconds, base, "items/s",
+                      0.3, note=f"{seconds:.2f}s; raw: {batch} rows/txn", seconds=seconds)]

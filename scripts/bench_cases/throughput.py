@@ -125,11 +125,15 @@ def _prepare(kind: str, dsn: str, target: str, index: int, batch: int, concurren
 
 
 def run_processes(kind: str, dsn: str, target: str, procs: int, batch: int, concurrency: int,
-                  profile_dir: Path | None = None, timeout: float = 900.0) -> tuple[float, int]:
+                  profile_dir: Path | None = None, timeout: float = 900.0,
+                  start_method: str | None = None) -> tuple[float, int]:
     """Start `procs` children, release them together; (seconds, items done)."""
-    # fork: children start in milliseconds with the modules already imported; the
-    # parent holds no connection or pool at this point (every Ledger is closed)
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    # fork by default: children start in milliseconds with the modules already
+    # imported, and the parent holds no connection or pool at this point (every
+    # Ledger is closed). The tests use spawn: a pytest process has other threads.
+    if start_method is None:
+        start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.get_context(start_method)
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     children = [
         ctx.Process(target=_child, args=(kind, dsn, target, i, batch, concurrency, ready, go,
@@ -168,7 +172,8 @@ def run_processes(kind: str, dsn: str, target: str, procs: int, batch: int, conc
 # --------------------------------------------------------------------------
 
 
-def _ledger_side(pg: PgTarget, kind: str, sizes: Sizes, profile_dir: Path | None) -> tuple[float, str]:
+def _ledger_side(pg: PgTarget, kind: str, sizes: Sizes, profile_dir: Path | None,
+                 start_method: str | None) -> tuple[float, str]:
     from ledger import Ledger
 
     n = sizes.throughput_items
@@ -176,7 +181,8 @@ def _ledger_side(pg: PgTarget, kind: str, sizes: Sizes, profile_dir: Path | None
         with Ledger.open(dsn) as lg:
             run_id = running_run(lg, n)
         seconds, done = run_processes(kind, dsn, run_id, sizes.throughput_procs,
-                                      sizes.throughput_batch, sizes.worker_concurrency, profile_dir)
+                                      sizes.throughput_batch, sizes.worker_concurrency, profile_dir,
+                                      start_method=start_method)
         with Ledger.open(dsn) as lg:
             accepted = lg.status(run_id).counts.get("accepted", 0)
         if accepted != n or done != n:
@@ -184,7 +190,7 @@ def _ledger_side(pg: PgTarget, kind: str, sizes: Sizes, profile_dir: Path | None
     return n / seconds, f"{n} items, {sizes.throughput_procs} procs, {seconds:.1f}s"
 
 
-def _queue_side(pg: PgTarget, batch: int, sizes: Sizes) -> float:
+def _queue_side(pg: PgTarget, batch: int, sizes: Sizes, start_method: str | None) -> float:
     import psycopg
 
     n = sizes.throughput_items
@@ -197,7 +203,8 @@ def _queue_side(pg: PgTarget, batch: int, sizes: Sizes) -> float:
                 cur.executemany("INSERT INTO bench_queue (state, payload) VALUES ('pending', %s)",
                                 [(f"{k:020d}{pad}",) for k in range(n)])
             conn.execute("VACUUM ANALYZE bench_queue")
-        seconds, done = run_processes("queue", dsn, "bench_queue", sizes.throughput_procs, batch, 1)
+        seconds, done = run_processes("queue", dsn, "bench_queue", sizes.throughput_procs, batch, 1,
+                                      start_method=start_method)
         with psycopg.connect(dsn) as conn:
             row = conn.execute("SELECT count(*) FILTER (WHERE state = 'done'), max(claims) "
                                "FROM bench_queue").fetchone()
@@ -206,10 +213,11 @@ def _queue_side(pg: PgTarget, batch: int, sizes: Sizes) -> float:
     return n / seconds
 
 
-def run(pg: PgTarget, sizes: Sizes, say: Callback, profile_dir: Path | None = None) -> list[Row]:
+def run(pg: PgTarget, sizes: Sizes, say: Callback, profile_dir: Path | None = None,
+        start_method: str | None = None) -> list[Row]:
     say(f"case 1: raw queue baselines ({sizes.throughput_items} rows, {sizes.throughput_procs} procs)")
-    base_a = _queue_side(pg, 1, sizes)
-    base_b = _queue_side(pg, sizes.throughput_batch, sizes)
+    base_a = _queue_side(pg, 1, sizes, start_method)
+    base_b = _queue_side(pg, sizes.throughput_batch, sizes, start_method)
     say(f"  baseline A {base_a:,.0f} items/s, B {base_b:,.0f} items/s")
     rows = []
     b = sizes.throughput_batch
@@ -217,7 +225,7 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, profile_dir: Path | None = No
                         ("ledger_worker", f"Worker(concurrency={sizes.worker_concurrency})")):
         say(f"case 1: ledger {label}")
         try:
-            rate, note = _ledger_side(pg, kind, sizes, profile_dir)
+            rate, note = _ledger_side(pg, kind, sizes, profile_dir, start_method)
         except ImportError as e:  # ledger.Worker not there yet
             rows.append(ratio_row("1", f"PG items/s, {label} vs queue 1/txn", None, base_a,
                                   "items/s", 1.0, note=f"n/a: {e}"))
