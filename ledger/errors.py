@@ -104,8 +104,21 @@ class StaleReview(LedgerError):
         return d
 
 
+class StoreUnavailable(LedgerError):
+    """The database could not be reached, or dropped the connection before the command
+    committed: nothing was written, and repeating the command is safe. Commands retry
+    this themselves for a while before raising it."""
+
+
+class CommitUncertain(LedgerError):
+    """The connection dropped while the command committed: it may or may not have been
+    applied. Re-read before deciding, or repeat the command with the same
+    `idempotency_key` (a keyed command is repeated by the ledger itself)."""
+
+
 __all__ = [
     "AlreadyTerminal",
+    "CommitUncertain",
     "Conflict",
     "IllegalTransition",
     "InvalidInput",
@@ -117,4 +130,5 @@ __all__ = [
     "NotComplete",
     "RunNotFound",
     "StaleReview",
+    "StoreUnavailable",
 ]

@@ -37,6 +37,7 @@ from .errors import (
     RunNotFound,
     StaleReview,
 )
+from .idempotency import command, read_command
 from .manifest import (
     Manifest,
     ManifestItem,
@@ -327,6 +328,7 @@ class Ledger:
     # ------------------------------------------------------------------
     # run commands
     # ------------------------------------------------------------------
+    @command("submit")
     def submit(self, manifest: Manifest | dict[str, Any] | str | bytes, actor: Actor) -> RunStatus:
         """Record a new run, `queued`."""
         m = parse_manifest(manifest)
@@ -373,11 +375,13 @@ class Ledger:
             self._commit(tx, {run_id: run}, first="run")
             return self._status_tx(tx, run_id)
 
+    @command("start")
     def start(self, run_id: str, actor: Actor, expected_revision: int | None = None) -> RunStatus:
         """queued -> running."""
         return self._run_transition(run_id, actor, "start", expected_revision,
                                     lambda tx, run, now: (S.RUNNING, None, {}))
 
+    @command("request_review")
     def request_review(self, run_id: str, actor: Actor, decision: str,
                        expected_revision: int | None = None) -> RunStatus:
         """running -> awaiting_review, bound to the current input version."""
@@ -393,6 +397,7 @@ class Ledger:
 
         return self._run_transition(run_id, actor, "request_review", expected_revision, decide)
 
+    @command("decide")
     def decide(self, run_id: str, actor: Actor, input_version: str, approve: bool, reason: str,
                expected_revision: int | None = None) -> RunStatus:
         """A review decision for a named input version: approve -> running, reject -> failed."""
@@ -417,10 +422,12 @@ class Ledger:
 
         return self._run_transition(run_id, actor, "decide", expected_revision, decide)
 
+    @command("approve")
     def approve(self, run_id: str, actor: Actor, input_version: str, reason: str = "approved") -> RunStatus:
         """Shorthand for decide(approve=True)."""
         return self.decide(run_id, actor, input_version, True, reason)
 
+    @command("pause")
     def pause(self, run_id: str, actor: Actor, reason: str | None = None,
               expected_revision: int | None = None) -> RunStatus:
         """running -> pausing (live leases finish first) or paused."""
@@ -430,6 +437,7 @@ class Ledger:
             lambda tx, run, now: ((S.PAUSING if run.counts[S.IN_PROGRESS] else S.PAUSED), reason,
                                   {"in_flight": run.counts[S.IN_PROGRESS]}))
 
+    @command("resume")
     def resume(self, run_id: str, actor: Actor, expected_revision: int | None = None,
                reason: str | None = None) -> RunStatus:
         """pausing or paused -> running."""
@@ -437,6 +445,7 @@ class Ledger:
         return self._run_transition(run_id, actor, "resume", expected_revision,
                                     lambda tx, run, now: (S.RUNNING, reason, {}))
 
+    @command("cancel")
     def cancel(self, run_id: str, actor: Actor, reason: str | None = None,
                expected_revision: int | None = None) -> CancelOutcome:
         """Record the durable intent to cancel; canceled at once when no lease is live."""
@@ -476,6 +485,7 @@ class Ledger:
             self._skip_remaining(tx, run, now)
             return CancelOutcome(run_id, run.state, in_flight, already=False)
 
+    @command("complete")
     def complete(self, run_id: str, actor: Actor, expected_revision: int | None = None) -> RunStatus:
         """running -> succeeded or completed_with_errors, else NotComplete naming what blocks it."""
         run_id = _run_id(run_id)
@@ -534,6 +544,7 @@ class Ledger:
             self._commit(tx, {run_id: run})
             return self._status_tx(tx, run_id)
 
+    @command("fail")
     def fail(self, run_id: str, actor: Actor, reason: str, transient: bool,
              failure_reason: str | None = None, expected_revision: int | None = None) -> RunStatus:
         """-> failed (transient or permanent); live leases are fenced (attempts end abandoned)."""
@@ -574,6 +585,7 @@ class Ledger:
         if items:
             self._commit(tx, {run.run_id: run}, items)
 
+    @command("amend")
     def amend(self, run_id: str, actor: Actor, reason: str, items: list[Any] | None = None,
               withdraw: list[str] | None = None, policy: dict[str, Any] | None = None,
               expected_revision: int | None = None) -> RunStatus:
@@ -672,6 +684,7 @@ class Ledger:
                   "payload": json.loads(r["payload"])} for r in rows]
         return self._manifest_of(run, items, run.policy)
 
+    @command("retry")
     def retry(self, run_id: str, actor: Actor, reason: str | None = None) -> RunStatus:
         """A new run replaying a failed(transient) run's latest input exactly."""
         run_id = _run_id(run_id)
@@ -691,6 +704,7 @@ class Ledger:
             return self._create_run(manifest, actor, "retry", reason or f"retry of {run_id}",
                                     [{"relation": "retry_of", "run_id": run_id}], original, tx)
 
+    @command("repair")
     def repair(self, run_id: str, actor: Actor, items: list[str] | None = None,
                corrections: list[Any] | None = None, reason: str | None = None) -> RunStatus:
         """A new linked run for the items not accepted (or given ids), or for corrected items."""
@@ -733,6 +747,7 @@ class Ledger:
             return self._create_run(manifest, actor, "repair", reason or f"{relation.replace('_', ' ')} {run_id}",
                                     [{"relation": relation, "run_id": run_id}], original, tx)
 
+    @command("compensate")
     def compensate(self, run_id: str, actor: Actor, reason: str, items: list[Any] | None = None) -> RunStatus:
         """A separately authorized new run that undoes effects of a run (default: its accepted items)."""
         run_id = _run_id(run_id)
@@ -779,6 +794,7 @@ class Ledger:
     # ------------------------------------------------------------------
     # item commands
     # ------------------------------------------------------------------
+    @command("claim")
     def claim(self, run_id: str, worker: Actor, limit: int = 1,
               expected_revision: int | None = None) -> list[Lease]:
         """Lease up to `limit` claimable items in one transaction; [] when none is claimable."""
@@ -839,6 +855,7 @@ class Ledger:
                             f"at {item.lease_expires_at}; stop working on it")
         return item, row
 
+    @command("heartbeat")
     def heartbeat(self, lease: Lease) -> Lease:
         """Extend a live lease by the run's lease_seconds; LeaseLost if it is not live."""
         lease = _lease(lease)
@@ -892,16 +909,19 @@ class Ledger:
             self._finish_if_drained(tx, run, now)
             return self._item_status_tx(tx, run.run_id, item.item_id)
 
+    @command("accept")
     def accept(self, lease: Lease, evidence: dict[str, Any] | None = None, stage: str | None = None) -> ItemStatus:
         """in_progress -> accepted, with the live lease's token."""
         return self._outcome(Outcome(_lease(lease), "accept", evidence=_evidence(evidence), stage=_stage(stage)))
 
+    @command("reject")
     def reject(self, lease: Lease, rule: str, detail: str | None = None, stage: str | None = None) -> ItemStatus:
         """in_progress -> rejected (the item breaks a rule; final)."""
         check_identifier(rule, "rule")
         return self._outcome(Outcome(_lease(lease), "reject", rule=rule, detail=_reason(detail, "detail"),
                                      stage=_stage(stage)))
 
+    @command("fail_attempt")
     def fail_attempt(self, lease: Lease, error: str, stage: str | None = None, retryable: bool = True) -> ItemStatus:
         """in_progress -> retryable, or quarantined when attempts are exhausted or not retryable."""
         if not isinstance(error, str):
@@ -910,6 +930,7 @@ class Ledger:
             raise InvalidInput(f"retryable must be true or false, got {retryable!r}")
         return self._outcome(Outcome(_lease(lease), "fail", error=error, stage=_stage(stage), retryable=retryable))
 
+    @command("record")
     def record(self, outcomes: Sequence[Outcome]) -> list[ItemStatus | LedgerError]:
         """Record many outcomes, one transaction per run. A lost lease is returned, not raised."""
         checked: list[Outcome] = []
@@ -982,18 +1003,21 @@ class Ledger:
             self._commit(tx, {run_id: run}, [item])
             return self._item_status_tx(tx, run_id, item_id)
 
+    @command("skip")
     def skip(self, run_id: str, item_id: str, actor: Actor, reason: str,
              expected_revision: int | None = None) -> ItemStatus:
         """pending, retryable or quarantined -> skipped."""
         return self._item_command(run_id, item_id, actor, "skip", S.SKIPPED, _reason(reason, required=True), {},
                                   expected_revision)
 
+    @command("release")
     def release(self, run_id: str, item_id: str, actor: Actor, reason: str,
                 expected_revision: int | None = None) -> ItemStatus:
         """quarantined -> retryable."""
         return self._item_command(run_id, item_id, actor, "release", S.RETRYABLE, _reason(reason, required=True),
                                   {}, expected_revision)
 
+    @command("reject_item")
     def reject_item(self, run_id: str, item_id: str, actor: Actor, rule: str, detail: str | None = None,
                     expected_revision: int | None = None) -> ItemStatus:
         """quarantined -> rejected, by a reviewer."""
@@ -1004,6 +1028,7 @@ class Ledger:
     # ------------------------------------------------------------------
     # reconciler
     # ------------------------------------------------------------------
+    @command("reconcile")
     def reconcile(self, now: datetime | None = None, actor: Actor | None = None) -> ReconcileReport:
         """Expire stale leases, finish cancels and pauses, quarantine retryable items past their
         deadline, and fail runs past their deadline once none of their leases is live."""
@@ -1105,6 +1130,7 @@ class Ledger:
             policy=json.loads(row["policy"]), root_run_id=row["root_run_id"],
         )
 
+    @read_command
     def status(self, run_id: str) -> RunStatus:
         """The run as accepted by the store."""
         run_id = _run_id(run_id)
@@ -1115,6 +1141,7 @@ class Ledger:
                 raise RunNotFound(run_id) from None
             return self._status_tx(tx, run_id)
 
+    @read_command
     def runs(self, state: str | None = None, limit: int = 100) -> list[RunStatus]:
         """Runs, newest first."""
         if state is not None and state not in S.RUN_STATES:
@@ -1137,6 +1164,7 @@ class Ledger:
     def _item_status_tx(self, tx: Tx, run_id: str, item_id: str) -> ItemStatus:
         return _item_status(self._item_row(tx, run_id, item_id))
 
+    @read_command
     def items(self, run_id: str, state: str | None = None) -> list[ItemStatus]:
         """The run's items in manifest order."""
         run_id = _run_id(run_id)
@@ -1150,6 +1178,7 @@ class Ledger:
                 rows = tx.fetchall("SELECT * FROM lg_items WHERE run_id = ? AND state = ? ORDER BY seq", (run_id, state))
             return [_item_status(r) for r in rows]
 
+    @read_command
     def item(self, run_id: str, item_id: str) -> ItemStatus:
         """One item."""
         run_id = _run_id(run_id)
@@ -1158,6 +1187,7 @@ class Ledger:
             self._load_run(tx, run_id, lock=False)
             return self._item_status_tx(tx, run_id, item_id)
 
+    @read_command
     def attempts(self, run_id: str, item_id: str | None = None) -> list[Attempt]:
         """Every attempt of the run (or of one item), oldest first."""
         run_id = _run_id(run_id)
@@ -1175,6 +1205,7 @@ class Ledger:
                             _dt(r["started_at"]), _dt(r["expires_at"]), parse_dt(r["finished_at"]), r["stage"],
                             r["outcome"], r["error"]) for r in rows]
 
+    @read_command
     def history(self, run_id: str) -> list[Transition]:
         """Every run and item transition of the run, in position order, starting with its submit."""
         run_id = _run_id(run_id)
@@ -1183,6 +1214,7 @@ class Ledger:
             rows = tx.fetchall("SELECT * FROM lg_transitions WHERE run_id = ? ORDER BY position, ord", (run_id,))
             return [_transition(r) for r in rows]
 
+    @read_command
     def lineage(self, run_id: str) -> list[RunStatus]:
         """The runs linked to this one (same root), root first."""
         run_id = _run_id(run_id)
@@ -1257,6 +1289,7 @@ class Ledger:
                 return
             cursor = rows[-1]["position"]
 
+    @read_command
     def status_at(self, run_id: str, at: datetime) -> RunStatus:
         """The run's status as the store had accepted it at time `at`, replayed from its events."""
         from projections.timetravel import status_at

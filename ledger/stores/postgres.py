@@ -16,6 +16,9 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+import psycopg_pool
+from eventsourcing.persistence import InterfaceError as ESInterfaceError
+from eventsourcing.persistence import OperationalError as ESOperationalError
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from psycopg.conninfo import conninfo_to_dict
@@ -24,6 +27,9 @@ from psycopg.rows import dict_row
 from projections.schema import projection_ddl
 
 from . import hashchain
+from ..errors import CommitUncertain, StoreUnavailable
+from ..idempotency import ddl as idempotency_ddl
+from ..redact import redact, truncate_bytes
 from .base import SCHEMA_VERSION, Store, StreamConflict, Tx
 
 EVENTS_TABLE = "ledger_events"
@@ -130,12 +136,24 @@ class PostgresStore(Store):
 
     @contextmanager
     def _tx(self, write: bool) -> Iterator[PgTx]:
-        with self.datastore.get_connection() as conn, conn.transaction():
-            tx = PgTx(self, conn, write)
-            try:
-                yield tx
-            finally:
-                tx.cur.close()
+        ambient = self.ambient()
+        if ambient is not None:  # inside joined(): part of that transaction
+            assert isinstance(ambient, PgTx)
+            yield ambient
+            return
+        committing = False
+        try:
+            with self.datastore.get_connection() as conn, conn.transaction():
+                tx = PgTx(self, conn, write)
+                try:
+                    yield tx
+                finally:
+                    tx.cur.close()
+                committing = True  # the body is done: leaving the block sends COMMIT
+        except (ESOperationalError, ESInterfaceError) as e:
+            if isinstance(e.__cause__, psycopg_pool.PoolClosed):
+                raise  # the ledger was closed: not transient
+            raise _fault(e, uncertain=committing and write) from e
 
     def write(self) -> Any:
         return self._tx(True)
@@ -193,6 +211,18 @@ class PostgresStore(Store):
         ]
 
 
+def _fault(error: Exception, uncertain: bool) -> StoreUnavailable | CommitUncertain:
+    """A lost connection or an unreachable server as the ledger's typed error. Before COMMIT
+    nothing was written (StoreUnavailable: safe to repeat); during COMMIT the outcome is
+    unknown (CommitUncertain). See ledger/idempotency.py for who retries what."""
+    detail = truncate_bytes(redact(" ".join(str(error).split())), 500)
+    if uncertain:
+        return CommitUncertain(
+            f"the database connection failed while committing ({detail}); the command may or may "
+            "not have been applied: re-read, or repeat it with the same idempotency_key")
+    return StoreUnavailable(f"the database is unavailable ({detail}); nothing was written")
+
+
 def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
     """Versioned schema changes, in order; version N is the Nth entry."""
     rec = LedgerPostgresRecorder(datastore, events_table_name=EVENTS_TABLE)
@@ -206,6 +236,7 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
         f"INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
         f"COALESCE(MAX(notification_id), 0)::text FROM {EVENTS_TABLE}",
     ]
-    out = [v1, v2]
+    v3: list[Any] = idempotency_ddl("postgres")  # idempotency keys of commands (ledger/idempotency.py)
+    out = [v1, v2, v3]
     assert len(out) == SCHEMA_VERSION
     return out

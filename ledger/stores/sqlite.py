@@ -21,6 +21,7 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLite
 from projections.schema import projection_ddl
 
 from . import hashchain
+from ..idempotency import ddl as idempotency_ddl
 from .base import SCHEMA_VERSION, Store, StreamConflict, Tx
 
 BUSY_TIMEOUT_S = 60.0
@@ -107,6 +108,11 @@ class SqliteStore(Store):
     def _tx(self, write: bool) -> Iterator[SqliteTx]:
         if self._closed:
             raise RuntimeError("ledger is closed")
+        ambient = self.ambient()
+        if ambient is not None:  # inside joined(): part of that transaction
+            assert isinstance(ambient, SqliteTx)
+            yield ambient
+            return
         with self._mem_lock if self.memory else _null():
             conn = self._conn()
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
@@ -188,7 +194,8 @@ def migrations() -> list[list[str]]:
         "INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
         "CAST(COALESCE(MAX(rowid), 0) AS TEXT) FROM stored_events",
     ]
-    out = [v1, v2]
+    v3 = idempotency_ddl("sqlite")  # idempotency keys of commands (ledger/idempotency.py)
+    out = [v1, v2, v3]
     assert len(out) == SCHEMA_VERSION
     return out
 

@@ -1,0 +1,311 @@
+"""Idempotency keys and transient-fault retry for the ledger's commands.
+
+Every public command is wrapped by `command(name)`:
+
+- **Transient faults are retried where that is safe.** A store raises
+  `StoreUnavailable` when the database could not be reached or dropped the
+  connection before the command's transaction committed: nothing was written, so
+  the whole command runs again (a bounded number of times, with backoff long
+  enough to ride out a server restart). A fault *during* COMMIT raises
+  `CommitUncertain`: the command may or may not have been applied, so it is not
+  repeated blindly; it surfaces to the caller, unless the call carries an
+  idempotency key.
+
+- **`idempotency_key=`** (optional, on every command). The command runs in one
+  transaction that also records the key in `ledger_idempotency` with the command
+  name, a fingerprint of its arguments, the run id and the response. A repeat with
+  the same key returns the recorded response and writes nothing; a repeat with the
+  same key but another command or other arguments is refused with `InvalidInput`.
+  So a caller that lost the reply (or got `CommitUncertain`) simply repeats the
+  call with the same key; the ledger retries that way by itself after a fault
+  during COMMIT. A refused command records nothing: the key stays unused.
+
+Reads are wrapped by `read_command`: retried on `StoreUnavailable` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+import json
+import threading
+import time
+import types
+import typing
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Union
+
+from . import errors as E
+from .errors import CommitUncertain, InvalidInput, LedgerError, StoreUnavailable
+from .manifest import check_identifier
+
+if TYPE_CHECKING:
+    from .service import Ledger
+    from .stores.base import Tx
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+TABLE = "ledger_idempotency"
+# Pauses between attempts after a transient fault: about 20 s in all, enough for a
+# PostgreSQL fast restart or a failover of a pooled connection.
+RETRY_DELAYS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 2.5, 4.0, 5.0, 5.0)
+
+
+def ddl(dialect: str) -> list[str]:
+    """The idempotency table (a ledger table, not a projection: rebuilds keep it)."""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {TABLE} (
+            idempotency_key TEXT PRIMARY KEY,
+            command TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            run_id TEXT,
+            response TEXT NOT NULL,
+            recorded_at TEXT NOT NULL
+        )""",
+    ]
+
+
+class _KeyTaken(Exception):
+    """Another transaction recorded the same key first: roll back and read its record."""
+
+
+def _local(ledger: Ledger) -> threading.local:
+    # per ledger and thread: whether a wrapped command is already running (nested
+    # calls such as approve -> decide run inside the outer one, without their own retry)
+    local = ledger.__dict__.get("_command_local")
+    if local is None:
+        local = ledger.__dict__.setdefault("_command_local", threading.local())
+    return local  # type: ignore[no-any-return]
+
+
+def check_key(key: Any) -> str:
+    """An idempotency key is an identifier: 1-200 characters, no control characters."""
+    return check_identifier(key, "idempotency_key")
+
+
+# --------------------------------------------------------------------------
+# fingerprints of arguments and encoded responses
+# --------------------------------------------------------------------------
+def _canon(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return {"$bytes": hashlib.sha256(bytes(value)).hexdigest()}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"$type": type(value).__name__,
+                **{f.name: _canon(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):  # a pydantic model (a Manifest)
+        return _canon(dump(mode="json"))
+    if isinstance(value, dict):
+        return {str(k): _canon(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canon(v) for v in value]
+    return {"$repr": repr(value)}
+
+
+def fingerprint(name: str, arguments: dict[str, Any]) -> str:
+    """A digest of the command and its arguments, to tell a repeat from a reuse of a key."""
+    text = json.dumps({"command": name, "arguments": _canon(arguments)}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=False, default=repr)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def encode(value: Any) -> Any:
+    """A command's response as JSON data that `decode` turns back into equal values."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, LedgerError):
+        attrs = {k: _canon(v) for k, v in vars(value).items() if k != "message"}
+        return {"$error": type(value).__name__, "message": value.message, "attrs": attrs}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"$view": type(value).__name__, "fields": value.to_dict()}  # type: ignore[attr-defined]
+    if isinstance(value, list):
+        return {"$list": [encode(v) for v in value]}
+    raise TypeError(f"cannot record a response of type {type(value).__name__}")
+
+
+def _views() -> dict[str, type]:
+    from . import views
+
+    return {name: obj for name, obj in vars(views).items()
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj)}
+
+
+def _build(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _build(options[0], value) if len(options) == 1 else value
+    if origin is list:
+        (inner,) = typing.get_args(tp) or (Any,)
+        return [_build(inner, v) for v in value]
+    if tp is datetime:
+        return datetime.fromisoformat(value)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _view(tp, value)
+    return value
+
+
+def _view(cls: type, fields: dict[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: _build(hints[f.name], fields[f.name])
+                  for f in dataclasses.fields(cls) if f.name in fields})
+
+
+def decode(data: Any) -> Any:
+    """Inverse of `encode`."""
+    if isinstance(data, dict) and "$list" in data:
+        return [decode(v) for v in data["$list"]]
+    if isinstance(data, dict) and "$view" in data:
+        return _view(_views()[data["$view"]], data["fields"])
+    if isinstance(data, dict) and "$error" in data:
+        cls = getattr(E, data["$error"], LedgerError)
+        err = cls.__new__(cls)
+        Exception.__init__(err, data["message"])
+        err.message = data["message"]
+        for k, v in data["attrs"].items():
+            setattr(err, k, v)
+        return err
+    return data
+
+
+def _run_id_of(result: Any, arguments: dict[str, Any]) -> str | None:
+    for candidate in (result[0] if isinstance(result, list) and result else result,
+                      arguments.get("run_id"), arguments.get("lease")):
+        run_id = candidate if isinstance(candidate, str) else getattr(candidate, "run_id", None)
+        if isinstance(run_id, str):
+            return run_id
+    return None
+
+
+# --------------------------------------------------------------------------
+# the record
+# --------------------------------------------------------------------------
+def _lookup(tx: Tx, key: str) -> dict[str, Any] | None:
+    return tx.fetchone(f"SELECT command, fingerprint, response FROM {TABLE} WHERE idempotency_key = ?",
+                       (key,))
+
+
+def _replay(row: dict[str, Any], key: str, name: str, fp: str) -> Any:
+    if row["command"] != name or row["fingerprint"] != fp:
+        raise InvalidInput(
+            f"idempotency_key {key!r} was already used for {row['command']} with other arguments; "
+            "a repeat must be the same command with the same arguments, a new command needs a new key")
+    return decode(json.loads(row["response"]))
+
+
+def _record(tx: Tx, key: str, name: str, fp: str, run_id: str | None, result: Any) -> None:
+    cur = tx.execute(
+        f"INSERT INTO {TABLE} (idempotency_key, command, fingerprint, run_id, response, recorded_at) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",
+        (key, name, fp, run_id, json.dumps(encode(result), ensure_ascii=False, separators=(",", ":")),
+         tx.now().isoformat()))
+    if cur.rowcount != 1:
+        raise _KeyTaken(key)
+
+
+def _keyed_once(ledger: Ledger, call: Callable[[], T], key: str, name: str, fp: str,
+                arguments: dict[str, Any]) -> T:
+    with ledger.store.joined() as tx:  # the command's own writes join this transaction
+        row = _lookup(tx, key)
+        if row is not None:
+            return _replay(row, key, name, fp)  # type: ignore[no-any-return]
+        result = call()
+        _record(tx, key, name, fp, _run_id_of(result, arguments), result)
+        return result
+
+
+# --------------------------------------------------------------------------
+# retry
+# --------------------------------------------------------------------------
+def _with_retry(call: Callable[[], T], keyed: bool, sleep: Callable[[float], None] = time.sleep) -> T:
+    delays = iter(RETRY_DELAYS)
+    while True:
+        try:
+            return call()
+        except _KeyTaken:
+            continue  # a concurrent repeat committed first: its record answers us now
+        except CommitUncertain:
+            if not keyed:
+                raise  # it may have been applied: only the key can tell, so the caller decides
+            delay = next(delays, None)
+            if delay is None:
+                raise
+            sleep(delay)
+        except StoreUnavailable:
+            delay = next(delays, None)
+            if delay is None:
+                raise
+            sleep(delay)
+
+
+def command(name: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """Wrap a `Ledger` command: transient-fault retry and the `idempotency_key=` keyword."""
+
+    def wrap(fn: Callable[P, T]) -> Callable[P, T]:
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            key = kwargs.pop("idempotency_key", None)
+            ledger: Ledger = args[0]
+            local = _local(ledger)
+            if getattr(local, "depth", 0):  # nested inside another command: it retries
+                if key is not None:
+                    raise InvalidInput("idempotency_key applies to the outermost command only")
+                return fn(*args, **kwargs)
+            if key is not None:
+                key = check_key(key)
+                bound = sig.bind(*args, **kwargs)
+                bound.apply_defaults()
+                arguments = dict(list(bound.arguments.items())[1:])  # without self
+                fp = fingerprint(name, arguments)
+
+            def once() -> Any:
+                local.depth = 1
+                try:
+                    if key is None:
+                        return fn(*args, **kwargs)
+                    return _keyed_once(ledger, lambda: fn(*args, **kwargs), key, name, fp, arguments)
+                finally:
+                    local.depth = 0
+
+            return _with_retry(once, keyed=key is not None)
+
+        params = list(sig.parameters.values())
+        if "idempotency_key" not in sig.parameters:
+            params.append(inspect.Parameter("idempotency_key", inspect.Parameter.KEYWORD_ONLY,
+                                            default=None, annotation="str | None"))
+            wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__doc__ = (fn.__doc__ or "") + (
+            "\n\nidempotency_key: optional; a repeat with the same key returns the first result "
+            "without writing (see ledger.idempotency).")
+        return wrapper  # type: ignore[return-value]
+
+    return wrap
+
+
+def read_command(fn: Callable[P, T]) -> Callable[P, T]:
+    """Wrap a `Ledger` read: retried on `StoreUnavailable` (a read never changes anything)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        ledger: Ledger = args[0]  # type: ignore[assignment]
+        if getattr(_local(ledger), "depth", 0):
+            return fn(*args, **kwargs)
+        return _with_retry(lambda: fn(*args, **kwargs), keyed=False)
+
+    return wrapper
+
+
+__all__ = ["RETRY_DELAYS", "TABLE", "check_key", "command", "ddl", "decode", "encode", "fingerprint",
+           "read_command"]
