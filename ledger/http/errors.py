@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import (
+    CommitUncertain,
     Conflict,
     IllegalTransition,
     InvalidInput,
@@ -27,6 +28,7 @@ from ..errors import (
     NotAuthorized,
     RunNotFound,
     StaleReview,
+    StoreUnavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,9 @@ STATUS_BY_ERROR: dict[type[LedgerError], int] = {
     StaleReview: 409,
     LeaseLost: 409,
     IllegalTransition: 409,
+    # the database is down or the connection dropped: try again (with the same key)
+    StoreUnavailable: 503,
+    CommitUncertain: 503,
 }
 
 _NAME_BY_STATUS = {
