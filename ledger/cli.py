@@ -753,12 +753,14 @@ def projections_rebuild(
     """Drop every projection and rebuild it from the events."""
     import time
 
-    shown_at = [0.0]
+    shown: dict[str, float] = {"at": 0.0, "done": -1}
 
     def progress(done: int, total: int) -> None:
         now = time.monotonic()
-        if done >= total or now - shown_at[0] >= 0.5:  # at most two lines a second
-            shown_at[0] = now
+        if done == shown["done"]:
+            return
+        if done >= total or now - shown["at"] >= 0.5:  # at most two lines a second
+            shown.update(at=now, done=done)
             typer.echo(f"rebuilding projections: {done}/{total} events", err=True)
 
     with _ledger(ctx) as lg, _core_feature("projections rebuild"):
