@@ -731,7 +731,13 @@ def audit(
 
 
 @app.command()
-def verify(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+def verify(
+    ctx: typer.Context,
+    heads: Annotated[bool, typer.Option(
+        "--heads", help="Also print the digest of every stream's head: keep it elsewhere to "
+        "detect a history rewritten wholesale")] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Replay every event and check the rules, hash chains and projections (exit 1 on problems)."""
     with _ledger(ctx) as lg, _core_feature("verify"):
         report = lg.verify()
@@ -741,6 +747,8 @@ def verify(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         from .render import show_verify
 
         show_verify(_console(), report)
+        if heads:
+            typer.echo(f"heads {report.heads}")
     if not report.ok:
         raise typer.Exit(1)
 

@@ -380,6 +380,7 @@ def test_verify_and_rebuild(dsn: str, tmp_path: Path) -> None:
         report = doc(dsn, "verify")
         assert report["ok"] is True and report["problems"] == []
         assert "ok" in ok(dsn, "verify").stdout
+        assert f"heads {report['heads']}" in ok(dsn, "verify", "--heads").stdout.splitlines()
     before = snapshot(dsn)
     if not _core_has("projections.rebuild"):
         assert_refused(cli(dsn, "projections", "rebuild"), "NotImplementedError", "rebuild")
