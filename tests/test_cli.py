@@ -367,6 +367,18 @@ def test_commands_the_core_does_not_support_yet_fail_cleanly(
     assert_refused(cli(dsn, "verify"), "NotImplementedError", "not support")
 
 
+def test_verify_exits_1_when_it_finds_problems(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger import VerifyReport
+
+    problem = {"kind": "hash_chain", "run_id": "r-1", "position": 7, "detail": "edited"}
+    monkeypatch.setattr(Ledger, "verify",
+                        lambda self: VerifyReport(ok=False, problems=[problem], events=9))
+    human = cli(dsn, "verify")
+    assert human.exit_code == 1 and "1 problem(s)" in human.stdout and "hash_chain" in human.stdout
+    as_json = cli(dsn, "verify", "--json")
+    assert as_json.exit_code == 1 and json.loads(as_json.stdout)["problems"] == [problem]
+
+
 def _core_has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
