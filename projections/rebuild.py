@@ -47,6 +47,7 @@ BATCH_SIZE = 2000
 REBUILD_SUFFIX = "_rebuild"
 TRACKING_NAME = "rebuild"
 LOCK_ATTEMPTS = 200
+SWITCH_LAG = 2  # batches left behind the head when the switch takes over
 _CHUNK = 400
 
 Progress = Callable[[int, int], None]
@@ -66,6 +67,14 @@ class RebuildInterrupted(RuntimeError):
 # --------------------------------------------------------------------------
 # replaying events into a set of projection tables
 # --------------------------------------------------------------------------
+# Events the projector handles from the event and cumulative state only, so several
+# can be projected together; those in _STATE_READING also read state (the run's
+# item_count, the item's attempt number) that a later event of their stream changes.
+_GROUPABLE = (Run.Submitted, Run.Transitioned, Run.Amended, Item.Registered, Item.Transitioned,
+              Item.LeaseExtended)
+_STATE_READING = (Run.Amended, Item.LeaseExtended)
+
+
 class RecordingCursor:
     """Collects the projector's statements so a batch can write them together."""
 
@@ -97,6 +106,8 @@ class Replayer:
         self.items: dict[tuple[str, str], Item] = {}
         self.streams: dict[UUID, Any] = {}
         self._rec = RecordingCursor()
+        self._pending: list[tuple[int, DomainEvent]] = []
+        self._hazards: set[UUID] = set()
         p = self.projector
         # statement order within a flush; the row upserts go last, deduplicated
         self._rank = {p.insert_item: 0, p.replace_item: 1, p.withdraw_item: 1, p.insert_attempt: 2,
@@ -164,27 +175,53 @@ class Replayer:
         """Apply and write one batch of events (the caller commits)."""
         self._load(tx, events)
         self._rec = RecordingCursor()
+        self._pending = []
+        self._hazards = set()
         for pos, e in events:
-            try:
-                if self.observer is not None:
-                    self.observer(tx, pos, e, self)
-                try:
-                    self._mutate(e)
-                except Exception as exc:
-                    if not self.tolerant or not _is_version_error(exc):
-                        raise
-                    self.force(e)
-                self.projector.project(self._rec, [(pos, e)], self.runs, self.items)
-            except Exception as exc:
-                if not self.tolerant:
-                    raise
-                self.problems.append({"kind": "replay", "run_id": _run_of(e), "position": pos,
-                                      "detail": f"{type(e).__qualname__} v{e.originator_version} could not "
-                                                f"be applied: {type(exc).__name__}: {exc}"})
+            if self.tolerant:
+                self._apply_one_tolerant(tx, pos, e)
+                continue
+            if self.observer is not None:
+                self.observer(tx, pos, e, self)
+            if e.originator_id in self._hazards:
+                self._project_pending()
+            self._mutate(e)
+            self._pending.append((pos, e))
+            if isinstance(e, _STATE_READING):
+                # the projector reads state the stream's next event may change
+                self._hazards.add(e.originator_id)
+            elif not isinstance(e, _GROUPABLE):
+                self._project_pending()  # an event type this module does not know: alone
         self.flush(tx)
+
+    def _project_pending(self) -> None:
+        """Project the events applied since the last call, all at once: the projector
+        writes each touched row from the aggregate's final state, which is what
+        projecting them one by one would leave."""
+        if self._pending:
+            self.projector.project(self._rec, self._pending, self.runs, self.items)
+        self._pending = []
+        self._hazards = set()
+
+    def _apply_one_tolerant(self, tx: Tx, pos: int, e: DomainEvent) -> None:
+        try:
+            if self.observer is not None:
+                self.observer(tx, pos, e, self)
+            try:
+                self._mutate(e)
+            except Exception as exc:
+                if not _is_version_error(exc):
+                    raise
+                self.force(e)
+            self.projector.project(self._rec, [(pos, e)], self.runs, self.items)
+        except Exception as exc:
+            self.problems.append({"kind": "replay", "run_id": _run_of(e), "position": pos,
+                                  "detail": f"{type(e).__qualname__} v{e.originator_version} could not "
+                                            f"be applied: {type(exc).__name__}: {exc}"})
 
     def flush(self, tx: Tx) -> None:
         """Write the statements recorded so far."""
+        self._project_pending()
         calls, self._rec = self._rec.calls, RecordingCursor()
         p = self.projector
         if any(sql not in self._rank and sql not in (p.upsert_run, p.update_item) for sql, _ in calls):
@@ -250,6 +287,12 @@ def count_events(tx: Tx, upto: int | None = None) -> int:
     return int(row["n"]) if row else 0
 
 
+def last_position(tx: Tx) -> int:
+    """The position of the newest event (0 when there is none)."""
+    row = tx.fetchone(f"SELECT MAX({position_column(tx.store)}) AS p FROM {tx.store.events_table()}")
+    return int(row["p"]) if row and row["p"] is not None else 0
+
+
 def tracked_position(tx: Tx, name: str, lock: bool = False) -> int | None:
     """The position a rebuild recorded, or None when none is in progress."""
     row = tx.fetchone("SELECT position FROM lg_tracking WHERE name = ?" + (tx.lock_suffix() if lock else ""),
@@ -312,14 +355,15 @@ def rebuild(lg: Any, progress: Progress | None = None, batch_size: int = BATCH_S
             position, n = replay_batch(tx, replayer, position, batch_size)
             if n:
                 tx.execute("UPDATE lg_tracking SET position = ? WHERE name = ?", (position, name))
+            head = last_position(tx)
             if fault is not None:
                 fault("batch", batch_no)
         done += n
-        total = max(total, done)
+        total = max(total, done + (head - position))
         if progress is not None and n:
             progress(done, total)
-        if n < batch_size:
-            break
+        if n < batch_size or head - position <= SWITCH_LAG * batch_size:
+            break  # close enough: the switch applies the rest with writers locked out
     done += _switch(store, replayer, suffix, name, batch_size, fault)
     if progress is not None:
         progress(done, done)

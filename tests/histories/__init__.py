@@ -1,0 +1,1 @@
+"""Saved event histories (JSON) and helpers to export and import stored events."""
