@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .redact import redact, truncate_bytes
+
+# Error text echoes the caller's input (ids, names): bounded, and secret-looking values
+# (DSN passwords, bearer tokens, key=value secrets) redacted before anyone sees it.
+MAX_MESSAGE_BYTES = 4096
+
 
 class LedgerError(Exception):
     """Base class of every error the ledger raises on purpose."""
 
     def __init__(self, message: str) -> None:
+        message = truncate_bytes(redact(message), MAX_MESSAGE_BYTES)
         super().__init__(message)
         self.message = message
 

@@ -242,11 +242,17 @@ def parse_manifest(data: Manifest | dict[str, Any] | str | bytes) -> Manifest:
     if not isinstance(data, dict):
         raise ManifestInvalid(f"manifest must be a JSON object, got {type(data).__name__}", field="manifest")
     try:
-        return Manifest.model_validate(data)
+        manifest = Manifest.model_validate(data)
     except ValidationError as e:
         raise _format_error(e) from None
     except RecursionError:
         raise ManifestInvalid(f"manifest nests too deeply; at most {MAX_JSON_DEPTH} levels", field="manifest") from None
+    # a dict never passed through _load_json's size check: measure it as JSON too
+    size = len(canonical_json(manifest.to_json_dict()).encode())
+    if size > MAX_MANIFEST_BYTES:
+        raise ManifestInvalid(f"manifest is {size} bytes as JSON; at most {MAX_MANIFEST_BYTES} bytes allowed",
+                              field="manifest")
+    return manifest
 
 
 def parse_items(data: Any, field: str = "items") -> list[ManifestItem]:
