@@ -1275,8 +1275,12 @@ class Ledger:
                 w.append(f"position {cmp} ?")
                 p.append(cursor)
             n = page_size if remaining is None else min(page_size, remaining)
+            # SQLite keeps no statistics on `at`: ordered by the plain column it scans every
+            # row in position order; `+position` makes it search lg_transitions_at and sort
+            by = ("+position" if self.store.dialect == "sqlite" and where
+                  and all(c.startswith("at ") for c in where) else "position")
             sql = ("SELECT * FROM lg_transitions" + (" WHERE " + " AND ".join(w) if w else "")
-                   + f" ORDER BY position {order}, ord {order} LIMIT ?")
+                   + f" ORDER BY {by} {order}, ord {order} LIMIT ?")
             with self.store.read() as tx:
                 rows = tx.fetchall(sql, (*p, n))
             for r in rows:
