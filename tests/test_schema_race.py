@@ -31,7 +31,10 @@ from tests.test_migrations import (
     sqlite_catalog,
 )
 
-SPAWN = multiprocessing.get_context("spawn")
+# Fresh processes (nothing inherited from pytest), forked from a server that has
+# imported the ledger once, so starting six of them is cheap.
+FRESH = multiprocessing.get_context("forkserver")
+FRESH.set_forkserver_preload(["ledger.stores.postgres", "ledger.stores.sqlite", "tests.test_schema_race"])
 OPENERS = 6
 ROUNDS = 10
 WAIT = 120.0  # a bound on waiting for a child or a lock, never a timing assertion
@@ -40,10 +43,7 @@ WAIT = 120.0  # a bound on waiting for a child or a lock, never a timing asserti
 def _opener(dsns: list[str], barrier: Any, out: Any) -> None:
     """For each database in turn: wait for every opener, then all open it at once."""
     results: list[str | None] = []
-    # import the store modules first, so the processes race on opening, not on importing
-    import ledger.stores.postgres  # noqa: F401
-    import ledger.stores.sqlite  # noqa: F401
-
+    # the store modules are imported first (preloaded), so the processes race on opening
     for dsn in dsns:
         barrier.wait(WAIT)
         try:
@@ -56,9 +56,9 @@ def _opener(dsns: list[str], barrier: Any, out: Any) -> None:
 
 def open_all_at_once(dsns: list[str]) -> list[list[str | None]]:
     """OPENERS spawned processes open each of `dsns`, all at the same moment per database."""
-    barrier = SPAWN.Barrier(OPENERS)
-    out: Any = SPAWN.Queue()
-    procs = [SPAWN.Process(target=_opener, args=(dsns, barrier, out), daemon=True) for _ in range(OPENERS)]
+    barrier = FRESH.Barrier(OPENERS)
+    out: Any = FRESH.Queue()
+    procs = [FRESH.Process(target=_opener, args=(dsns, barrier, out), daemon=True) for _ in range(OPENERS)]
     for p in procs:
         p.start()
     try:
