@@ -75,8 +75,12 @@ def run_all(config: BenchConfig) -> list[Row]:
         # one big store per database serves both cases
         label = "4+5" if {"4", "5"} <= wanted else ("4" if "4" in wanted else "5")
         if pg is not None:
-            attempt(label, lambda: [r for r in store.run_pg(pg, sizes, say) if r.case in wanted])
-        attempt(label, lambda: [r for r in store.run_sqlite(sizes, say, tmp) if r.case in wanted])
+            attempt(label, lambda: [r for r in store.run_pg(pg, sizes, say,
+                                                            profile_dir=config.profile_dir)
+                                    if r.case in wanted])
+        attempt(label, lambda: [r for r in store.run_sqlite(sizes, say, tmp,
+                                                            profile_dir=config.profile_dir)
+                                if r.case in wanted])
     if "6" in wanted:
         attempt("6", lambda: sqlite_items.run(sizes, say, profiler, tmp))
     if "7" in wanted:
