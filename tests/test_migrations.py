@@ -71,7 +71,8 @@ def sqlite_catalog(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     """sqlite_master (whitespace-normalised SQL), every table's columns, the ledger_meta rows."""
     conn = sqlite3.connect(path)
     try:
-        master = [(t, n, tbl, " ".join((sql or "").split()))
+        # (ALTER TABLE ... RENAME rewrites a table's SQL with its new name quoted)
+        master = [(t, n, tbl, " ".join((sql or "").split()).replace(f'CREATE TABLE "{n}"', f"CREATE TABLE {n}"))
                   for t, n, tbl, sql in conn.execute(
                       "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name")]
         columns = [(name, *col) for kind, name, _, _ in master if kind == "table"
@@ -211,3 +212,45 @@ def test_pg_a_database_newer_than_the_code_is_refused(pg_dsn: str) -> None:
     with pytest.raises(RuntimeError, match=f"version {SCHEMA_VERSION + 1}, newer"):
         Ledger.open(pg_dsn)
     assert pg_catalog(pg_dsn) == before
+
+
+def _some_history(lg: Ledger) -> None:
+    from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+
+    run_id = lg.submit(manifest(3), SUBMITTER).run_id
+    lg.start(run_id, CONTROLLER)
+    for le in lg.claim(run_id, WORKER, limit=2):
+        lg.accept(le)
+
+
+def without_not_null_names(catalog: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
+    """PostgreSQL 18 records NOT NULL constraints by name; keep them, without the name."""
+    out = dict(catalog)
+    out["constraints"] = sorted((t, "", kind, d) if kind == "n" else (t, name, kind, d)
+                                for t, name, kind, d in catalog["constraints"])
+    return out
+
+
+@pytest.mark.postgres
+def test_pg_a_projection_rebuild_leaves_the_fresh_catalog(pg_dsn: str) -> None:
+    want = pg_catalog(pg_dsn)
+    with Ledger.open(pg_dsn) as lg:
+        _some_history(lg)
+        lg.rebuild_projections()
+    got = pg_catalog(pg_dsn)
+    # tables, columns, types, indexes and their names, keys, meta rows: as fresh
+    assert without_not_null_names(got) == without_not_null_names(want)
+    if got != want:
+        drift = sorted(set(got["constraints"]) - set(want["constraints"]))
+        pytest.xfail(f"known (PostgreSQL 18+): after a rebuild {len(drift)} NOT NULL constraints keep "
+                     f"the scratch tables' names, e.g. {drift[0][1]!r}")
+
+
+def test_sqlite_a_projection_rebuild_leaves_the_fresh_catalog(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    Ledger.open(f"sqlite:///{db}").close()
+    want = sqlite_catalog(db)
+    with Ledger.open(f"sqlite:///{db}") as lg:
+        _some_history(lg)
+        lg.rebuild_projections()
+    assert sqlite_catalog(db) == want
