@@ -43,6 +43,7 @@ from .manifest import (
     ManifestItem,
     Policy,
     check_identifier,
+    check_unicode,
     input_version_of,
     parse_items,
     parse_manifest,
@@ -106,6 +107,7 @@ def _reason(reason: Any, what: str = "reason", required: bool = False) -> str | 
         return None
     if not isinstance(reason, str):
         raise InvalidInput(f"{what} must be a string, got {type(reason).__name__}")
+    check_unicode(reason, what)
     if required and not reason.strip():
         raise InvalidInput(f"{what} must not be empty")
     if len(reason.encode()) > MAX_REASON_BYTES:
@@ -844,7 +846,8 @@ class Ledger:
         if row is None:
             row = self._item_row(tx, lease.run_id, lease.item_id)
         item = item_from_row(row)
-        if item is None or item.state != S.IN_PROGRESS or item.lease_token != lease.token:
+        if (item is None or item.state != S.IN_PROGRESS or item.lease_token != lease.token
+                or item.lease_worker != lease.worker_id):
             state = row["state"]
             raise LeaseLost(f"lease {lease.token[:8]} on item {lease.item_id!r} of run {lease.run_id} is not "
                             f"live: the item is {state}" + (" under another lease" if state == S.IN_PROGRESS else "")
