@@ -113,6 +113,11 @@ def upgrade_paths(latest: int) -> list[tuple[int, ...]]:
 @pytest.fixture
 def empty_pg(pg_server: Any) -> Iterator[Callable[[], str]]:
     """Makes EMPTY databases (no template schema): returns their DSNs; drops them after."""
+    yield from empty_databases(pg_server)
+
+
+def empty_databases(pg_server: Any) -> Iterator[Callable[[], str]]:
+    """The body of an `empty_pg` fixture (shared with test_schema_race.py)."""
     made: list[str] = []
     tag = secrets.token_hex(3)
 

@@ -9,6 +9,7 @@ position greater than the cancel's.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import queue
 import threading
@@ -17,7 +18,7 @@ import traceback
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from multiprocessing.context import SpawnProcess
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 import pytest
@@ -245,7 +246,7 @@ def assert_attempts_consistent(lg: Ledger, run_id: str, claims: dict[str, int]) 
         assert [a.attempt for a in attempts] == list(range(1, len(attempts) + 1)), item_id
         assert sum(a.finished_at is None for a in attempts) <= 1, item_id
         assert all(a.finished_at is not None for a in attempts[:-1]), item_id
-        for before, after in zip(attempts, attempts[1:]):
+        for before, after in itertools.pairwise(attempts):
             assert before.finished_at is not None and before.finished_at <= after.started_at, item_id
         assert len({a.lease_token for a in attempts}) == len(attempts), item_id
 
@@ -276,7 +277,7 @@ class ConnectionWatch:
                 self.peak = max(self.peak, row[0] if row else 0)
                 self._stop.wait(0.02)
 
-    def __enter__(self) -> ConnectionWatch:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from ledger import Ledger
 from ledger.stores.base import SCHEMA_VERSION
 from ledger.stores.postgres import _SCHEMA_LOCK
 from tests.test_migrations import (
-    empty_pg,  # noqa: F401  (fixture)
+    empty_databases,
     pg_catalog,
     schema_version_pg,
     schema_version_sqlite,
@@ -38,6 +38,12 @@ FRESH.set_forkserver_preload(["ledger.stores.postgres", "ledger.stores.sqlite", 
 OPENERS = 6
 ROUNDS = 10
 WAIT = 120.0  # a bound on waiting for a child or a lock, never a timing assertion
+
+
+@pytest.fixture
+def empty_pg(pg_server: Any) -> Iterator[Callable[[], str]]:
+    """Makes EMPTY databases (no template schema): returns their DSNs; drops them after."""
+    yield from empty_databases(pg_server)
 
 
 def _opener(dsns: list[str], barrier: Any, out: Any) -> None:
