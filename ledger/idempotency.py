@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Union
 
 from . import errors as E
 from .errors import CommitUncertain, InvalidInput, LedgerError, StoreUnavailable
-from .manifest import check_identifier
+from .validation import check_identifier
 
 if TYPE_CHECKING:
     from .service import Ledger

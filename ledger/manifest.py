@@ -2,64 +2,28 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import InvalidInput, ManifestInvalid
+from .errors import ManifestInvalid
+from .validation import (  # noqa: F401  (re-exported: part of this module's surface)
+    _CONTROL,
+    MAX_ID_CHARS,
+    MAX_JSON_DEPTH,
+    MAX_MANIFEST_BYTES,
+    MAX_PAYLOAD_BYTES,
+    canonical_json,
+    check_identifier,
+    check_unicode,
+    input_version_of,
+    json_depth_ok,
+)
 
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
-MAX_PAYLOAD_BYTES = 64 * 1024
-MAX_JSON_DEPTH = 64
-MAX_ID_CHARS = 200
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _PERCENT = re.compile(r"^(\d{1,3})%$")
 _DAY = 86_400
-
-
-def check_identifier(value: str, what: str) -> str:
-    """Ids are 1-200 characters with no control characters (they appear in tables and logs)."""
-    if not isinstance(value, str):
-        raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
-    check_unicode(value, what)
-    if not value or len(value) > MAX_ID_CHARS:
-        raise InvalidInput(f"{what} must be 1-{MAX_ID_CHARS} characters, got {len(value)}")
-    if _CONTROL.search(value):
-        raise InvalidInput(f"{what} must not contain control characters")
-    return value
-
-
-def check_unicode(value: str, what: str) -> str:
-    """Refuse strings that cannot be stored as UTF-8 (lone surrogates)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInput(f"{what} is not valid Unicode text (it contains a lone surrogate)") from None
-    return value
-
-
-def json_depth_ok(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True when nested lists/dicts go no deeper than `limit` (checked without recursion)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            if depth > limit:
-                return False
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            if depth > limit:
-                return False
-            stack.extend((v, depth + 1) for v in node)
-    return True
-
-
-def canonical_json(value: Any) -> str:
-    """Deterministic JSON used for digests and size limits."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 class _Strict(BaseModel):
@@ -191,11 +155,6 @@ class Manifest(_Strict):
         return input_version_of(self.to_json_dict())
 
 
-def input_version_of(manifest: dict[str, Any]) -> str:
-    """Content digest of a manifest in its JSON form."""
-    return "sha256:" + hashlib.sha256(canonical_json(manifest).encode()).hexdigest()[:32]
-
-
 def _format_error(err: ValidationError) -> ManifestInvalid:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"]) or "manifest"
@@ -204,8 +163,7 @@ def _format_error(err: ValidationError) -> ManifestInvalid:
         msg = "unknown key; allowed keys are those of API.md's manifest"
     if first["type"] == "missing":
         msg = "is required"
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+    msg = msg.removeprefix("Value error, ")
     detail = f"manifest field {loc}: {msg}"
     errors = [
         {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in err.errors()[:20]

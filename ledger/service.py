@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from projections.rows import item_from_row, iso, parse_dt, run_from_row
@@ -38,17 +38,32 @@ from .errors import (
     StaleReview,
 )
 from .idempotency import command, read_command
-from .manifest import (
-    Manifest,
-    ManifestItem,
-    Policy,
-    check_identifier,
-    check_unicode,
-    input_version_of,
-    parse_items,
-    parse_manifest,
-    parse_policy,
-)
+from .validation import check_identifier, check_unicode, input_version_of
+
+if TYPE_CHECKING:
+    from .manifest import Manifest, ManifestItem
+
+# pydantic (ledger.manifest) loads on first use: read-only commands start faster without it.
+
+
+def parse_manifest(data: Any) -> Manifest:
+    from .manifest import parse_manifest as parse
+
+    return parse(data)
+
+
+def parse_items(data: Any, field: str = "items") -> list[ManifestItem]:
+    from .manifest import parse_items as parse
+
+    return parse(data, field)
+
+
+def _policy(data: Any, change: Any = None) -> Any:
+    """The run's policy as a model; with `change`, the policy after applying it."""
+    from .manifest import Policy, parse_policy
+
+    base = Policy.model_validate(data)
+    return base if change is None else parse_policy(change, base)
 from .redact import MAX_REASON_BYTES, clean_error, truncate_bytes
 from .stores import open_store, resolve_dsn
 from .stores.base import Store, StreamConflict, Tx
@@ -523,7 +538,7 @@ class Ledger:
                                          "in_manifest = 1 AND required = 1", (run_id,))
             assert required_total is not None
             missing = [r for r in rows if r["required"]]
-            policy = Policy.model_validate(run.policy)
+            policy = _policy(run.policy)
             now = tx.now()
             if not missing:
                 to_state, why = S.SUCCEEDED, "succeeded: every required item accepted"
@@ -623,7 +638,7 @@ class Ledger:
             if run.state == S.CANCELING:
                 raise IllegalTransition(f"run {run_id} is canceling; amend is not allowed",
                                         state=run.state, allowed=set(S.RUN_STATES) - S.TERMINAL_RUN_STATES - {S.CANCELING})
-            new_policy = parse_policy(policy, Policy.model_validate(run.policy)).model_dump(mode="json") if policy is not None else None
+            new_policy = _policy(run.policy, policy).model_dump(mode="json") if policy is not None else None
             rows = {r["item_id"]: r for r in tx.fetchall(
                 "SELECT item_id, required, payload, state, in_manifest, revision, attempts, lease_token, "
                 "lease_worker, lease_expires_at, eligible_at, last_error, reason, updated_at, run_id "
