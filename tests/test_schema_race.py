@@ -47,35 +47,43 @@ def empty_pg(pg_server: Any) -> Iterator[Callable[[], str]]:
 
 
 def _opener(dsns: list[str], barrier: Any, out: Any) -> None:
-    """For each database in turn: wait for every opener, then all open it at once."""
-    results: list[str | None] = []
-    # the store modules are imported first (preloaded), so the processes race on opening
-    for dsn in dsns:
+    """Round after round: wait for every opener (and the parent), then all open at once."""
+    # the store modules are imported already (preloaded), so the processes race on opening
+    for r, dsn in enumerate(dsns):
         barrier.wait(WAIT)
         try:
             Ledger.open(dsn).close()
-            results.append(None)
+            out.put((r, None))
         except Exception:  # noqa: BLE001 - reported to the parent
-            results.append(traceback.format_exc())
-    out.put(results)
+            out.put((r, traceback.format_exc()))
 
 
-def open_all_at_once(dsns: list[str]) -> list[list[str | None]]:
-    """OPENERS spawned processes open each of `dsns`, all at the same moment per database."""
-    barrier = FRESH.Barrier(OPENERS)
+def open_all_at_once(dsns: list[str], prepare: Callable[[int], None],
+                     check: Callable[[int], None]) -> None:
+    """OPENERS fresh processes open `dsns[r]` all at the same moment, round after round:
+    `prepare(r)` empties the database before a round, `check(r)` inspects it after."""
+    barrier = FRESH.Barrier(OPENERS + 1)
     out: Any = FRESH.Queue()
     procs = [FRESH.Process(target=_opener, args=(dsns, barrier, out), daemon=True) for _ in range(OPENERS)]
     for p in procs:
         p.start()
     try:
-        results = []
-        for _ in procs:
-            try:
-                results.append(out.get(timeout=WAIT))
-            except queue.Empty:
-                raise AssertionError("an opener process did not report back") from None
-        return results
+        for r in range(len(dsns)):
+            prepare(r)
+            barrier.wait(WAIT)
+            failures = []
+            for _ in procs:
+                try:
+                    got, failure = out.get(timeout=WAIT)
+                except queue.Empty:
+                    raise AssertionError("an opener process did not report back") from None
+                assert got == r
+                if failure is not None:
+                    failures.append(failure)
+            assert failures == [], f"round {r}: {len(failures)} of {OPENERS} opens failed:\n{failures[0]}"
+            check(r)
     finally:
+        barrier.abort()  # children still waiting (after a failure) stop at once
         for p in procs:
             p.join(WAIT)
             if p.is_alive():
@@ -97,16 +105,24 @@ def creator_transactions(dsn: str) -> set[int]:
 @pytest.mark.postgres
 def test_processes_opening_an_empty_pg_database_at_once(empty_pg: Callable[[], str], pg_dsn: str) -> None:
     want = pg_catalog(pg_dsn)  # the fresh schema (the template's)
-    dsns = [empty_pg() for _ in range(ROUNDS)]
-    results = open_all_at_once(dsns)
+    dsn = empty_pg()  # a new database without the template's schema
 
-    failures = [r for per_process in results for r in per_process if r is not None]
-    assert failures == [], failures[0]
-    for dsn in dsns:
+    def empty_it(r: int) -> None:
+        if r:  # later rounds: the same database, emptied again
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("DROP SCHEMA public CASCADE")
+                conn.execute("CREATE SCHEMA public")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM pg_class WHERE relnamespace = "
+                                "'public'::regnamespace").fetchone() == (0,)
+
+    def check(r: int) -> None:
         assert schema_version_pg(dsn) == SCHEMA_VERSION
         assert pg_catalog(dsn) == want
         # one transaction created every table, index, type and sequence: exactly once
         assert len(creator_transactions(dsn)) == 1
+
+    open_all_at_once([dsn] * ROUNDS, empty_it, check)
 
 
 @pytest.mark.postgres
@@ -148,10 +164,9 @@ def test_processes_opening_an_empty_sqlite_file_at_once(tmp_path: Path) -> None:
     Ledger.open(f"sqlite:///{fresh}").close()
     want = sqlite_catalog(fresh)
     paths = [tmp_path / f"race{k}.db" for k in range(ROUNDS // 2)]
-    results = open_all_at_once([f"sqlite:///{p}" for p in paths])
 
-    failures = [r for per_process in results for r in per_process if r is not None]
-    assert failures == [], failures[0]
-    for p in paths:
-        assert schema_version_sqlite(p) == SCHEMA_VERSION
-        assert sqlite_catalog(p) == want
+    def check(r: int) -> None:
+        assert schema_version_sqlite(paths[r]) == SCHEMA_VERSION
+        assert sqlite_catalog(paths[r]) == want
+
+    open_all_at_once([f"sqlite:///{p}" for p in paths], lambda r: None, check)
