@@ -252,11 +252,50 @@ def _write_in_order(tx: Tx, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> Non
         j = i
         while j < len(calls) and calls[j][0] == calls[i][0]:
             j += 1
-        if j - i == 1:
-            tx.execute(calls[i][0], calls[i][1])
+        sql, rows = calls[i][0], [c[1] for c in calls[i:j]]
+        if len(rows) == 1:
+            tx.execute(sql, rows[0])
+        elif _PLAIN_INSERT.match(sql):
+            _insert_many(tx, sql, rows)
         else:
-            tx.executemany(calls[i][0], [c[1] for c in calls[i:j]])
+            tx.executemany(sql, rows)
         i = j
+
+
+_LITERAL = re.compile(r"^(?:-?\d+|'[^']*')$")
+
+
+def _copy_rows(cur: Any, head: str, one: str, rows: list[tuple[Any, ...]]) -> None:
+    """COPY rows into a (scratch) table; literal values of the VALUES tuple are kept."""
+    m = re.match(r"^INSERT INTO (\S+) \(([^)]*)\) VALUES $", head)
+    assert m is not None
+    slots = [v.strip() for v in one[1:-1].split(",")]
+    if not all(v == "?" or _LITERAL.match(v) for v in slots):
+        raise ValueError(f"cannot COPY {one}")
+    consts = [None if v == "?" else (v[1:-1] if v.startswith("'") else int(v)) for v in slots]
+    with cur.copy(f"COPY {m.group(1)} ({m.group(2)}) FROM STDIN") as copy:
+        for row in rows:
+            it = iter(row)
+            copy.write_row([next(it) if v == "?" else c for v, c in zip(slots, consts, strict=True)])
+
+
+_PLAIN_INSERT = re.compile(r"^INSERT INTO \S+ \([^)]*\) VALUES (\([^)]*\))$")
+_MAX_PARAMS = 30_000  # under SQLite's 32,766 and PostgreSQL's 65,535 bound parameters
+
+
+def _insert_many(tx: Tx, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    """Many rows per statement: COPY on PostgreSQL, multi-row VALUES elsewhere."""
+    m = _PLAIN_INSERT.match(sql)
+    assert m is not None
+    head, one = sql[: m.start(1)], m.group(1)
+    cur = getattr(tx, "cur", None)
+    if tx.store.dialect == "postgres" and hasattr(cur, "copy"):
+        _copy_rows(cur, head, one, rows)
+        return
+    per = max(1, min(500, _MAX_PARAMS // max(1, len(rows[0]))))
+    for k in range(0, len(rows), per):
+        chunk = rows[k:k + per]
+        tx.execute(head + ", ".join([one] * len(chunk)), [v for r in chunk for v in r])
 
 
 def _is_version_error(exc: Exception) -> bool:
@@ -476,12 +515,26 @@ def _switch_postgres(store: Store, replayer: Replayer, suffix: str, name: str, b
                 if fault is not None:
                     fault("switch", 0)
             return applied + n
-        except psycopg.errors.LockNotAvailable:
+        except Exception as exc:
+            if not _caused_by(exc, psycopg.errors.LockNotAvailable):
+                raise
             # gave way to a writer; catch up outside the lock so the next try is short
             with store.write() as tx:
                 applied += _catch_up(tx, replayer, name, batch_size)
             time.sleep(min(0.5, 0.02 * (attempt + 1)) * random.random())
     raise RuntimeError(f"could not lock the projection tables to switch after {LOCK_ATTEMPTS} tries")
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """True if `exc` is, or was raised from, a `kind` (stores wrap driver errors)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _lock_timeout_ms(tx: Tx) -> int:

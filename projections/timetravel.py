@@ -13,6 +13,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 from uuid import UUID
 
@@ -33,6 +34,8 @@ _CHUNK = 400
 
 class MemoryTables:
     """Projection tables in a private in-memory SQLite database (a minimal Tx)."""
+
+    store = SimpleNamespace(dialect="sqlite")
 
     def __init__(self) -> None:
         self.conn = sqlite3.connect(":memory:")
