@@ -139,11 +139,11 @@ class Replayer:
                 self.streams[run.id] = run
         keys = list(item_keys)
         for i in range(0, len(keys), _CHUNK):
-            chunk = keys[i:i + _CHUNK]
-            values = ", ".join("(?, ?)" for _ in chunk)
-            params = [v for k in chunk for v in k]
+            key_chunk = keys[i:i + _CHUNK]
+            values = ", ".join("(?, ?)" for _ in key_chunk)
+            pairs = [v for k in key_chunk for v in k]
             for row in tx.fetchall(f"SELECT * FROM {items_t} WHERE (run_id, item_id) IN (VALUES {values})",
-                                   params):
+                                   pairs):
                 item = item_from_row(row)
                 if item is not None:
                     self.items[(item.run_id, item.item_id)] = item
@@ -214,7 +214,7 @@ class Replayer:
                     raise
                 self.force(e)
             self.projector.project(self._rec, [(pos, e)], self.runs, self.items)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - verify reports any event it cannot apply
             self.problems.append({"kind": "replay", "run_id": _run_of(e), "position": pos,
                                   "detail": f"{type(e).__qualname__} v{e.originator_version} could not "
                                             f"be applied: {type(exc).__name__}: {exc}"})

@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from eventsourcing.domain import DomainEvent
@@ -78,7 +78,7 @@ def read_streams(tx: Tx, stream_ids: Sequence[UUID], first_only: bool = False) -
             stored = StoredEvent(originator_id=as_uuid(r["originator_id"]),
                                  originator_version=r["originator_version"], topic=r["topic"],
                                  state=bytes(r["state"]))
-            out.append((int(r["position"]), store.mapper.to_domain_event(stored)))
+            out.append((int(r["position"]), cast(DomainEvent, store.mapper.to_domain_event(stored))))
     out.sort(key=lambda t: t[0])
     return out
 

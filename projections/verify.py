@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from eventsourcing.domain import CanInitAggregate, DomainEvent
@@ -142,8 +142,8 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
     events: list[tuple[int, DomainEvent]] = []
     for pos, stored in rows:
         try:
-            events.append((pos, store.mapper.to_domain_event(stored)))
-        except Exception as exc:  # an edited row may no longer decode
+            events.append((pos, cast(DomainEvent, store.mapper.to_domain_event(stored))))
+        except Exception as exc:  # noqa: BLE001 - an edited row may no longer decode
             problems.add("undecodable", _run_id_of_stored(store, stored), pos,
                          f"event v{stored.originator_version} of stream {stored.originator_id} does not "
                          f"decode: {type(exc).__name__}: {exc}")
@@ -159,7 +159,8 @@ class RuleChecker:
         self.problems = problems
         self.items_table = "lg_items" + suffix
 
-    def __call__(self, tx: Tx, position: int, e: DomainEvent, rp: Replayer) -> None:
+    def __call__(self, tx: Tx, position: int, event: DomainEvent, replayer: Replayer) -> None:
+        e, rp = event, replayer
         run_id = str(getattr(e, "run_id", None) or e.originator_id)
         run = rp.runs.get(run_id)
         created = isinstance(e, CanInitAggregate)

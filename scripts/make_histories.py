@@ -29,10 +29,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ledger import Actor, Ledger  # noqa: E402
-from ledger.service import Outcome  # noqa: E402
-from tests.clock import ManualClock  # noqa: E402
-from tests.histories.load import stored_events, to_json  # noqa: E402
+from ledger import Actor, Ledger
+from ledger.service import Outcome
+from tests.clock import ManualClock
+from tests.histories.load import stored_events, to_json
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "histories"
 SUBMITTER = Actor("sam", "submitter")

@@ -33,12 +33,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ledger import Actor, Ledger  # noqa: E402
-from ledger.service import Outcome  # noqa: E402
-from projections.checksums import checksums  # noqa: E402
-from projections.rebuild import TRACKING_NAME, rebuild, tracked_position  # noqa: E402
-from tests.clock import ManualClock  # noqa: E402
-from tests.histories.load import import_stored, stored_events  # noqa: E402
+from ledger import Actor, Ledger
+from ledger.service import Outcome
+from projections.checksums import checksums
+from projections.rebuild import TRACKING_NAME, rebuild, tracked_position
+from tests.clock import ManualClock
+from tests.histories.load import import_stored, stored_events
 
 SUBMITTER = Actor("sam", "submitter")
 CONTROLLER = Actor("ctl", "controller")
@@ -164,7 +164,7 @@ def run(dsn: str, events: int, kills: int, seed: int, rng: random.Random) -> int
             untouched = live(lg) == clean
             firsts: list[int] = []
             t1 = time.monotonic()
-            rebuild(lg, progress=lambda done, _t: firsts.append(done))
+            rebuild(lg, progress=lambda done, _t, firsts=firsts: firsts.append(done))
             resumed_s = time.monotonic() - t1
             same = live(lg) == clean
             equal += same

@@ -38,7 +38,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-
 import pytest
 from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import StoredEvent

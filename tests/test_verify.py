@@ -12,7 +12,7 @@ from ledger import Ledger
 from ledger.domain import Run
 from ledger.stores.hashchain import HASH_TABLE, event_hash, oid_param
 from projections.rebuild import position_column
-from projections.rows import item_from_row, iso, run_from_row
+from projections.rows import iso, item_from_row, run_from_row
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.histories.load import import_stored, stored_events
@@ -232,7 +232,7 @@ def test_verify_after_random_commands_finds_nothing(lg: Ledger, clock: ManualClo
 def test_the_recorded_hash_chains_each_event_to_the_previous(lg: Ledger, clock: ManualClock) -> None:
     """The stored hash of version v is sha256 over (hash of v-1, id, version, topic, stored bytes)."""
     runs = scenario(lg, clock)
-    table, pos = sql_events(lg)
+    table, _pos = sql_events(lg)
     from uuid import UUID
 
     with lg.store.read() as tx:

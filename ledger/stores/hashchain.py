@@ -72,9 +72,9 @@ def ddl(dialect: str) -> list[str]:
     oid = "UUID" if dialect == "postgres" else "TEXT"
     big = "BIGINT" if dialect == "postgres" else "INTEGER"
     return [
-        f"CREATE TABLE IF NOT EXISTS {HASH_TABLE} (originator_id {oid} NOT NULL, "
-        f"originator_version {big} NOT NULL, hash TEXT NOT NULL, "
-        "PRIMARY KEY (originator_id, originator_version))",
+        (f"CREATE TABLE IF NOT EXISTS {HASH_TABLE} (originator_id {oid} NOT NULL, "
+         f"originator_version {big} NOT NULL, hash TEXT NOT NULL, "
+         "PRIMARY KEY (originator_id, originator_version))"),
     ]
 
 
@@ -100,9 +100,8 @@ def record_hashes(tx: Tx, stored: Sequence[StoredEvent]) -> None:
     if not stored:
         return
     batch: dict[tuple[UUID, int], str] = {}
-    keys = {(se.originator_id, se.originator_version) for se in stored}
-    wanted = [(se.originator_id, se.originator_version - 1) for se in stored
-              if se.originator_version > 1 and (se.originator_id, se.originator_version - 1) not in keys]
+    keys = {(as_uuid(se.originator_id), se.originator_version) for se in stored}
+    wanted = [(oid, version - 1) for oid, version in keys if version > 1 and (oid, version - 1) not in keys]
     previous = fetch_hashes(tx, wanted) if wanted else {}
     rows = []
     for se in stored:
