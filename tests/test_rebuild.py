@@ -395,3 +395,40 @@ def test_readers_and_writers_during_a_rebuild(store_dsn: str, lg: Ledger) -> Non
     assert [lg.status(r).state for r in created] == ["running"] * len(created)
     report = lg.verify()
     assert report.ok, report.problems
+
+
+@pytest.mark.parametrize("store_dsn", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+def test_the_switch_gives_way_to_a_transaction_holding_the_tables(
+        store_dsn: str, lg: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL: while another transaction holds a projection table, the switch times
+    out (well before deadlock detection could pick that transaction), retries, and
+    completes once it ends; that transaction is never aborted."""
+    import psycopg
+
+    import projections.rebuild as rb
+
+    run_id = lg.submit(manifest(3), SUBMITTER).run_id
+    before = live_checksums(lg)
+    retries = threading.Event()
+    tries: list[float] = []
+    real_sleep = rb.time.sleep
+
+    def counting_sleep(seconds: float) -> None:
+        tries.append(seconds)
+        if len(tries) >= 3:
+            retries.set()
+        real_sleep(seconds)
+
+    monkeypatch.setattr(rb.time, "sleep", counting_sleep)
+    outcome: list[Any] = []
+    with psycopg.connect(store_dsn) as holder:
+        holder.execute("SELECT state FROM lg_runs WHERE run_id = %s FOR UPDATE", (run_id,))
+        thread = threading.Thread(target=lambda: outcome.append(rebuild(lg)))
+        thread.start()
+        assert retries.wait(timeout=60)  # it retried three times while we held the row
+        assert thread.is_alive() and not outcome
+        holder.execute("UPDATE lg_items SET reason = reason WHERE run_id = %s", (run_id,))
+        holder.commit()  # our transaction was not chosen as a victim
+    thread.join(timeout=60)
+    assert outcome and outcome[0] >= 1
+    assert live_checksums(lg) == before
