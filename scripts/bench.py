@@ -38,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [p for p in (str(HERE.parent), str(HERE)) if p not in sys.path]
 
-from bench_cases import (  # noqa: E402
+from bench_cases import (
     ALL_CASES,
     DEFAULT,
     FULL,
@@ -122,10 +122,10 @@ def code_origin() -> str:
     repo = Path(origin) if origin else HERE.parent
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
+                              capture_output=True, text=True, timeout=10, check=False).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--",
                                 "ledger", "projections"], capture_output=True, text=True,
-                               timeout=10).stdout.strip()
+                               timeout=10, check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         head, dirty = "?", ""
     where = Path(ledger.__file__).resolve().parent.parent
@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         + ("  (PROFILED: timings inflated)" if args.profile else ""),
         code_origin(),
         *header,
-        f"load average (1 min) {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end "
-        f"(other processes on this machine skew the figures; ratios less so)",
+        (f"load average (1 min) {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end "
+         "(other processes on this machine skew the figures; ratios less so)"),
         "",
     ]
     print(format_table(rows, header), flush=True)

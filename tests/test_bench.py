@@ -17,8 +17,8 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
-import bench_cases  # noqa: E402
-from bench_cases import TINY, BenchConfig, PgTarget, Row, format_table, run_all  # noqa: E402
+import bench_cases
+from bench_cases import TINY, BenchConfig, PgTarget, Row, format_table, run_all
 
 
 def check_rows(rows: list[Row], expected_cases: set[str]) -> None:

@@ -43,7 +43,7 @@ def _error_row(case: str, exc: BaseException) -> Row:
 
 def run_all(config: BenchConfig) -> list[Row]:
     """Run the selected cases; a case that raises yields one 'FAILED' row, the rest go on."""
-    from . import append, startup, store, submit, sqlite_items, throughput
+    from . import append, sqlite_items, startup, store, submit, throughput
 
     sizes, pg, say = config.sizes, config.pg, config.say
     profiler = Profiler(config.profile_dir)
