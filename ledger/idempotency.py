@@ -289,7 +289,7 @@ def command(name: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
         wrapper.__doc__ = (fn.__doc__ or "") + (
             "\n\nidempotency_key: optional; a repeat with the same key returns the first result "
             "without writing (see ledger.idempotency).")
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
     return wrap
 

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-import ledger.errors as errors
-from ledger import Actor, Lease, Ledger, LedgerError
+from ledger import Actor, Lease, Ledger, LedgerError, errors
 from ledger.errors import MAX_MESSAGE_BYTES
 from ledger.redact import MAX_ERROR_BYTES
 from tests.clock import ManualClock
@@ -52,7 +51,7 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     else:
         databases = request.getfixturevalue("pg_databases")
         name, dsn = databases.create()
-        cleanup = lambda: databases.drop(name)  # noqa: E731
+        cleanup = lambda: databases.drop(name)
     lg = Ledger.open(dsn, clock=ManualClock())
     try:
         run_id = lg.submit(manifest(3), SUBMITTER).run_id

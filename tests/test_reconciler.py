@@ -29,7 +29,7 @@ import pytest
 
 from ledger import Actor, Lease, LeaseLost, Ledger, NotAuthorized
 from tests.clock import ManualClock
-from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
+from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 
 WAIT = 60.0  # seconds: a bound on waiting for other processes, never a timing assertion
 NEVER_BY_RECONCILER = {"accepted", "succeeded", "completed_with_errors"}
@@ -191,8 +191,8 @@ def test_pause_whose_owner_died_is_finished_by_the_reconciler(lg: Ledger, clock:
 
 def test_item_deadline_quarantines_retryable_items(lg: Ledger, clock: ManualClock) -> None:
     run_id = running(lg, 2, lease_seconds=10, item_deadline_seconds=100, max_attempts=5)
-    a, b = lg.claim(run_id, WORKER, limit=2)
-    lg.fail_attempt(a, "flaky")  # retryable
+    a, _ = lg.claim(run_id, WORKER, limit=2)
+    lg.fail_attempt(a, "flaky")  # retryable; the other lease is left to expire
     clock.advance(101)  # past the item deadline; b's lease expired too
     lg.reconcile()
     assert {i.item_id: i.state for i in lg.items(run_id)} == {"i0": "quarantined", "i1": "quarantined"}
