@@ -23,13 +23,13 @@ from typing import Any, Self
 import psycopg
 import pytest
 
-from ledger import Actor, IllegalTransition, Ledger, Transition
+from ledger import Actor, Conflict, IllegalTransition, Ledger, Transition
 from ledger.service import Outcome
 
 pytestmark = pytest.mark.postgres
 
 SPAWN = multiprocessing.get_context("spawn")
-WAIT = 120.0  # a bound on waiting for a child process, never a timing assertion
+WAIT = 60.0  # a bound on waiting for a child process, never a timing assertion
 
 SUBMITTER = Actor("sam", "submitter")
 CONTROLLER = Actor("ctl", "controller")
@@ -56,14 +56,20 @@ def _claim_until_stopped(lg: Ledger, run_id: str, worker: Actor, limit: int,
     The first attempt of every `fail_first_of`-th item fails (retryable), so items
     are claimed again by whichever process gets there first.
     """
-    claims = leases_total = 0
+    claims = leases_total = conflicts = 0
     stopped_by = "drained"
+    deadline = time.monotonic() + WAIT / 2  # fail here, with the counts, before the parent gives up
     while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"still claiming after {WAIT / 2}s: {lg.status(run_id).counts}")
         try:
             leases = lg.claim(run_id, worker, limit=limit)
         except IllegalTransition as e:
             stopped_by = str(e.state)
             break
+        except Conflict:  # another writer got there first: nothing was written, re-read
+            conflicts += 1
+            continue
         claims += 1
         if not leases:
             counts = lg.status(run_id).counts
@@ -82,7 +88,7 @@ def _claim_until_stopped(lg: Ledger, run_id: str, worker: Actor, limit: int,
         results = lg.record(outcomes)
         bad = [r for r in results if isinstance(r, Exception)]
         assert not bad, bad  # our leases are live (long lease_seconds), so every outcome counts
-    return {"claims": claims, "leases": leases_total, "stopped_by": stopped_by}
+    return {"claims": claims, "leases": leases_total, "stopped_by": stopped_by, "conflicts": conflicts}
 
 
 def _claimer(dsn: str, run_id: str, worker_id: str, limit: int, fail_first_of: int,
@@ -103,7 +109,7 @@ def _stopper(dsn: str, run_id: str, command: str, after_accepted: int, go: Any, 
     def body() -> Any:
         with Ledger.open(dsn) as lg:
             go.wait(WAIT)
-            deadline = time.monotonic() + WAIT
+            deadline = time.monotonic() + WAIT / 2
             while lg.status(run_id).counts.get("accepted", 0) < after_accepted:
                 if time.monotonic() > deadline:
                     raise TimeoutError("the claimers never got far enough")
@@ -139,7 +145,10 @@ def _round_stopper(dsn: str, runs: Any, out: Any) -> None:
         with Ledger.open(dsn) as lg:
             while (job := runs.get(timeout=WAIT)) is not None:
                 run_id, command, after_accepted = job
+                deadline = time.monotonic() + WAIT / 2
                 while lg.status(run_id).counts.get("accepted", 0) < after_accepted:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the claimers never got far enough")
                     time.sleep(0.002)
                 if command == "cancel":
                     lg.cancel(run_id, OPERATOR, reason="race a cancel")
