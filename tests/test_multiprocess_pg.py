@@ -29,7 +29,7 @@ from ledger.service import Outcome
 pytestmark = pytest.mark.postgres
 
 SPAWN = multiprocessing.get_context("spawn")
-WAIT = 60.0  # a bound on waiting for a child process, never a timing assertion
+WAIT = 120.0  # a bound on waiting for a child process, never a timing assertion
 
 SUBMITTER = Actor("sam", "submitter")
 CONTROLLER = Actor("ctl", "controller")
