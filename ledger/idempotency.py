@@ -204,12 +204,13 @@ def _replay(row: dict[str, Any], key: str, name: str, fp: str) -> Any:
 
 
 def _record(tx: Tx, key: str, name: str, fp: str, run_id: str | None, result: Any) -> None:
-    cur = tx.execute(
+    # RETURNING, not rowcount: the answer is read back even when statements are pipelined
+    inserted = tx.fetchall(
         f"INSERT INTO {TABLE} (idempotency_key, command, fingerprint, run_id, response, recorded_at) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key",
         (key, name, fp, run_id, json.dumps(encode(result), ensure_ascii=False, separators=(",", ":")),
          tx.now().isoformat()))
-    if cur.rowcount != 1:
+    if len(inserted) != 1:
         raise _KeyTaken(key)
 
 

@@ -176,8 +176,14 @@ class Projector:
             cur.executemany(self.withdraw_item, item_withdraws)
         if attempt_inserts:
             cur.executemany(self.insert_attempt, attempt_inserts)
-        for sql, params in attempt_updates:
-            cur.execute(sql, params)
+        if attempt_updates:
+            # finishing and extending touch different columns, so grouping by statement keeps
+            # the result of applying them in order
+            groups: dict[str, list[tuple[Any, ...]]] = {}
+            for sql, params in attempt_updates:
+                groups.setdefault(sql, []).append(params)
+            for sql, rows in groups.items():
+                cur.executemany(sql, rows)
         if transitions:
             cur.executemany(self.insert_transition, transitions)
         if touched_runs:

@@ -253,7 +253,8 @@ def test_connection_killed_mid_command_is_retried_and_applied_once(pg_dsn: str, 
 # --------------------------------------------------------------------------
 # PostgreSQL: the reply to COMMIT (or the COMMIT itself) is lost
 # --------------------------------------------------------------------------
-COMMIT_QUERY = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # psycopg sends COMMIT as a simple query
+# psycopg sends COMMIT as a simple query, or (pipeline mode) as an unnamed Parse message
+COMMIT_QUERIES = (b"Q\x00\x00\x00\x0bCOMMIT\x00", b"\x00COMMIT\x00")
 COMMIT_DONE = b"C\x00\x00\x00\x0bCOMMIT\x00"  # the server's CommandComplete for it
 
 
@@ -311,7 +312,7 @@ class CommitCutter:
             waiting_reply: threading.Event) -> None:
         try:
             while data := client.recv(65536):
-                if COMMIT_QUERY in data and self.mode is not None:
+                if any(q in data for q in COMMIT_QUERIES) and self.mode is not None:
                     mode = self._take()
                     if mode == "lose_commit":
                         cut.set()

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import gc
+import secrets
 import sys
 import threading
 import time
@@ -29,7 +30,7 @@ from psycopg.conninfo import conninfo_to_dict
 from ledger import IllegalTransition, LeaseLost, Ledger
 from ledger.stores.postgres import PostgresStore
 from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
-from tests.pgserver import free_port
+from tests.pgserver import create_database, drop_database, free_port
 
 pytestmark = pytest.mark.postgres
 
@@ -465,3 +466,61 @@ def test_a_missing_database_is_named(pg_server: Any) -> None:
     with pytest.raises(Exception) as missing:
         Ledger.open(pg_server.dsn("no_such_ledger_db"))
     assert 'database "no_such_ledger_db" does not exist' in str(missing.value)
+
+
+# --------------------------------------------------------------------------
+# privileges
+# --------------------------------------------------------------------------
+@pytest.fixture
+def login_role(pg_dsn: str) -> Iterator[str]:
+    """A new login role with no privileges in the test database (dropped afterwards)."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        can = conn.execute("SELECT rolcreaterole OR rolsuper FROM pg_roles "
+                           "WHERE rolname = current_user").fetchone()
+        if not (can and can[0]):
+            pytest.skip("the test server's user may not create roles")
+        role = f"ledger_app_{secrets.token_hex(4)}"
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    try:
+        yield role
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
+
+
+def as_role(dsn: str, role: str) -> str:
+    info = conninfo_to_dict(dsn)
+    return f"postgresql://{role}@{info['host']}:{info['port']}/{info['dbname']}"
+
+
+def test_a_role_with_table_privileges_only_can_use_a_migrated_database(
+        pg_dsn: str, login_role: str) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{login_role}"')
+        conn.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{login_role}"')
+        row = conn.execute("SELECT has_schema_privilege(%s, 'public', 'CREATE')", (login_role,)).fetchone()
+        assert row == (False,)
+    before = server_now(pg_dsn)
+    with Ledger.open(as_role(pg_dsn, login_role)) as lg:
+        run_id = running_run(lg, 2)
+        for le in lg.claim(run_id, WORKER, limit=2):
+            lg.accept(le)
+        assert lg.complete(run_id, CONTROLLER).state == "succeeded"
+        assert all(t.at >= before for t in lg.history(run_id))
+
+
+def test_a_role_that_may_not_create_tables_cannot_set_up_an_empty_database(
+        pg_server: Any, login_role: str) -> None:
+    name = f"ledger_noschema_{secrets.token_hex(3)}"
+    create_database(pg_server.admin_dsn, name)
+    try:
+        dsn = pg_server.dsn(name)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        with pytest.raises(Exception) as refused:
+            Ledger.open(as_role(dsn, login_role))
+        assert "permission denied" in str(refused.value)
+    finally:
+        drop_database(pg_server.admin_dsn, name)

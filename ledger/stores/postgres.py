@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import Any
 
@@ -43,6 +43,60 @@ def to_pg(sql: str) -> str:
     return _QMARK.sub("%s", sql)
 
 
+_INSERT = re.compile(r"^\s*(INSERT INTO \S+ \([^)]*\) VALUES )(\([^()]*\))(.*)$", re.S)
+_UPDATE = re.compile(r"^\s*UPDATE (\S+) SET (.+?) WHERE (.+)$", re.S)
+_ASSIGN = re.compile(r"^(\w+) = \?$")
+
+
+class _Bulk:
+    """A one-row statement rewritten to take many rows in one statement."""
+
+    def __init__(self, make: Callable[[int], str], params_per_row: int) -> None:
+        self._make = make
+        self.params_per_row = params_per_row
+        self._cache: dict[int, str] = {}
+
+    def sql(self, n: int) -> str:
+        text = self._cache.get(n)
+        if text is None:
+            text = self._cache[n] = self._make(n)
+        return text
+
+
+_BULK_CACHE: dict[str, _Bulk | None] = {}
+
+
+def _bulk_form(sql: str) -> _Bulk | None:
+    """`INSERT ... VALUES (row)` -> multi-row VALUES; `UPDATE t SET a = ? ... WHERE k = ? AND ...`
+    -> `UPDATE t SET ... FROM (VALUES ...) v WHERE ...`. None when the shape is not one of those."""
+    if sql in _BULK_CACHE:
+        return _BULK_CACHE[sql]
+    bulk: _Bulk | None = None
+    m = _INSERT.match(sql)
+    if m:
+        head, row, tail = m.group(1), to_pg(m.group(2)), to_pg(m.group(3))
+        bulk = _Bulk(lambda n: head + ", ".join([row] * n) + tail, m.group(2).count("?"))
+    else:
+        u = _UPDATE.match(sql)
+        if u:
+            table = u.group(1)
+            sets = [a.strip() for a in u.group(2).split(",")]
+            keys = [k.strip() for k in u.group(3).split(" AND ")]
+            cols = [_ASSIGN.match(x) for x in sets + keys]
+            if all(cols):
+                names = [c.group(1) for c in cols if c]
+                n_set = len(sets)
+                alias = ", ".join(f"c{i}" for i in range(len(names)))
+                assign = ", ".join(f"{names[i]} = v.c{i}" for i in range(n_set))
+                where = " AND ".join(f"t.{names[i]} = v.c{i}" for i in range(n_set, len(names)))
+                row = "(" + ", ".join(["%s"] * len(names)) + ")"
+                bulk = _Bulk(lambda n: (f"UPDATE {table} AS t SET {assign} FROM (VALUES "
+                                        + ", ".join([row] * n) + f") AS v({alias}) WHERE {where}"),
+                             len(names))
+    _BULK_CACHE[sql] = bulk
+    return bulk
+
+
 class LedgerPostgresRecorder(PostgresApplicationRecorder):
     """The stock eventsourcing PostgreSQL recorder; the ledger calls its insert
     inside its own transactions, so events and projection rows commit together."""
@@ -58,6 +112,18 @@ class PgTx(Tx):
         return self.cur.execute(to_pg(sql), params, prepare=True)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any:
+        rows = list(rows)
+        if len(rows) > 1:
+            bulk = _bulk_form(sql)
+            if bulk is not None:
+                # one statement per chunk instead of one per row: round trips, not rows, cost here
+                per_row = bulk.params_per_row
+                chunk = max(1, 30_000 // max(per_row, 1))
+                for i in range(0, len(rows), chunk):
+                    part = rows[i:i + chunk]
+                    flat = [v for row in part for v in row]
+                    self.cur.execute(bulk.sql(len(part)), flat)
+                return None
         return self.cur.executemany(to_pg(sql), rows)
 
     def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
@@ -70,7 +136,7 @@ class PgTx(Tx):
         try:
             # a clash aborts the whole transaction: the command is refused with Conflict
             rec._insert_stored_events(self.cur, stored)
-            ids = rec._fetch_ids_after_insert_events(self.cur, stored)
+            ids = [row["notification_id"] for row in self.cur.fetchall()]  # waits for the insert
         except psycopg.errors.UniqueViolation as e:
             raise StreamConflict(str(e)) from e
         assert ids is not None
@@ -120,7 +186,9 @@ class PostgresStore(Store):
             pool_size=pool_size,
             max_overflow=max_overflow,
             connect_timeout=CONNECT_TIMEOUT_S,
-            pre_ping=True,
+            # no pre-ping round trip per transaction: a dead connection fails the command
+            # before COMMIT (StoreUnavailable, nothing written) and the pool replaces it
+            pre_ping=False,
         )
         # The datastore hands libpq only host, port, user, password and dbname. Connect with
         # the DSN as given instead, so its other parameters (sslmode, application_name,
@@ -143,7 +211,11 @@ class PostgresStore(Store):
             return
         committing = False
         try:
-            with self.datastore.get_connection() as conn, conn.transaction():
+            with self.datastore.get_connection() as conn, \
+                    (conn.pipeline() if write else nullcontext()), conn.transaction():
+                # Pipeline mode: statements whose results the command does not read (the
+                # event table's lock and NOTIFY, projection writes) share round trips;
+                # every fetch still waits for its answer.
                 tx = PgTx(self, conn, write)
                 try:
                     yield tx
@@ -169,30 +241,37 @@ class PostgresStore(Store):
 
     def _create_schema(self) -> None:
         # Several processes may open an empty database at once: one creates the
-        # schema under an advisory lock, the others wait and then see it. A connection of
-        # its own, not the pool's: a wrong DSN or an unreachable server fails here at once
+        # schema under an advisory lock, the others wait and then see it. A schema already
+        # at this version is only read, so a role without CREATE on the schema (SELECT,
+        # INSERT, UPDATE, DELETE on the tables) can open the ledger. A connection of its
+        # own, not the pool's: a wrong DSN or an unreachable server fails here at once
         # with libpq's reason rather than as a pool timeout.
         timeout = conninfo_to_dict(self.dsn).get("connect_timeout", CONNECT_TIMEOUT_S)
-        with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=timeout) as conn, \
-                conn.transaction(), conn.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-            cur.execute("CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            cur.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'")
-            row = cur.fetchone()
-            current = int(row["value"]) if row else 0
+        with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=timeout) as conn:
             steps = migrations(self.datastore)
+            current = _schema_version(conn)
+            if current < len(steps):
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                    cur.execute("CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                    current = _schema_version(conn)  # another process may have migrated meanwhile
+                    self._migrate(cur, steps, current)
             if current > len(steps):
                 raise RuntimeError(
                     f"the database's ledger schema is version {current}, newer than this run-ledger "
                     f"knows ({len(steps)}): upgrade run-ledger before using this database")
-            for version, statements in enumerate(steps, start=1):
-                if version <= current:
-                    continue
-                for sql in statements:
-                    cur.execute(sql)
-                cur.execute("INSERT INTO ledger_meta (key, value) VALUES ('schema_version', %s) "
-                            "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(version),))
         self.datastore.register_type_adapters()
+
+    @staticmethod
+    def _migrate(cur: psycopg.Cursor[Any], steps: list[list[Any]], current: int) -> None:
+        """Apply the migrations after version `current`, recording each version reached."""
+        for version, statements in enumerate(steps, start=1):
+            if version <= current:
+                continue
+            for sql in statements:
+                cur.execute(sql)
+            cur.execute("INSERT INTO ledger_meta (key, value) VALUES ('schema_version', %s) "
+                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(version),))
 
     def read_stored_rows(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, StoredEvent]]:
         sql = (f"SELECT notification_id, originator_id, originator_version, topic, state "
@@ -209,6 +288,15 @@ class PostgresStore(Store):
                                                topic=r["topic"], state=bytes(r["state"])))
             for r in tx.fetchall(sql, params)
         ]
+
+
+def _schema_version(conn: psycopg.Connection[Any]) -> int:
+    """The ledger schema version recorded in the database; 0 when there is none."""
+    row = conn.execute("SELECT to_regclass('ledger_meta') IS NOT NULL AS present").fetchone()
+    if not row or not row["present"]:
+        return 0
+    row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
+    return int(row["value"]) if row else 0
 
 
 def _fault(error: Exception, uncertain: bool) -> StoreUnavailable | CommitUncertain:

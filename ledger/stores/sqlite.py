@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -87,10 +88,10 @@ class SqliteStore(Store):
         conn = sqlite3.connect(self._db_name, uri=self.memory, check_same_thread=False,
                                isolation_level=None, timeout=BUSY_TIMEOUT_S)
         conn.row_factory = sqlite3.Row
-        if not self.memory:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        if not self.memory:
+            _use_wal(conn)
+            conn.execute("PRAGMA synchronous=FULL")
         with self._lock:
             self._all.append(conn)
         return conn
@@ -177,6 +178,23 @@ class SqliteStore(Store):
                                      topic=r["topic"], state=r["state"]))
             for r in tx.fetchall(sql, params)
         ]
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Switch a new file to WAL. Several processes opening a new file at once can find it
+    locked while one of them converts it (the busy handler does not cover this): wait and
+    look again; once it is WAL, nothing needs the lock."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                return
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def migrations() -> list[list[str]]:
