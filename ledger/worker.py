@@ -93,7 +93,8 @@ class _InFlight:
 class Worker:
     """Processes one run's items until there is nothing left for it to do.
 
-    `run()` claims up to `concurrency` items at a time (one transaction per claim),
+    `run()` claims up to `prefetch` (default `concurrency`) items at a time (one
+    transaction per claim), records every outcome that is ready in one transaction,
     runs `handle(lease)` on a thread pool, heartbeats every live lease about every
     third of the run's `lease_seconds`, and records each outcome. It stops claiming
     as soon as the run is no longer running (canceling, pausing, terminal...), lets
@@ -114,9 +115,15 @@ class Worker:
         heartbeat_every: float | None = None,
         poll_interval: float = 0.5,
         max_idle: float = 30.0,
+        prefetch: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if prefetch is not None and prefetch < concurrency:
+            raise ValueError("prefetch must be at least concurrency")
+        # leases held at once (claimed in one transaction); more than `concurrency` queues
+        # items behind the busy threads (still heartbeated) for fewer, larger transactions
+        self.prefetch = prefetch if prefetch is not None else concurrency
         self.lg = lg
         self.run_id = run_id
         self.handle = handle
@@ -181,7 +188,7 @@ class Worker:
             if not stopping and self._stop.is_set():
                 stopping = "stop requested"
             claimed: list[Lease] = []
-            free = self.concurrency - len(self._in_flight)
+            free = self.prefetch - len(self._in_flight)
             if not stopping and free > 0:
                 try:
                     claimed = self.lg.claim(self.run_id, self.actor, limit=free)
@@ -209,9 +216,12 @@ class Worker:
                 continue
             # Something is in flight. With free slots and a claim that found nothing,
             # look again after poll_interval (items may be added or come off backoff).
-            full = len(self._in_flight) >= self.concurrency
+            full = len(self._in_flight) >= self.prefetch
             timeout = None if (full or stopping) else self.poll_interval
             done, _ = wait(list(self._in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+            if done:  # record every outcome that is ready in one transaction
+                with self._registry_lock:
+                    done = set(done) | {f for f in self._in_flight if f.done()}
             self._record(done)
 
     def _drain(self) -> None:
