@@ -262,6 +262,13 @@ def _write_in_order(tx: Tx, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> Non
         i = j
 
 
+def _pipelined(cur: Any) -> bool:
+    """psycopg refuses COPY while the connection is in pipeline mode."""
+    from psycopg import pq
+
+    return bool(cur.connection.info.pipeline_status != pq.PipelineStatus.OFF)
+
+
 _LITERAL = re.compile(r"^(?:-?\d+|'[^']*')$")
 
 
@@ -289,7 +296,7 @@ def _insert_many(tx: Tx, sql: str, rows: list[tuple[Any, ...]]) -> None:
     assert m is not None
     head, one = sql[: m.start(1)], m.group(1)
     cur = getattr(tx, "cur", None)
-    if tx.store.dialect == "postgres" and hasattr(cur, "copy"):
+    if tx.store.dialect == "postgres" and hasattr(cur, "copy") and not _pipelined(cur):
         _copy_rows(cur, head, one, rows)
         return
     per = max(1, min(500, _MAX_PARAMS // max(1, len(rows[0]))))
@@ -344,12 +351,29 @@ def create_tables(tx: Tx, suffix: str) -> None:
     drop_tables(tx, suffix)
     for sql in table_ddl(tx.store.dialect, suffix):
         tx.execute(sql)
+    settle_ddl(tx)
 
 
 def drop_tables(tx: Tx, suffix: str) -> None:
     """Drop the projection tables with `suffix`, if they exist."""
     for name in PROJECTION_TABLES:
         tx.execute(f"DROP TABLE IF EXISTS {name}{suffix}")
+    settle_ddl(tx)
+
+
+def settle_ddl(tx: Tx) -> None:
+    """After DROP/ALTER on a pipelined PostgreSQL connection: let psycopg process the
+    results now. On a DROP or ALTER it forgets its prepared statements and sends
+    DEALLOCATE ALL with the next statement; processed late (pipeline mode), that
+    DEALLOCATE also removes statements prepared in between, which later fail with
+    "prepared statement does not exist"."""
+    cur = getattr(tx, "cur", None)
+    if tx.store.dialect != "postgres" or cur is None or not _pipelined(cur):
+        return
+    with cur.connection.pipeline() as pipeline:
+        pipeline.sync()  # the DDL results are processed: the cache is cleared
+    cur.execute("SELECT 1", prepare=False)  # not prepared; DEALLOCATE ALL goes out with it
+    cur.fetchall()
 
 
 def replay_batch(tx: Tx, replayer: Replayer, after: int, batch_size: int) -> tuple[int, int]:
@@ -376,9 +400,10 @@ def rebuild(lg: Any, progress: Progress | None = None, batch_size: int = BATCH_S
     suffix, name = REBUILD_SUFFIX, TRACKING_NAME
     replayer = Replayer(suffix)
     with store.write() as tx:
-        cur = tx.execute("INSERT INTO lg_tracking (name, position) VALUES (?, 0) ON CONFLICT (name) DO NOTHING",
-                         (name,))
-        if cur.rowcount == 1:
+        # RETURNING, not rowcount: it is read back even when statements are pipelined
+        created = tx.fetchall("INSERT INTO lg_tracking (name, position) VALUES (?, 0) "
+                              "ON CONFLICT (name) DO NOTHING RETURNING name", (name,))
+        if created:
             create_tables(tx, suffix)
         position = tracked_position(tx, name, lock=True)
         assert position is not None
@@ -443,6 +468,7 @@ def _switch(store: Store, replayer: Replayer, suffix: str, name: str, batch_size
             tx.execute(f"ALTER TABLE {table}{suffix} RENAME TO {table}")
         for sql in indexes:
             tx.execute(sql)
+        settle_ddl(tx)
         tx.execute("DELETE FROM lg_tracking WHERE name = ?", (name,))
         if fault is not None:
             fault("switch", 0)
@@ -511,6 +537,7 @@ def _switch_postgres(store: Store, replayer: Replayer, suffix: str, name: str, b
                     tx.execute(f"ALTER TABLE {table}{suffix} RENAME TO {table}")
                 for old, new in renames:
                     tx.execute(f"ALTER INDEX {old} RENAME TO {new}")
+                settle_ddl(tx)
                 tx.execute("DELETE FROM lg_tracking WHERE name = ?", (name,))
                 if fault is not None:
                     fault("switch", 0)
