@@ -837,10 +837,14 @@ class Ledger:
                 rows = tx.fetchall("SELECT * FROM lg_items WHERE run_id = ? AND state = 'pending' "
                                    "ORDER BY seq LIMIT ?", (run_id, limit))
             else:
+                # two index range scans (run_id, state, seq) instead of one scan over every
+                # item of the run: an OR across states defeats the index on both stores
                 rows = tx.fetchall(
-                    "SELECT * FROM lg_items WHERE run_id = ? AND (state = 'pending' OR (state = 'retryable' "
-                    "AND (eligible_at IS NULL OR eligible_at <= ?))) ORDER BY seq LIMIT ?",
-                    (run_id, iso(now), limit))
+                    "SELECT * FROM (SELECT * FROM (SELECT * FROM lg_items WHERE run_id = ? AND state = 'pending' "
+                    "ORDER BY seq LIMIT ?) AS p UNION ALL SELECT * FROM (SELECT * FROM lg_items WHERE run_id = ? "
+                    "AND state = 'retryable' AND (eligible_at IS NULL OR eligible_at <= ?) ORDER BY seq LIMIT ?) "
+                    "AS r) AS c ORDER BY seq LIMIT ?",
+                    (run_id, limit, run_id, iso(now), limit, limit))
             leases, items = [], []
             for row in rows:
                 item = self._materialize(row, now)

@@ -84,14 +84,19 @@ def fetch_hashes(tx: Tx, keys: Sequence[tuple[UUID, int]]) -> dict[tuple[UUID, i
     out: dict[tuple[UUID, int], str] = {}
     for i in range(0, len(keys), _CHUNK):
         chunk = keys[i:i + _CHUNK]
-        values = ", ".join("(?, ?)" for _ in chunk)
-        params: list[Any] = []
-        for oid, version in chunk:
-            params += [oid_param(dialect, oid), version]
+        wanted = set(chunk)
+        # by stream id (the primary key's first column, so an index search on both stores;
+        # a row-value IN list is planned as a full scan on SQLite), then pick the versions
+        streams = list(dict.fromkeys(oid for oid, _v in chunk))
+        marks = ", ".join("?" for _ in streams)
+        low = min(v for _o, v in chunk)
         rows = tx.fetchall(f"SELECT originator_id, originator_version, hash FROM {HASH_TABLE} "
-                           f"WHERE (originator_id, originator_version) IN (VALUES {values})", params)
+                           f"WHERE originator_id IN ({marks}) AND originator_version >= ?",
+                           [*(oid_param(dialect, o) for o in streams), low])
         for r in rows:
-            out[(as_uuid(r["originator_id"]), int(r["originator_version"]))] = r["hash"]
+            key = (as_uuid(r["originator_id"]), int(r["originator_version"]))
+            if key in wanted:
+                out[key] = r["hash"]
     return out
 
 

@@ -87,7 +87,8 @@ def _prepare(kind: str, dsn: str, target: str, index: int, batch: int, concurren
             def work() -> int:
                 try:
                     summary = Worker(lg, target, lambda lease: Accepted(), worker_id=worker.id,
-                                     concurrency=concurrency, poll_interval=0.05,
+                                     concurrency=concurrency, prefetch=max(concurrency, batch),
+                                     poll_interval=0.05,
                                      max_idle=5.0).run()
                     if summary.errors:
                         raise RuntimeError(f"worker errors: {summary.errors[:3]}")
@@ -222,7 +223,7 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, profile_dir: Path | None = No
     rows = []
     b = sizes.throughput_batch
     for kind, label in (("ledger_loop", f"claim({b})+record"),
-                        ("ledger_worker", f"Worker(concurrency={sizes.worker_concurrency})")):
+                        ("ledger_worker", f"Worker(concurrency={sizes.worker_concurrency}, prefetch=50)")):
         say(f"case 1: ledger {label}")
         try:
             rate, note = _ledger_side(pg, kind, sizes, profile_dir, start_method)
