@@ -32,7 +32,7 @@ POLICIES: list[dict[str, Any]] = [
     {"lease_seconds": 30, "run_deadline_seconds": 200},
     {"backoff_seconds": 10, "item_deadline_seconds": 100, "max_attempts": 2},
 ]
-RUN_OPS = ["start", "start", "claim", "claim", "claim", "pause", "resume", "cancel", "complete", "complete",
+RUN_OPS = ["start", "start", "claim", "claim", "claim", "pause", "resume", "cancel", "complete", "drain",
            "fail_run", "request_review", "approve", "reject_review", "retry", "repair", "compensate",
            "amend_add", "amend_policy", "reconcile"]
 LEASE_OPS = ["accept", "accept", "accept", "reject", "fail", "fail_nr", "heartbeat", "record"]
@@ -45,7 +45,11 @@ OP = st.one_of(
     st.tuples(st.sampled_from(ITEM_OPS), st.integers(0, 7), st.integers(0, 5)),
     st.tuples(st.just("advance"), st.sampled_from([0, 0, 1, 30, 120])),
 )
-PROGRAM = st.lists(OP, min_size=1, max_size=30)
+# every program starts from a few running runs with leases, so most commands apply
+PRELUDE: list[tuple[Any, ...]] = [("submit", 3, 0), ("submit", 3, 3), ("submit", 2, 2), ("submit", 2, 0),
+                                  ("start", 0), ("start", 1), ("start", 2), ("start", 3), ("claim", 0),
+                                  ("claim", 1), ("claim", 2), ("drain", 3)]
+PROGRAM = st.lists(OP, min_size=1, max_size=30).map(lambda ops: PRELUDE + ops)
 
 
 class Program:
@@ -122,6 +126,16 @@ class Program:
         elif kind == "cancel":
             lg.cancel(run_id, OPERATOR, "stop it")
         elif kind == "complete":
+            lg.complete(run_id, CONTROLLER)
+        elif kind == "drain":  # finish every item of the run (past any backoff), then complete it
+            leases = [i.lease for i in lg.items(run_id, state="in_progress") if i.lease]
+            for _round in range(3):
+                lg.record([Outcome(le, "accept", evidence={"k": k}) for k, le in enumerate(leases)])
+                self.clock.advance(11)
+                leases = lg.claim(run_id, WORKER, limit=100)
+            if lg.status(run_id).policy.get("review"):
+                lg.request_review(run_id, CONTROLLER, "ok")
+                lg.decide(run_id, REVIEWER, lg.status(run_id).input_version, True, "fine")
             lg.complete(run_id, CONTROLLER)
         elif kind == "fail_run":
             lg.fail(run_id, CONTROLLER, "source gone", transient=self.n % 2 == 0)
