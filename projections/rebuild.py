@@ -46,7 +46,7 @@ from .writer import Projector
 BATCH_SIZE = 2000
 REBUILD_SUFFIX = "_rebuild"
 TRACKING_NAME = "rebuild"
-LOCK_ATTEMPTS = 200
+SWITCH_PATIENCE_S = 600.0  # how long the switch keeps giving way to lock holders
 SWITCH_LAG = 2  # batches left behind the head when the switch takes over
 _CHUNK = 400
 
@@ -510,7 +510,10 @@ def _switch_postgres(store: Store, replayer: Replayer, suffix: str, name: str, b
 
     _index_scratch(store, suffix)
     applied = 0
-    for attempt in range(LOCK_ATTEMPTS):
+    deadline = time.monotonic() + SWITCH_PATIENCE_S
+    attempt = 0
+    while time.monotonic() < deadline:
+        attempt += 1
         try:
             with store.write() as tx:
                 timeout_ms = _lock_timeout_ms(tx)
@@ -549,7 +552,8 @@ def _switch_postgres(store: Store, replayer: Replayer, suffix: str, name: str, b
             with store.write() as tx:
                 applied += _catch_up(tx, replayer, name, batch_size)
             time.sleep(min(0.5, 0.02 * (attempt + 1)) * random.random())
-    raise RuntimeError(f"could not lock the projection tables to switch after {LOCK_ATTEMPTS} tries")
+    raise RuntimeError(f"could not lock the projection tables to switch within {SWITCH_PATIENCE_S:.0f}s "
+                       f"({attempt} tries); the rebuild can be resumed")
 
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
