@@ -364,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
                 verify_problems: Any = len(report.problems)
                 problems = list(report.problems)[:10]
             except (ImportError, NotImplementedError):
-                verify_problems, problems = "n/a (verify is not there yet)", []
+                verify_problems, problems = "n/a(verify-is-not-there-yet)", []
+            except Exception as e:  # noqa: BLE001 - reported, and the run is not clean
+                verify_problems, problems = "error", [f"verify raised {type(e).__name__}: {e}"]
         mon = json.loads((base / "monitor.json").read_text())
         reports = [json.loads(line) for line in (base / "reconciler.jsonl").read_text().splitlines()
                    if line.startswith("{")]
