@@ -249,6 +249,12 @@ def _with_retry(call: Callable[[], T], keyed: bool, sleep: Callable[[float], Non
             sleep(delay)
 
 
+def retry_transient(step: Callable[..., T], *args: Any) -> T:
+    """Run `step(*args)` (one transaction of an idempotent step, such as one run's reconcile
+    pass), repeating it on StoreUnavailable and CommitUncertain: repeating it is always safe."""
+    return _with_retry(lambda: step(*args), keyed=True)
+
+
 def command(name: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
     """Wrap a `Ledger` command: transient-fault retry and the `idempotency_key=` keyword."""
 
@@ -309,4 +315,4 @@ def read_command(fn: Callable[P, T]) -> Callable[P, T]:
 
 
 __all__ = ["RETRY_DELAYS", "TABLE", "check_key", "command", "ddl", "decode", "encode", "fingerprint",
-           "read_command"]
+           "read_command", "retry_transient"]

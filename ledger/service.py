@@ -37,7 +37,7 @@ from .errors import (
     RunNotFound,
     StaleReview,
 )
-from .idempotency import command, read_command
+from .idempotency import command, read_command, retry_transient
 from .validation import check_identifier, check_unicode, input_version_of
 
 if TYPE_CHECKING:
@@ -1067,7 +1067,9 @@ class Ledger:
                                     "('running', 'awaiting_review', 'pausing', 'paused', 'canceling')")
         run_ids = list(dict.fromkeys([r["run_id"] for r in stale] + [r["run_id"] for r in open_runs]))
         for run_id in run_ids:
-            e, c, p, f = self._reconcile_run(run_id, now, actor)
+            # each run's pass retried on its own: a fault on one run neither repeats nor
+            # drops the counts of the runs already reconciled (reconciling is idempotent)
+            e, c, p, f = retry_transient(self._reconcile_run, run_id, now, actor)
             expired += e
             cancels += c
             pauses += p

@@ -250,6 +250,61 @@ def test_connection_killed_mid_command_is_retried_and_applied_once(pg_dsn: str, 
             assert lg.accept(le).state == "accepted"
 
 
+@pytest.mark.postgres
+def test_reconcile_retries_one_run_without_losing_the_others(pg_dsn: str) -> None:
+    """The reconciler commits run by run. A connection killed while it waits on the second
+    run repeats that run's pass only: the report still counts every lease it expired."""
+    clock = ManualClock()
+    with Ledger.open(pg_dsn, clock=clock) as lg:
+        run_ids = [running(lg, 2, lease_seconds=10) for _ in range(3)]
+        for r in run_ids:
+            lg.claim(r, WORKER, limit=2)
+        clock.advance(60)
+        result: dict[str, Any] = {}
+
+        def reconcile() -> None:
+            try:
+                result["report"] = lg.reconcile()
+            except BaseException as e:  # noqa: BLE001 - reported below
+                result["error"] = e
+
+        lockers = {r: psycopg.connect(pg_dsn) for r in run_ids}
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            try:
+                pids = {}
+                for r, conn in lockers.items():
+                    conn.execute("SELECT 1 FROM lg_runs WHERE run_id = %s FOR UPDATE", (r,))
+                    pids[conn.info.backend_pid] = r
+                thread = threading.Thread(target=reconcile)
+                thread.start()
+
+                def blocked_on() -> tuple[int, str] | None:
+                    pid = _backend_waiting_on_lock(admin, "%lg_runs%")
+                    if pid is None:
+                        return None
+                    row = admin.execute("SELECT pg_blocking_pids(%s)", (pid,)).fetchone()
+                    holders = [p for p in (row[0] if row else []) if p in pids]
+                    return (pid, pids[holders[0]]) if holders else None
+
+                _, first = wait_until(blocked_on, "the reconciler to wait on a run")
+                lockers.pop(first).rollback()  # let the first run through: it commits
+                pid, _ = wait_until(lambda: (b := blocked_on()) and b[1] != first and b,
+                                         "the reconciler to wait on the next run")
+                assert lg.item(first, "i0").state == "retryable"  # the first run's pass committed
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                for conn in lockers.values():
+                    conn.rollback()
+                thread.join(WAIT)
+            finally:
+                for conn in lockers.values():
+                    conn.close()
+        assert "error" not in result, result.get("error")
+        assert result["report"].expired_leases == 6
+        for r in run_ids:
+            assert [a.outcome for a in lg.attempts(r)] == ["lease_expired", "lease_expired"]
+            assert [t.command for t in lg.history(r)].count("expire") == 2
+
+
 # --------------------------------------------------------------------------
 # PostgreSQL: the reply to COMMIT (or the COMMIT itself) is lost
 # --------------------------------------------------------------------------
