@@ -57,7 +57,7 @@ def test_postgres_cases(pg_dsn: str, tmp_path: Path) -> None:
     check_rows(rows, set(bench_cases.ALL_CASES))
     assert {r.name for r in rows if r.case == "1"} >= {
         "PG items/s, claim(10)+record vs queue 1/txn (A)",
-        "PG items/s, Worker(concurrency=4) vs queue 10/txn (B)",
+        "PG items/s, Worker(concurrency=4, prefetch=10) vs queue 10/txn (B)",
     }
     assert any(r.name.startswith("PG ") for r in rows if r.case == "3")
     assert any(r.name.startswith("SQLite ") for r in rows if r.case == "3")

@@ -223,7 +223,7 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, profile_dir: Path | None = No
     rows = []
     b = sizes.throughput_batch
     for kind, label in (("ledger_loop", f"claim({b})+record"),
-                        ("ledger_worker", f"Worker(concurrency={sizes.worker_concurrency}, prefetch=50)")):
+                        ("ledger_worker", f"Worker(concurrency={sizes.worker_concurrency}, prefetch={max(sizes.worker_concurrency, b)})")):
         say(f"case 1: ledger {label}")
         try:
             rate, note = _ledger_side(pg, kind, sizes, profile_dir, start_method)
