@@ -296,8 +296,11 @@ def _insert_many(tx: Tx, sql: str, rows: list[tuple[Any, ...]]) -> None:
     assert m is not None
     head, one = sql[: m.start(1)], m.group(1)
     cur = getattr(tx, "cur", None)
-    if tx.store.dialect == "postgres" and hasattr(cur, "copy") and not _pipelined(cur):
-        _copy_rows(cur, head, one, rows)
+    if tx.store.dialect == "postgres" and hasattr(cur, "copy"):
+        if _pipelined(cur):
+            tx.executemany(sql, rows)  # the store batches pipelined rows itself
+        else:
+            _copy_rows(cur, head, one, rows)
         return
     per = max(1, min(500, _MAX_PARAMS // max(1, len(rows[0]))))
     for k in range(0, len(rows), per):
