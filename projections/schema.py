@@ -1,4 +1,9 @@
-"""Projection tables. `suffix` lets a rebuild build a fresh set beside the live one."""
+"""Projection tables. `suffix` lets a rebuild build a fresh set beside the live one.
+
+A new projection table goes into PROJECTION_TABLES and TABLE_KEYS (its primary
+key): rebuilds, verify and checksums walk those; its indexes follow the live
+table's through a rebuild.
+"""
 
 from __future__ import annotations
 
