@@ -19,6 +19,8 @@ fresh temporary file (SQLite) or a fresh database cloned from the ledger templat
 
 from __future__ import annotations
 
+import threading
+
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,16 @@ from ledger import Ledger
 from ledger.stores.sqlite import LedgerSQLiteRecorder
 
 
+def _join_stray_readers() -> None:
+    """The shipped concurrency tests signal their reader threads to stop but do not join
+    them; closing a datastore under a reader still mid-query crashed the interpreter
+    (sqlite3). Wait for them before closing anything."""
+    for thread in threading.enumerate():
+        target = getattr(thread, "_target", None)
+        if thread is not threading.current_thread() and getattr(target, "__name__", "") == "read_continuously":
+            thread.join(timeout=30)
+
+
 # ---------------------------------------------------------------------------
 # SQLite: a ledger database file per recorder
 # ---------------------------------------------------------------------------
@@ -50,6 +62,7 @@ class SQLiteLedgerFile:
         self.tmp = tmp_path
         self.datastores = []
         yield
+        _join_stray_readers()
         for ds in self.datastores:
             ds.close()
 
@@ -104,6 +117,7 @@ class PostgresLedgerDatabase:
         self.dsn = pg_dsn
         self.datastores = []
         yield
+        _join_stray_readers()
         for ds in self.datastores:
             ds.close()
 
