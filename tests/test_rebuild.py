@@ -347,6 +347,7 @@ def test_readers_and_writers_during_a_rebuild(store_dsn: str, lg: Ledger) -> Non
     base = [lg.submit(manifest(3), SUBMITTER).run_id for _ in range(30)]
     stop = threading.Event()
     go, wrote = threading.Event(), threading.Event()
+    reading = threading.Event()
     errors: list[BaseException] = []
     created: list[str] = []
     seen_counts: list[int] = []
@@ -381,10 +382,12 @@ def test_readers_and_writers_during_a_rebuild(store_dsn: str, lg: Ledger) -> Non
             try:
                 while not stop.is_set():
                     seen_counts.append(len(r.runs(limit=10_000)))
+                    reading.set()
                     st_ = r.status(base[len(seen_counts) % len(base)])
                     assert st_.counts["pending"] == 3
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors.append(e)
+                reading.set()
 
     def between_batches(done: int, total: int) -> None:
         wrote.clear()
@@ -394,6 +397,7 @@ def test_readers_and_writers_during_a_rebuild(store_dsn: str, lg: Ledger) -> Non
     threads = [threading.Thread(target=f) for f in (paced_writer, free_writer, reader)]
     for t in threads:
         t.start()
+    reading.wait(timeout=60)  # the reader is reading before the first rebuild starts
     try:
         for _ in range(3):
             rebuild(lg, progress=between_batches, batch_size=10)
