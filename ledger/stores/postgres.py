@@ -97,6 +97,17 @@ def _bulk_form(sql: str) -> _Bulk | None:
     return bulk
 
 
+def _take_results(conn: psycopg.Connection[Any]) -> None:
+    """In pipeline mode, process every pending result now, in order, before reading one.
+    psycopg gives a result to its cursor when it arrives: the result of an earlier
+    statement on the same cursor that arrives while a query is being sent would be read
+    as the query's ("the last operation didn't produce records"). The read waits for
+    the results anyway, so this costs no extra round trip."""
+    pipeline = conn._pipeline
+    if pipeline is not None:
+        pipeline.sync()
+
+
 class LedgerPostgresRecorder(PostgresApplicationRecorder):
     """The stock eventsourcing PostgreSQL recorder; the ledger calls its insert
     inside its own transactions, so events and projection rows commit together."""
@@ -130,6 +141,7 @@ class PgTx(Tx):
         # A prepared statement switches to a generic plan after a few runs; for lookups by
         # a list of keys that plan ignores the values and was measured 5-10x slower.
         self.cur.execute(to_pg(sql), params, prepare=" IN (" not in sql)
+        _take_results(self.conn)
         return list(self.cur.fetchall())
 
     def insert_stored_events(self, stored: Sequence[StoredEvent]) -> list[int]:
@@ -138,6 +150,7 @@ class PgTx(Tx):
         try:
             # a clash aborts the whole transaction: the command is refused with Conflict
             rec._insert_stored_events(self.cur, stored)
+            _take_results(self.conn)
             ids = [row["notification_id"] for row in self.cur.fetchall()]  # waits for the insert
         except psycopg.errors.UniqueViolation as e:
             raise StreamConflict(str(e)) from e
@@ -146,6 +159,7 @@ class PgTx(Tx):
 
     def db_now(self) -> datetime:
         self.cur.execute("SELECT clock_timestamp() AS now")
+        _take_results(self.conn)
         row = self.cur.fetchone()
         assert row is not None
         now: datetime = row["now"]
