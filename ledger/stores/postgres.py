@@ -337,8 +337,8 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
     ]
     v2: list[Any] = hashchain.ddl("postgres") + [
         # events written before the hash chain existed are not chained (see hashchain.py)
-        f"INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
-        f"COALESCE(MAX(notification_id), 0)::text FROM {EVENTS_TABLE}",
+        (f"INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
+         f"COALESCE(MAX(notification_id), 0)::text FROM {EVENTS_TABLE}"),
     ]
     v3: list[Any] = idempotency_ddl("postgres")  # idempotency keys of commands (ledger/idempotency.py)
     out = [v1, v2, v3]

@@ -209,8 +209,8 @@ def migrations() -> list[list[str]]:
     ]
     v2 = hashchain.ddl("sqlite") + [
         # events written before the hash chain existed are not chained (see hashchain.py)
-        "INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
-        "CAST(COALESCE(MAX(rowid), 0) AS TEXT) FROM stored_events",
+        ("INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
+         "CAST(COALESCE(MAX(rowid), 0) AS TEXT) FROM stored_events"),
     ]
     v3 = idempotency_ddl("sqlite")  # idempotency keys of commands (ledger/idempotency.py)
     out = [v1, v2, v3]
