@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -253,4 +253,3 @@ def parse_policy(data: Any, base: Policy | None = None) -> Policy:
         raise ManifestInvalid(inner.message.replace(f"field {inner.field}", f"field {path}"), field=path) from None
 
 
-Literal  # re-exported for type users

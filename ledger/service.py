@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from projections.rows import item_from_row, iso, parse_dt, run_from_row
+from projections.rows import iso, item_from_row, parse_dt, run_from_row
 from projections.writer import Projector
 
 from . import states as S
@@ -64,7 +64,7 @@ def _policy(data: Any, change: Any = None) -> Any:
 
     base = Policy.model_validate(data)
     return base if change is None else parse_policy(change, base)
-from .redact import MAX_REASON_BYTES, clean_error, truncate_bytes
+from .redact import MAX_REASON_BYTES, clean_error
 from .stores import open_store, resolve_dsn
 from .stores.base import Store, StreamConflict, Tx
 from .views import (

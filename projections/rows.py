@@ -27,7 +27,7 @@ def parse_dt(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
 
-from datetime import UTC as UTC_TZ  # noqa: E402
+from datetime import UTC as UTC_TZ
 
 
 def dumps(value: Any) -> str:

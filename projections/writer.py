@@ -15,7 +15,7 @@ from eventsourcing.domain import DomainEvent
 from ledger.domain import Item, Run
 from ledger.states import IN_PROGRESS, NEW, QUEUED
 
-from .rows import ITEM_STREAM_COLUMNS, RUN_COLUMNS, dumps, item_stream_values, iso, run_to_row
+from .rows import ITEM_STREAM_COLUMNS, RUN_COLUMNS, dumps, iso, item_stream_values, run_to_row
 
 
 class Cursor(Protocol):

@@ -27,8 +27,7 @@ def open_store(dsn: str, clock: Callable[[], datetime] | None = None) -> Store:
         from .sqlite import SqliteStore
 
         path = dsn[len("sqlite://"):]
-        if path.startswith("/"):
-            path = path[1:]  # sqlite:///rel.db -> rel.db ; sqlite:////abs.db -> /abs.db
+        path = path.removeprefix("/")  # sqlite:///rel.db -> rel.db ; sqlite:////abs.db -> /abs.db
         if not path:
             raise InvalidInput("sqlite DSN needs a path: sqlite:///relative.db or sqlite:////abs.db")
         return SqliteStore(path, clock=clock)

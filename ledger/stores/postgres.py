@@ -26,10 +26,10 @@ from psycopg.rows import dict_row
 
 from projections.schema import projection_ddl
 
-from . import hashchain
 from ..errors import CommitUncertain, StoreUnavailable
 from ..idempotency import ddl as idempotency_ddl
 from ..redact import redact, truncate_bytes
+from . import hashchain
 from .base import SCHEMA_VERSION, Store, StreamConflict, Tx
 
 EVENTS_TABLE = "ledger_events"
@@ -43,8 +43,8 @@ def to_pg(sql: str) -> str:
     return _QMARK.sub("%s", sql)
 
 
-_INSERT = re.compile(r"^\s*(INSERT INTO \S+ \([^)]*\) VALUES )(\([^()]*\))(.*)$", re.S)
-_UPDATE = re.compile(r"^\s*UPDATE (\S+) SET (.+?) WHERE (.+)$", re.S)
+_INSERT = re.compile(r"^\s*(INSERT INTO \S+ \([^)]*\) VALUES )(\([^()]*\))(.*)$", re.DOTALL)
+_UPDATE = re.compile(r"^\s*UPDATE (\S+) SET (.+?) WHERE (.+)$", re.DOTALL)
 _ASSIGN = re.compile(r"^(\w+) = \?$")
 
 

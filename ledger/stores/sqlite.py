@@ -21,8 +21,8 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLite
 
 from projections.schema import projection_ddl
 
-from . import hashchain
 from ..idempotency import ddl as idempotency_ddl
+from . import hashchain
 from .base import SCHEMA_VERSION, Store, StreamConflict, Tx
 
 BUSY_TIMEOUT_S = 60.0
