@@ -1130,8 +1130,13 @@ class Ledger:
         row = tx.fetchone("SELECT * FROM lg_runs WHERE run_id = ?", (run_id,))
         if row is None:
             raise RunNotFound(run_id)
+        return self._status_of_row(tx, row)
+
+    def _status_of_row(self, tx: Tx, row: dict[str, Any]) -> RunStatus:
+        """A run row as RunStatus, with its first 20 items not accepted."""
         na = tx.fetchall("SELECT item_id, state, required, reason FROM lg_items WHERE run_id = ? AND "
-                         "state IN ('rejected', 'skipped', 'quarantined') ORDER BY seq LIMIT 20", (run_id,))
+                         "state IN ('rejected', 'skipped', 'quarantined') ORDER BY seq LIMIT 20",
+                         (row["run_id"],))
         return self._status_from_row(row, na)
 
     @staticmethod
@@ -1177,13 +1182,7 @@ class Ledger:
                 rows = tx.fetchall("SELECT * FROM lg_runs ORDER BY seq DESC LIMIT ?", (limit,))
             else:
                 rows = tx.fetchall("SELECT * FROM lg_runs WHERE state = ? ORDER BY seq DESC LIMIT ?", (state, limit))
-            out = []
-            for row in rows:
-                na = tx.fetchall("SELECT item_id, state, required, reason FROM lg_items WHERE run_id = ? AND "
-                                 "state IN ('rejected', 'skipped', 'quarantined') ORDER BY seq LIMIT 20",
-                                 (row["run_id"],))
-                out.append(self._status_from_row(row, na))
-            return out
+            return [self._status_of_row(tx, row) for row in rows]
 
     def _item_status_tx(self, tx: Tx, run_id: str, item_id: str) -> ItemStatus:
         return _item_status(self._item_row(tx, run_id, item_id))
@@ -1245,13 +1244,7 @@ class Ledger:
         with self.store.read() as tx:
             run = self._load_run(tx, run_id, lock=False)
             rows = tx.fetchall("SELECT * FROM lg_runs WHERE root_run_id = ? ORDER BY seq", (run.root_run_id,))
-            out = []
-            for row in rows:
-                na = tx.fetchall("SELECT item_id, state, required, reason FROM lg_items WHERE run_id = ? AND "
-                                 "state IN ('rejected', 'skipped', 'quarantined') ORDER BY seq LIMIT 20",
-                                 (row["run_id"],))
-                out.append(self._status_from_row(row, na))
-            return out
+            return [self._status_of_row(tx, row) for row in rows]
 
     def audit(self, run_id: str | None = None, actor: str | None = None, role: str | None = None,
               state: str | None = None, since: datetime | None = None, until: datetime | None = None,
