@@ -761,19 +761,108 @@ def projections_rebuild(
     """Drop every projection and rebuild it from the events."""
     import time
 
-    shown: dict[str, float] = {"at": 0.0, "done": -1}
-
-    def progress(done: int, total: int) -> None:
-        now = time.monotonic()
-        if done == shown["done"]:
-            return
-        if done >= total or now - shown["at"] >= 0.5:  # at most two lines a second
-            shown.update(at=now, done=done)
-            typer.echo(f"rebuilding projections: {done}/{total} events", err=True)
-
+    started = time.monotonic()
     with _ledger(ctx) as lg, _core_feature("projections rebuild"):
-        replayed = lg.rebuild_projections(progress=None if no_progress else progress)
-    typer.echo(f"projections rebuilt from {replayed} events")
+        if no_progress:
+            replayed = lg.rebuild_projections()
+        else:
+            with RebuildProgress.on_stderr() as progress:
+                replayed = lg.rebuild_projections(progress=progress)
+    seconds = time.monotonic() - started
+    typer.echo(f"projections rebuilt from {replayed} events in {_duration(seconds)}")
+
+
+def _duration(seconds: float) -> str:
+    """`0.4s`, `42s`, `3m07s`, `1h02m`."""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class RebuildProgress:
+    """`progress(done, total)` for a rebuild: events done / total, rate and ETA.
+
+    On a terminal a rich progress bar; otherwise (a log, a pipe) one line at most every
+    `interval` seconds plus the last one, so captured output stays short and readable.
+    The rate counts only events replayed by this process (a resumed rebuild starts
+    with the crashed one's events already done).
+    """
+
+    def __init__(self, write: Any = None, interval: float = 2.0, clock: Any = None,
+                 bar: Any = None) -> None:
+        import time
+
+        self.write = write
+        self.interval = interval
+        self.clock = clock or time.monotonic
+        self.bar = bar  # (rich Progress, task id) on a terminal
+        self.first: tuple[float, int] | None = None
+        self.shown_at: float | None = None
+        self.shown_done = -1
+
+    @classmethod
+    @contextmanager
+    def on_stderr(cls) -> Iterator[RebuildProgress]:
+        if not sys.stderr.isatty():
+            yield cls(write=lambda line: typer.echo(line, err=True))
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        bar = Progress(TextColumn("rebuilding projections"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("events"), TaskProgressColumn(), TextColumn("{task.fields[rate]}"),
+                       TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True))
+        with bar:
+            task = bar.add_task("rebuild", total=None, rate="")
+            yield cls(bar=(bar, task))
+
+    def rate_eta(self, done: int, total: int) -> tuple[float | None, float | None]:
+        """Events per second since the first report, and seconds left at that rate."""
+        now = self.clock()
+        if self.first is None:
+            self.first = (now, done)
+        t0, d0 = self.first
+        if now <= t0 or done <= d0:
+            return None, None
+        rate = (done - d0) / (now - t0)
+        return rate, max(0, total - done) / rate
+
+    def line(self, done: int, total: int) -> str:
+        rate, eta = self.rate_eta(done, total)
+        pct = 100.0 * done / total if total else 100.0
+        text = f"rebuilding projections: {done:,}/{total:,} events ({pct:.0f}%)"
+        if rate is not None:
+            text += f", {rate:,.0f} events/s"
+            if done < total and eta is not None:
+                text += f", ETA {_duration(eta)}"
+        return text
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            bar, task = self.bar
+            rate, _eta = self.rate_eta(done, total)
+            bar.update(task, completed=done, total=total,
+                       rate="" if rate is None else f"{rate:,.0f} events/s")
+            return
+        now = self.clock()
+        last = done >= total
+        if done == self.shown_done:
+            return
+        if last or self.shown_at is None or now - self.shown_at >= self.interval:
+            self.shown_at, self.shown_done = now, done
+            self.write(self.line(done, total))
 
 
 # -- the HTTP API (ledger/http): thin wrappers over its serve() and add_token() --------

@@ -400,9 +400,31 @@ def test_verify_and_rebuild(dsn: str, tmp_path: Path) -> None:
         result = ok(dsn, "projections", "rebuild")
         assert "projections rebuilt from" in result.stdout
         assert "rebuilding projections:" in result.stderr
+        assert "events (100%)" in result.stderr.splitlines()[-1]
         assert "rebuilding" not in ok(dsn, "projections", "rebuild", "--no-progress").stderr
     assert snapshot(dsn) == before
 
+
+
+def test_rebuild_progress_lines_show_done_total_rate_and_eta() -> None:
+    from ledger.cli import RebuildProgress
+
+    now = [100.0]
+    lines: list[str] = []
+    progress = RebuildProgress(write=lines.append, interval=2.0, clock=lambda: now[0])
+    progress(4_000, 20_000)  # resumed: 4,000 events were done by a crashed rebuild
+    now[0] += 1.0
+    progress(5_000, 20_000)  # within the interval: not shown
+    now[0] += 1.0
+    progress(6_000, 20_000)
+    now[0] += 6.0
+    progress(20_000, 20_000)
+    progress(20_000, 20_000)  # the switch's report, nothing new: not repeated
+    assert lines == [
+        "rebuilding projections: 4,000/20,000 events (20%)",
+        "rebuilding projections: 6,000/20,000 events (30%), 1,000 events/s, ETA 14s",
+        "rebuilding projections: 20,000/20,000 events (100%), 2,000 events/s",
+    ]
 
 def test_status_at_a_past_time(dsn: str, tmp_path: Path) -> None:
     run = submitted(dsn, tmp_path)
