@@ -27,10 +27,13 @@ tables and dropped after it.
 
 from __future__ import annotations
 
+import gc
 import random
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -44,6 +47,8 @@ from .schema import PROJECTION_TABLES, table_ddl
 from .writer import Projector
 
 BATCH_SIZE = 2000
+CACHE_ITEMS = 20_000  # item aggregates a Replayer keeps between batches (bounds its memory)
+CACHE_RUNS = 2_000
 REBUILD_SUFFIX = "_rebuild"
 TRACKING_NAME = "rebuild"
 SWITCH_PATIENCE_S = 600.0  # how long the switch keeps giving way to lock holders
@@ -76,16 +81,17 @@ _STATE_READING = (Run.Amended, Item.LeaseExtended)
 
 
 class RecordingCursor:
-    """Collects the projector's statements so a batch can write them together."""
+    """Collects the projector's statements so a batch can write them together:
+    `calls` holds (sql, rows) groups in the order the projector issued them."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.calls: list[tuple[str, list[tuple[Any, ...]]]] = []
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
-        self.calls.append((sql, tuple(params)))
+        self.calls.append((sql, [tuple(params)]))
 
     def executemany(self, sql: str, rows: Any) -> None:
-        self.calls.extend((sql, tuple(r)) for r in rows)
+        self.calls.append((sql, [r if type(r) is tuple else tuple(r) for r in rows]))
 
 
 class Replayer:
@@ -94,9 +100,17 @@ class Replayer:
     Each event is applied to its aggregate and projected on its own (so the
     projector sees exactly the state it saw live); the resulting statements are
     written per batch: inserts in order, then the last run and item row per key.
+
+    Aggregates come from the tables' rows, or from a bounded cache of the ones
+    whose rows the previous batch wrote: after a caller commits a batch it calls
+    `committed(position)`, and the next batch (which must start right there, else
+    the cache is dropped) takes its aggregates out of the cache instead of reading
+    and decoding their rows again. A batch whose transaction rolls back never
+    returns what it took, so the cache only ever holds committed rows' state.
     """
 
-    def __init__(self, suffix: str, observer: Observer | None = None, tolerant: bool = False) -> None:
+    def __init__(self, suffix: str, observer: Observer | None = None, tolerant: bool = False,
+                 cache_items: int = CACHE_ITEMS, cache_runs: int = CACHE_RUNS) -> None:
         self.suffix = suffix
         self.projector = Projector(suffix)
         self.observer = observer
@@ -112,42 +126,109 @@ class Replayer:
         # statement order within a flush; the row upserts go last, deduplicated
         self._rank = {p.insert_item: 0, p.replace_item: 1, p.withdraw_item: 1, p.insert_attempt: 2,
                       p.finish_attempt: 3, p.extend_attempt: 3, p.insert_transition: 4}
+        # the cache: aggregates equal to their rows as of position `_cache_at`
+        self.cache_items, self.cache_runs = cache_items, cache_runs
+        self._cached_runs: OrderedDict[str, Run] = OrderedDict()
+        self._cached_items: OrderedDict[tuple[str, str], Item] = OrderedDict()
+        self._cache_at: int | None = None
+        self._written_runs: set[str] = set()  # rows written by the current batch
+        self._written_items: set[tuple[str, str]] = set()
+        self._cacheable = False
+
+    # the cache ------------------------------------------------------------
+    def committed(self, position: int) -> None:
+        """The caller committed the batch that ended at `position`: keep the aggregates
+        whose rows it wrote for the next batch (the oldest beyond the bounds are dropped)."""
+        if not self._cacheable or self.cache_items <= 0:
+            self.forget()
+            return
+        for run_id in self._written_runs:
+            run = self.runs.get(run_id)
+            if run is not None:
+                self._cached_runs[run_id] = run
+                self._cached_runs.move_to_end(run_id)
+        for key in self._written_items:
+            item = self.items.get(key)
+            if item is not None:
+                self._cached_items[key] = item
+                self._cached_items.move_to_end(key)
+        while len(self._cached_runs) > self.cache_runs:
+            self._cached_runs.popitem(last=False)
+        while len(self._cached_items) > self.cache_items:
+            self._cached_items.popitem(last=False)
+        self._cache_at = position
+        self._cacheable = False
+        self.runs, self.items, self.streams = {}, {}, {}
+
+    def forget(self) -> None:
+        """Drop the cache (the next batch reads every aggregate from the tables)."""
+        self._cached_runs.clear()
+        self._cached_items.clear()
+        self._cache_at = None
+        self._cacheable = False
+
+    def cached(self) -> int:
+        """Aggregates held in the cache."""
+        return len(self._cached_runs) + len(self._cached_items)
 
     # loading ------------------------------------------------------------
     def _load(self, tx: Tx, events: Sequence[tuple[int, DomainEvent]]) -> None:
         run_ids: dict[str, None] = {}
         item_keys: dict[tuple[str, str], None] = {}
+        created: set[Any] = set()  # streams whose first event is in the batch: nothing to load
         for _pos, e in events:
             run_id = getattr(e, "run_id", None)
             item_id = getattr(e, "item_id", None)
             if run_id is not None and item_id is not None:
-                item_keys[(run_id, item_id)] = None
+                key = (run_id, item_id)
+                if key not in item_keys and isinstance(e, CanInitAggregate):
+                    created.add(key)
+                item_keys[key] = None
                 run_ids[run_id] = None
             else:
-                run_ids[str(e.originator_id)] = None
+                rid = str(e.originator_id)
+                if rid not in run_ids and isinstance(e, CanInitAggregate):
+                    created.add(rid)
+                run_ids[rid] = None
             for link in getattr(e, "links", None) or ():
                 run_ids[link["run_id"]] = None
         self.runs, self.items, self.streams = {}, {}, {}
+        missing_runs: list[str] = []
+        for run_id in run_ids:
+            run = self._cached_runs.pop(run_id, None)
+            if run is not None:
+                self.runs[run_id] = run
+                self.streams[run.id] = run
+            elif run_id not in created:
+                missing_runs.append(run_id)
+        missing_items: dict[str, list[str]] = {}
+        for key in item_keys:
+            item = self._cached_items.pop(key, None)
+            if item is not None:
+                self.items[key] = item
+                self.streams[item.id] = item
+            elif key not in created:
+                missing_items.setdefault(key[0], []).append(key[1])
         runs_t, items_t = "lg_runs" + self.suffix, "lg_items" + self.suffix
-        ids = list(run_ids)
-        for i in range(0, len(ids), _CHUNK):
-            chunk = ids[i:i + _CHUNK]
+        for i in range(0, len(missing_runs), _CHUNK):
+            chunk = missing_runs[i:i + _CHUNK]
             marks = ", ".join("?" for _ in chunk)
             for row in tx.fetchall(f"SELECT * FROM {runs_t} WHERE run_id IN ({marks})", chunk):
                 run = run_from_row(row)
                 self.runs[run.run_id] = run
                 self.streams[run.id] = run
-        keys = list(item_keys)
-        for i in range(0, len(keys), _CHUNK):
-            key_chunk = keys[i:i + _CHUNK]
-            values = ", ".join("(?, ?)" for _ in key_chunk)
-            pairs = [v for k in key_chunk for v in k]
-            for row in tx.fetchall(f"SELECT * FROM {items_t} WHERE (run_id, item_id) IN (VALUES {values})",
-                                   pairs):
-                item = item_from_row(row)
-                if item is not None:
-                    self.items[(item.run_id, item.item_id)] = item
-                    self.streams[item.id] = item
+        # by run, then item ids: a search of the primary key on both stores (a row-value
+        # IN list is planned as a scan of the whole table on SQLite)
+        for run_id, item_ids in missing_items.items():
+            for i in range(0, len(item_ids), _CHUNK):
+                id_chunk = item_ids[i:i + _CHUNK]
+                marks = ", ".join("?" for _ in id_chunk)
+                for row in tx.fetchall(f"SELECT * FROM {items_t} WHERE run_id = ? AND item_id IN ({marks})",
+                                       [run_id, *id_chunk]):
+                    item = item_from_row(row)
+                    if item is not None:
+                        self.items[(item.run_id, item.item_id)] = item
+                        self.streams[item.id] = item
 
     # applying -----------------------------------------------------------
     def _mutate(self, e: DomainEvent) -> None:
@@ -171,8 +252,15 @@ class Replayer:
             agg.version = e.originator_version - 1
         self._mutate(e)
 
-    def apply(self, tx: Tx, events: Sequence[tuple[int, DomainEvent]]) -> None:
-        """Apply and write one batch of events (the caller commits)."""
+    def apply(self, tx: Tx, events: Sequence[tuple[int, DomainEvent]], after: int | None = None) -> None:
+        """Apply and write one batch of events, the ones after position `after` (the caller
+        commits, then calls `committed`; without `after` the cache is not used)."""
+        if after is None or after != self._cache_at:
+            self.forget()  # the tables may have moved since the cached batch (or never had it)
+        self._cache_at = None  # until this batch is committed
+        self._written_runs, self._written_items = set(), set()
+        self._cacheable = after is not None
+        problems_before = len(self.problems)
         self._load(tx, events)
         self._rec = RecordingCursor()
         self._pending = []
@@ -193,6 +281,8 @@ class Replayer:
             elif not isinstance(e, _GROUPABLE):
                 self._project_pending()  # an event type this module does not know: alone
         self.flush(tx)
+        if len(self.problems) != problems_before:
+            self._cacheable = False  # an event that did not apply may have left an aggregate half-changed
 
     def _project_pending(self) -> None:
         """Project the events applied since the last call, all at once: the projector
@@ -224,42 +314,52 @@ class Replayer:
         self._project_pending()
         calls, self._rec = self._rec.calls, RecordingCursor()
         p = self.projector
-        if any(sql not in self._rank and sql not in (p.upsert_run, p.update_item) for sql, _ in calls):
+        rank = self._rank
+        if any(sql not in rank and sql not in (p.upsert_run, p.update_item) for sql, _ in calls):
             # a statement this module does not know: keep the projector's exact order
+            self._cacheable = False
             _write_in_order(tx, calls)
             return
         last_run: dict[Any, tuple[Any, ...]] = {}
         last_item: dict[Any, tuple[Any, ...]] = {}
-        ordered: list[tuple[int, int, str, tuple[Any, ...]]] = []
-        for i, (sql, params) in enumerate(calls):
+        # by rank, in the projector's order within a rank: inserts before the updates of
+        # the rows they insert, each row's updates in the order they were made
+        ranked: list[list[tuple[str, list[tuple[Any, ...]]]]] = [[] for _ in range(1 + max(rank.values()))]
+        for sql, rows in calls:
             if sql == p.upsert_run:
-                last_run[params[0]] = params
+                for r in rows:
+                    last_run[r[0]] = r
             elif sql == p.update_item:
-                last_item[(params[-2], params[-1])] = params
+                for r in rows:
+                    last_item[(r[-2], r[-1])] = r
             else:
-                ordered.append((self._rank[sql], i, sql, params))
-        ordered.sort(key=lambda t: (t[0], t[1]))
-        _write_in_order(tx, [(sql, params) for _r, _i, sql, params in ordered])
+                ranked[rank[sql]].append((sql, rows))
+        _write_in_order(tx, [group for groups in ranked for group in groups])
         if last_run:
             tx.executemany(p.upsert_run, list(last_run.values()))
+            self._written_runs.update(last_run)
         if last_item:
             tx.executemany(p.update_item, list(last_item.values()))
+            self._written_items.update(last_item)
 
 
-def _write_in_order(tx: Tx, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
+def _write_in_order(tx: Tx, calls: Sequence[tuple[str, list[tuple[Any, ...]]]]) -> None:
+    """Execute (sql, rows) groups in order, adjacent groups of one statement together."""
     i = 0
     while i < len(calls):
-        j = i
-        while j < len(calls) and calls[j][0] == calls[i][0]:
-            j += 1
-        sql, rows = calls[i][0], [c[1] for c in calls[i:j]]
+        sql, rows = calls[i][0], list(calls[i][1])
+        i += 1
+        while i < len(calls) and calls[i][0] == sql:
+            rows.extend(calls[i][1])
+            i += 1
+        if not rows:
+            continue
         if len(rows) == 1:
             tx.execute(sql, rows[0])
         elif _PLAIN_INSERT.match(sql):
             _insert_many(tx, sql, rows)
         else:
             tx.executemany(sql, rows)
-        i = j
 
 
 def _pipelined(cur: Any) -> bool:
@@ -384,13 +484,32 @@ def replay_batch(tx: Tx, replayer: Replayer, after: int, batch_size: int) -> tup
     events = tx.store.read_events_tx(tx, after, batch_size)
     if not events:
         return after, 0
-    replayer.apply(tx, events)
+    replayer.apply(tx, events, after)
     return events[-1][0], len(events)
 
 
 # --------------------------------------------------------------------------
 # the rebuild
 # --------------------------------------------------------------------------
+@contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Run a block with the cyclic garbage collector's thresholds raised (restored after).
+
+    A replay allocates millions of short-lived objects (decoded events, aggregates,
+    row tuples), freed by reference counting; with the default thresholds that
+    churn set off a full collection every few thousand events, each walking every
+    live object (measured: a fifth of a rebuild's time, and nothing collected).
+    The thresholds are process-wide: other threads meanwhile get fewer collections
+    too, nothing else.
+    """
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], 50_000), max(old[1], 50), max(old[2], 100))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def rebuild(lg: Any, progress: Progress | None = None, batch_size: int = BATCH_SIZE,
             fault: Fault | None = None) -> int:
     """Rebuild every projection (resuming a crashed rebuild); returns the events replayed.
@@ -399,6 +518,11 @@ def rebuild(lg: Any, progress: Progress | None = None, batch_size: int = BATCH_S
     is a test hook called inside each transaction just before it commits
     (stage "batch" with the batch number, or "switch").
     """
+    with fewer_collections():
+        return _rebuild(lg, progress, batch_size, fault)
+
+
+def _rebuild(lg: Any, progress: Progress | None, batch_size: int, fault: Fault | None) -> int:
     store: Store = lg.store
     suffix, name = REBUILD_SUFFIX, TRACKING_NAME
     replayer = Replayer(suffix)
@@ -425,6 +549,7 @@ def rebuild(lg: Any, progress: Progress | None = None, batch_size: int = BATCH_S
             head = last_position(tx)
             if fault is not None:
                 fault("batch", batch_no)
+        replayer.committed(position)
         done += n
         total = max(total, done + (head - position))
         if progress is not None and n:

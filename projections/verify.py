@@ -51,7 +51,15 @@ from ledger.stores.hashchain import (
 from ledger.views import VerifyReport
 
 from .checksums import checksums, diff_rows
-from .rebuild import BATCH_SIZE, Replayer, count_events, create_tables, drop_tables, position_column
+from .rebuild import (
+    BATCH_SIZE,
+    Replayer,
+    count_events,
+    create_tables,
+    drop_tables,
+    fewer_collections,
+    position_column,
+)
 from .schema import PROJECTION_TABLES
 
 MAX_PROBLEMS = 1000
@@ -86,6 +94,11 @@ class Problems:
 
 def verify(lg: Any) -> VerifyReport:
     """Replay every event; report broken hash chains, broken SPEC rules and projection drift."""
+    with fewer_collections():
+        return _verify(lg)
+
+
+def _verify(lg: Any) -> VerifyReport:
     store: Store = lg.store
     problems = Problems()
     suffix = "_verify_" + secrets.token_hex(4)
@@ -98,6 +111,7 @@ def verify(lg: Any) -> VerifyReport:
         while True:  # catch up in batches, outside any lock
             with store.write() as tx:
                 position, n = _replay(tx, replayer, position, problems)
+            replayer.committed(position)  # its aggregates serve the next batch
             if n < BATCH_SIZE:
                 break
         with _consistent(store) as tx:  # the last events and the comparison see one state
@@ -148,7 +162,7 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
                          f"event v{stored.originator_version} of stream {stored.originator_id} does not "
                          f"decode: {type(exc).__name__}: {exc}")
     if events:
-        replayer.apply(tx, events)
+        replayer.apply(tx, events, after)
     return (rows[-1][0] if rows else after), len(rows)
 
 

@@ -243,6 +243,42 @@ def test_replayer_holds_only_one_batch_of_aggregates(lg: Ledger) -> None:
     assert max(sizes) <= 11  # a batch of 10 events touches at most 10 items and their run
 
 
+def test_replayer_cache_is_bounded_and_never_serves_rows_another_replayer_moved(lg: Ledger) -> None:
+    """Two replayers take turns on one set of tables (two rebuild processes): each may keep
+    the aggregates of the batch it committed, but must not use them once the other has
+    moved the tables on; and the cache stays within its bounds."""
+    import random
+
+    from projections.rebuild import create_tables, drop_tables, replay_batch
+
+    for r in range(2):
+        run = lg.submit(manifest(30), SUBMITTER).run_id
+        lg.start(run, CONTROLLER)
+        while leases := lg.claim(run, WORKER, limit=7):
+            lg.heartbeat(leases[0])
+            lg.record([Outcome(le, "fail" if (i + r) % 4 == 0 else "accept", error="flaky")
+                       for i, le in enumerate(leases)])
+    a, b = Replayer("_two", cache_items=6, cache_runs=1), Replayer("_two", cache_items=6, cache_runs=1)
+    rng = random.Random(3)
+    position, turns, cached = 0, [], []
+    while True:
+        rp = a if rng.random() < 0.5 else b
+        with lg.store.write() as tx:
+            if position == 0:
+                create_tables(tx, "_two")
+            position, n = replay_batch(tx, rp, position, 9)
+        rp.committed(position)
+        turns.append(rp is a)
+        cached.append(a.cached() + b.cached())
+        if n < 9:
+            break
+    assert True in turns and False in turns
+    assert 0 < max(cached) <= 2 * (6 + 1)
+    with lg.store.write() as tx:
+        assert checksums(tx, "_two") == checksums(tx)
+        drop_tables(tx, "_two")
+
+
 # --------------------------------------------------------------------------
 # crash safety
 # --------------------------------------------------------------------------
