@@ -772,6 +772,22 @@ def projections_rebuild(
     typer.echo(f"projections rebuilt from {replayed} events in {_duration(seconds)}")
 
 
+@projections_app.command("checksums")
+def projections_checksums(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Row count and checksum of each live projection table (equal tables, equal checksums,
+    on any store): compare before and after a rebuild, or two ledgers."""
+    from projections.checksums import checksums
+
+    with _ledger(ctx) as lg, lg.store.read() as tx:
+        found = checksums(tx)
+    if as_json:
+        _emit_json(found)
+        return
+    for table, value in found.items():
+        rows, digest = value.split(":")
+        typer.echo(f"{table:<15} {int(rows):>10,} rows  {digest}")
+
+
 def _duration(seconds: float) -> str:
     """`0.4s`, `42s`, `3m07s`, `1h02m`."""
     if seconds < 10:

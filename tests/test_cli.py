@@ -397,7 +397,12 @@ def test_verify_and_rebuild(dsn: str, tmp_path: Path) -> None:
     if not _core_has("projections.rebuild"):
         assert_refused(cli(dsn, "projections", "rebuild"), "NotImplementedError", "rebuild")
     else:
+        sums = doc(dsn, "projections", "checksums")
+        assert set(sums) == {"lg_runs", "lg_items", "lg_attempts", "lg_transitions"}
+        assert sums["lg_items"].startswith("2:")
+        assert "lg_items" in ok(dsn, "projections", "checksums").stdout
         result = ok(dsn, "projections", "rebuild")
+        assert doc(dsn, "projections", "checksums") == sums  # the rebuilt tables equal the live ones
         assert "projections rebuilt from" in result.stdout
         assert "rebuilding projections:" in result.stderr
         assert "events (100%)" in result.stderr.splitlines()[-1]
