@@ -524,3 +524,28 @@ def test_a_role_that_may_not_create_tables_cannot_set_up_an_empty_database(
         assert "permission denied" in str(refused.value)
     finally:
         drop_database(pg_server.admin_dsn, name)
+
+
+@pytest.mark.timeout(120)
+def test_a_manifest_of_100000_items_is_submitted_in_one_transaction(pg_dsn: str) -> None:
+    # Its event and its item rows are statements of several megabytes in one pipelined
+    # transaction: psycopg's pipeline left such a statement half sent and waited for its
+    # answer forever (psycopg/psycopg#685) until the store drained the output buffer.
+    n = 100_000
+    with Ledger.open(pg_dsn) as lg:
+        status = lg.submit(manifest(n), SUBMITTER)
+        assert status.counts["pending"] == n
+        lg.start(status.run_id, CONTROLLER)
+        leases = lg.claim(status.run_id, WORKER, limit=3)
+        assert [le.item_id for le in leases] == ["i0", "i1", "i2"]
+        assert len(lg.items(status.run_id)) == n
+
+
+@pytest.mark.timeout(120)
+def test_a_statement_larger_than_the_socket_buffers_is_sent_whole_in_a_pipeline(pg_dsn: str) -> None:
+    with Ledger.open(pg_dsn) as lg:
+        with lg.store.write() as tx:
+            tx.execute("CREATE TEMP TABLE big (t TEXT)")
+            tx.execute("INSERT INTO big VALUES (?)", ("x" * 20_000_000,))
+            row = tx.fetchone("SELECT length(t) AS n FROM big")
+        assert row == {"n": 20_000_000}

@@ -8,12 +8,14 @@ and stamps events, so workers on machines with skewed clocks agree.
 
 from __future__ import annotations
 
+import json
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 import psycopg
 import psycopg_pool
@@ -22,6 +24,7 @@ from eventsourcing.persistence import OperationalError as ESOperationalError
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.generators import send
 from psycopg.rows import dict_row
 
 from projections.schema import projection_ddl
@@ -43,58 +46,89 @@ def to_pg(sql: str) -> str:
     return _QMARK.sub("%s", sql)
 
 
-_INSERT = re.compile(r"^\s*(INSERT INTO \S+ \([^)]*\) VALUES )(\([^()]*\))(.*)$", re.DOTALL)
+_INSERT = re.compile(r"^\s*INSERT INTO (\S+) \(([^)]*)\) VALUES \(([^()]*)\)(.*)$", re.DOTALL)
 _UPDATE = re.compile(r"^\s*UPDATE (\S+) SET (.+?) WHERE (.+)$", re.DOTALL)
 _ASSIGN = re.compile(r"^(\w+) = \?$")
+_NAME = re.compile(r"^\w+$")
 
 
 class _Bulk:
-    """A one-row statement rewritten to take many rows in one statement."""
+    """A one-row INSERT or UPDATE rewritten to take every row in one parameter: a JSON array
+    of objects keyed by column name, expanded by `json_populate_recordset` with the table's
+    own column types. The statement text is short and the same for any number of rows, so
+    psycopg converts it once and the server keeps it prepared; encoding the rows is one
+    `json.dumps` (measured 4-7x less client CPU than a multi-row VALUES list, whose
+    placeholders psycopg parses again on every call)."""
 
-    def __init__(self, make: Callable[[int], str], params_per_row: int) -> None:
-        self._make = make
-        self.params_per_row = params_per_row
-        self._cache: dict[int, str] = {}
+    def __init__(self, sql: str, names: list[str]) -> None:
+        self.sql = sql
+        self.names = names
 
-    def sql(self, n: int) -> str:
-        text = self._cache.get(n)
-        if text is None:
-            text = self._cache[n] = self._make(n)
-        return text
+    def param(self, rows: Sequence[Sequence[Any]]) -> str | None:
+        """The rows as the JSON parameter; None when a value has no exact JSON form."""
+        names = self.names
+        try:
+            return json.dumps([dict(zip(names, row, strict=True)) for row in rows],
+                              default=_json_scalar, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError):
+            return None
+
+
+def _json_scalar(value: Any) -> str:
+    if isinstance(value, UUID):
+        return str(value)
+    raise TypeError(type(value).__name__)
 
 
 _BULK_CACHE: dict[str, _Bulk | None] = {}
 
 
 def _bulk_form(sql: str) -> _Bulk | None:
-    """`INSERT ... VALUES (row)` -> multi-row VALUES; `UPDATE t SET a = ? ... WHERE k = ? AND ...`
-    -> `UPDATE t SET ... FROM (VALUES ...) v WHERE ...`. None when the shape is not one of those."""
+    """`INSERT INTO t (cols) VALUES (?, ..., literal) [tail]` and `UPDATE t SET a = ?, ... WHERE
+    k = ? AND ...` as one statement over a JSON array of rows. None for any other shape."""
     if sql in _BULK_CACHE:
         return _BULK_CACHE[sql]
     bulk: _Bulk | None = None
     m = _INSERT.match(sql)
     if m:
-        head, row, tail = m.group(1), to_pg(m.group(2)), to_pg(m.group(3))
-        bulk = _Bulk(lambda n: head + ", ".join([row] * n) + tail, m.group(2).count("?"))
+        table, tail = m.group(1), m.group(4)
+        cols = [c.strip() for c in m.group(2).split(",")]
+        values = [v.strip() for v in m.group(3).split(",")]
+        if (len(cols) == len(values) and all(_NAME.match(c) for c in cols) and "?" not in tail
+                and all(v == "?" or "?" not in v for v in values)):
+            names = [c for c, v in zip(cols, values, strict=True) if v == "?"]
+            select = ", ".join(f"v.{c}" if v == "?" else v for c, v in zip(cols, values, strict=True))
+            bulk = _Bulk(f"INSERT INTO {table} ({', '.join(cols)}) SELECT {select} "
+                         f"FROM json_populate_recordset(NULL::{table}, %s::json) AS v{tail}", names)
     else:
         u = _UPDATE.match(sql)
         if u:
             table = u.group(1)
             sets = [a.strip() for a in u.group(2).split(",")]
             keys = [k.strip() for k in u.group(3).split(" AND ")]
-            cols = [_ASSIGN.match(x) for x in sets + keys]
-            if all(cols):
-                names = [c.group(1) for c in cols if c]
+            found = [_ASSIGN.match(x) for x in sets + keys]
+            names = [c.group(1) for c in found if c]
+            if len(names) == len(found) and len(set(names)) == len(names):
                 n_set = len(sets)
-                alias = ", ".join(f"c{i}" for i in range(len(names)))
-                assign = ", ".join(f"{names[i]} = v.c{i}" for i in range(n_set))
-                where = " AND ".join(f"t.{names[i]} = v.c{i}" for i in range(n_set, len(names)))
-                row = "(" + ", ".join(["%s"] * len(names)) + ")"
-                bulk = _Bulk(lambda n: (f"UPDATE {table} AS t SET {assign} FROM (VALUES "
-                                        + ", ".join([row] * n) + f") AS v({alias}) WHERE {where}"),
-                             len(names))
+                assign = ", ".join(f"{c} = v.{c}" for c in names[:n_set])
+                where = " AND ".join(f"t.{c} = v.{c}" for c in names[n_set:])
+                bulk = _Bulk(f"UPDATE {table} AS t SET {assign} "
+                             f"FROM json_populate_recordset(NULL::{table}, %s::json) AS v WHERE {where}",
+                             names)
     _BULK_CACHE[sql] = bulk
     return bulk
+
+
+def _drain(conn: psycopg.Connection[Any]) -> None:
+    """In pipeline mode, finish sending what libpq still holds in its output buffer.
+
+    psycopg's pipeline loop stops writing once its command queue is empty even when
+    libpq could not yet flush everything (psycopg/psycopg#685): a large statement (a
+    100,000-item manifest) was left half sent while the client waited for its result and
+    the server for its remaining bytes, forever. Called after every statement we send in
+    a pipeline; a no-op (one non-blocking flush) when the buffer is already empty."""
+    if conn._pipeline is not None and conn.pgconn.flush() != 0:
+        conn.wait(send(conn.pgconn))
 
 
 def _take_results(conn: psycopg.Connection[Any]) -> None:
@@ -120,27 +154,29 @@ class PgTx(Tx):
         self.cur = conn.cursor()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        return self.cur.execute(to_pg(sql), params, prepare=True)
+        cur = self.cur.execute(to_pg(sql), params, prepare=True)
+        _drain(self.conn)
+        return cur
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any:
         rows = list(rows)
         if len(rows) > 1:
             bulk = _bulk_form(sql)
-            if bulk is not None:
-                # one statement per chunk instead of one per row: round trips, not rows, cost here
-                per_row = bulk.params_per_row
-                chunk = max(1, 30_000 // max(per_row, 1))
-                for i in range(0, len(rows), chunk):
-                    part = rows[i:i + chunk]
-                    flat = [v for row in part for v in row]
-                    self.cur.execute(bulk.sql(len(part)), flat)
+            param = bulk.param(rows) if bulk is not None else None
+            if bulk is not None and param is not None:
+                # one statement for every row: round trips and client CPU, not rows, cost here
+                self.cur.execute(bulk.sql, (param,), prepare=True)
+                _drain(self.conn)
                 return None
-        return self.cur.executemany(to_pg(sql), rows)
+        self.cur.executemany(to_pg(sql), rows)
+        _drain(self.conn)
+        return None
 
     def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         # A prepared statement switches to a generic plan after a few runs; for lookups by
         # a list of keys that plan ignores the values and was measured 5-10x slower.
         self.cur.execute(to_pg(sql), params, prepare=" IN (" not in sql)
+        _drain(self.conn)
         _take_results(self.conn)
         return list(self.cur.fetchall())
 
@@ -150,6 +186,7 @@ class PgTx(Tx):
         try:
             # a clash aborts the whole transaction: the command is refused with Conflict
             rec._insert_stored_events(self.cur, stored)
+            _drain(self.conn)
             _take_results(self.conn)
             ids = [row["notification_id"] for row in self.cur.fetchall()]  # waits for the insert
         except psycopg.errors.UniqueViolation as e:
