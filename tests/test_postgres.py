@@ -549,3 +549,25 @@ def test_a_statement_larger_than_the_socket_buffers_is_sent_whole_in_a_pipeline(
             tx.execute("INSERT INTO big VALUES (?)", ("x" * 20_000_000,))
             row = tx.fetchone("SELECT length(t) AS n FROM big")
         assert row == {"n": 20_000_000}
+
+
+def test_the_recorder_stores_every_state_byte_for_byte(pg_dsn: str) -> None:
+    # UTF-8 states travel as JSON text and come back as the same bytes; other bytes (a NUL,
+    # invalid UTF-8) take the stock composite-array insert. Positions follow the order given.
+    import uuid
+
+    from eventsourcing.persistence import StoredEvent
+
+    with Ledger.open(pg_dsn) as lg:
+        rec = lg.store.recorder
+        oid = uuid.uuid4()
+        states = [b'{"a":"\\u0000 \xc3\xa9 \xf0\x9f\x98\x80 \\"q\\" \\\\"}', b"\xff\xfe not utf-8",
+                  b"nul \x00 inside", "tab\tnewline\n é".encode()]
+        for batch in ([states[0], states[3]], [states[1]], [states[2], states[0]]):
+            start = rec.max_notification_id() or 0
+            version = len(rec.select_events(oid))
+            ids = rec.insert_events([StoredEvent(oid, version + k + 1, "t", st) for k, st in enumerate(batch)])
+            assert ids == sorted(ids) and ids[0] > start
+        stored = rec.select_events(oid)
+        assert [se.state for se in stored] == [states[0], states[3], states[1], states[2], states[0]]
+        assert [se.originator_version for se in stored] == [1, 2, 3, 4, 5]

@@ -143,8 +143,54 @@ def _take_results(conn: psycopg.Connection[Any]) -> None:
 
 
 class LedgerPostgresRecorder(PostgresApplicationRecorder):
-    """The stock eventsourcing PostgreSQL recorder; the ledger calls its insert
-    inside its own transactions, so events and projection rows commit together."""
+    """The eventsourcing PostgreSQL recorder with a cheaper insert statement; the ledger
+    calls its insert inside its own transactions, so events and projection rows commit
+    together.
+
+    The stock insert sends the events as an array of a composite type, which psycopg
+    encodes field by field in Python (with a regular expression per field): measured at
+    half of the client time of an append. Here, when every state is UTF-8 text (the
+    ledger's JSON events always are) and the database encoding is UTF8, the events go
+    as one JSON array, the states as strings turned back into the very same bytes by
+    `convert_to`; anything else takes the stock path. The table lock (commit order =
+    position order) and the NOTIFY are the stock ones, and the library's own recorder
+    test cases run against this class (tests/test_recorders.py)."""
+
+    def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events") -> None:
+        super().__init__(datastore, events_table_name=events_table_name)
+        table = f'"{datastore.schema}"."{events_table_name}"' if datastore.schema else f'"{events_table_name}"'
+        self.insert_events_json_statement = (
+            f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
+            "SELECT (e->>0)::uuid, (e->>1)::bigint, e->>2, convert_to(e->>3, 'UTF8') "
+            "FROM json_array_elements(%s::json) WITH ORDINALITY AS x(e, n) ORDER BY n "
+            "RETURNING notification_id")
+
+    def _insert_stored_events(self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any) -> None:
+        param = _events_json(curs.connection, stored_events)
+        if param is None:
+            super()._insert_stored_events(curs, stored_events, **kwargs)
+            return
+        self._lock_table(curs)
+        self._notify_channel(curs)
+        curs.execute(self.insert_events_json_statement, (param,), prepare=True)
+
+
+def _events_json(conn: psycopg.Connection[Any], stored: Sequence[StoredEvent]) -> str | None:
+    """The events as one JSON array of [id, version, topic, state text]; None when a state
+    is not NUL-free UTF-8 or the database does not keep text as UTF-8."""
+    if conn.info.parameter_status("server_encoding") != b"UTF8":
+        return None
+    rows = []
+    for se in stored:
+        state = se.state
+        if b"\x00" in state:
+            return None
+        try:
+            text = state.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        rows.append((str(se.originator_id), se.originator_version, se.topic, text))
+    return json.dumps(rows, ensure_ascii=False)
 
 
 class PgTx(Tx):
@@ -188,7 +234,8 @@ class PgTx(Tx):
             rec._insert_stored_events(self.cur, stored)
             _drain(self.conn)
             _take_results(self.conn)
-            ids = [row["notification_id"] for row in self.cur.fetchall()]  # waits for the insert
+            # positions are drawn in the order the rows are inserted, which is the events' order
+            ids = sorted(row["notification_id"] for row in self.cur.fetchall())  # waits for the insert
         except psycopg.errors.UniqueViolation as e:
             raise StreamConflict(str(e)) from e
         assert ids is not None
