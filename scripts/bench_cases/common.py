@@ -31,7 +31,8 @@ class Sizes:
 
     throughput_items: int = 20_000  # case 1
     throughput_procs: int = 8
-    throughput_batch: int = 50
+    throughput_batch: int = 50  # baseline B: queue rows per transaction (the brief's 50)
+    throughput_ledger_batch: int = 250  # ledger side: claim(limit=...) and Worker prefetch
     worker_concurrency: int = 8  # case 1, ledger.Worker(concurrency=...)
     append_items: int = 5_000  # case 2: items claimed and accepted in batches of 100
     append_batch: int = 100
@@ -52,11 +53,13 @@ class Sizes:
 DEFAULT = Sizes()
 FULL = DEFAULT.scaled(store_events=1_000_000)
 QUICK = DEFAULT.scaled(
-    throughput_items=1_000, append_items=500, submit_items=10_000, store_events=5_000,
+    throughput_items=1_000, throughput_ledger_batch=100, append_items=500, submit_items=10_000,
+    store_events=5_000,
     status_samples=100, sqlite_items=1_000, startup_runs=3,
 )
 TINY = Sizes(
-    throughput_items=60, throughput_procs=2, throughput_batch=10, worker_concurrency=4,
+    throughput_items=60, throughput_procs=2, throughput_batch=10, throughput_ledger_batch=10,
+    worker_concurrency=4,
     append_items=50, append_batch=20, submit_items=200, submit_batch=50, store_events=400,
     small_events=100, status_samples=10, sqlite_items=60, sqlite_batch=10, startup_runs=1,
     fill_batch=50,
