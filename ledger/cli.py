@@ -737,10 +737,17 @@ def verify(
         "--heads", help="Also print the digest of every stream's head: keep it elsewhere to "
         "detect a history rewritten wholesale")] = False,
     as_json: JsonOpt = False,
+    no_progress: Annotated[bool, typer.Option("--no-progress")] = False,
 ) -> None:
     """Replay every event and check the rules, hash chains and projections (exit 1 on problems)."""
     with _ledger(ctx) as lg, _core_feature("verify"):
-        report = lg.verify()
+        if no_progress:
+            report = lg.verify()
+        else:
+            from projections.verify import reporting_to
+
+            with reporting_to(VerifyProgress(lambda line: typer.echo(line, err=True))):
+                report = lg.verify()
     if as_json:
         _emit_json(report)
     else:
@@ -786,6 +793,27 @@ def projections_checksums(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     for table, value in found.items():
         rows, digest = value.split(":")
         typer.echo(f"{table:<15} {int(rows):>10,} rows  {digest}")
+
+
+class VerifyProgress:
+    """`progress(stage, done, total)` for verify: a line on stderr at most every `interval`
+    seconds while replaying (events done / total, rate, ETA), and one as each later
+    stage starts."""
+
+    STAGES = {"compare": "verify: comparing the live projections with the replay",
+              "chains": "verify: checking the hash chains"}
+
+    def __init__(self, write: Any, interval: float = 5.0, clock: Any = None) -> None:
+        self.replay = RebuildProgress(write=lambda line: write(line.replace("rebuilding projections:",
+                                                                            "verify: replayed", 1)),
+                                      interval=interval, clock=clock)
+        self.write = write
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage == "replay":
+            self.replay(done, total)
+        elif stage in self.STAGES:
+            self.write(self.STAGES[stage])
 
 
 def _duration(seconds: float) -> str:

@@ -17,7 +17,9 @@ Three checks, over one consistent point of the history (position P):
    accepted or work still open (`success_unearned`), a reconciler recording an
    acceptance or a success (`reconciler_success`), event times going backwards
    within a stream (`time_backwards`), and events that cannot be applied
-   (`replay`, `undecodable`).
+   (`replay`, `undecodable`). Batches are replayed as a rebuild replays them
+   (grouped); a batch holding an event that does not apply is rolled back to a
+   savepoint and replayed event by event, reporting each such event.
 3. **Projections vs a fresh rebuild**: the replay builds scratch tables with a
    private suffix (the same `Replayer` the rebuild uses); per-table checksums are
    compared with the live tables (`projection`, naming the differing rows), and
@@ -30,7 +32,9 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, cast
 from uuid import UUID
 
@@ -92,40 +96,70 @@ class Problems:
         return out
 
 
-def verify(lg: Any) -> VerifyReport:
-    """Replay every event; report broken hash chains, broken SPEC rules and projection drift."""
+Progress = Callable[[str, int, int], None]
+_REPORT_TO: ContextVar[Progress | None] = ContextVar("verify_progress", default=None)
+
+
+@contextmanager
+def reporting_to(progress: Progress) -> Iterator[None]:
+    """Within the block, a `verify` given no `progress` reports to this one (how the
+    `ledger verify` command follows a verify it starts through `Ledger.verify()`)."""
+    token = _REPORT_TO.set(progress)
+    try:
+        yield
+    finally:
+        _REPORT_TO.reset(token)
+
+
+def verify(lg: Any, progress: Progress | None = None) -> VerifyReport:
+    """Replay every event; report broken hash chains, broken SPEC rules and projection drift.
+
+    `progress(stage, done, total)` is called as it goes: stage "replay" after each batch
+    (events done, events stored), then "compare" and "chains" once each as they start.
+    """
     with fewer_collections():
-        return _verify(lg)
+        return _verify(lg, progress or _REPORT_TO.get() or _quiet)
 
 
-def _verify(lg: Any) -> VerifyReport:
+def _quiet(stage: str, done: int, total: int) -> None:
+    return None
+
+
+def _verify(lg: Any, progress: Progress) -> VerifyReport:
     store: Store = lg.store
     problems = Problems()
     suffix = "_verify_" + secrets.token_hex(4)
     rules = RuleChecker(problems, suffix)
-    replayer = Replayer(suffix, observer=rules, tolerant=True)
+    replayer = Replayer(suffix, observer=rules)
     try:
         with store.write() as tx:
             create_tables(tx, suffix)
-        position = 0
+            total = count_events(tx)
+        position = done = 0
+        progress("replay", 0, total)
         while True:  # catch up in batches, outside any lock
             with store.write() as tx:
                 position, n = _replay(tx, replayer, position, problems)
             replayer.committed(position)  # its aggregates serve the next batch
+            done += n
+            progress("replay", done, max(total, done))
             if n < BATCH_SIZE:
                 break
         with _consistent(store) as tx:  # the last events and the comparison see one state
             while True:
                 position, n = _replay(tx, replayer, position, problems)
+                done += n
                 if n < BATCH_SIZE:
                     break
             problems.extend(replayer.problems)
             replayer.problems = []
-            _compare(tx, suffix, problems)
             events = count_events(tx, position)
+            progress("compare", events, events)
+            _compare(tx, suffix, problems)
     finally:
         with store.write() as tx:
             drop_tables(tx, suffix)
+    progress("chains", events, events)
     with store.read() as tx:
         heads = _check_chains(tx, position, problems)
     found = problems.result()
@@ -162,8 +196,34 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
                          f"event v{stored.originator_version} of stream {stored.originator_id} does not "
                          f"decode: {type(exc).__name__}: {exc}")
     if events:
-        replayer.apply(tx, events, after)
+        _apply(tx, replayer, events, after, problems)
     return (rows[-1][0] if rows else after), len(rows)
+
+
+_SAVEPOINT = "lg_verify_batch"
+
+
+def _apply(tx: Tx, replayer: Replayer, events: list[tuple[int, DomainEvent]], after: int,
+           problems: Problems) -> None:
+    """Replay a batch as a rebuild does (events grouped), inside a savepoint. If an event
+    does not apply (a damaged history: a missing or reordered event), the batch is rolled
+    back to the savepoint and replayed event by event, reporting each event that does not
+    apply and forcing it through, so the replay goes on to the end."""
+    items, dropped = len(problems.items), problems.dropped
+    tx.execute(f"SAVEPOINT {_SAVEPOINT}")
+    try:
+        replayer.tolerant = False
+        replayer.apply(tx, events, after)
+    except Exception:  # noqa: BLE001 - any event that does not apply: the careful replay reports it
+        tx.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+        del problems.items[items:]  # the rules are checked again, event by event
+        problems.dropped = dropped
+        replayer.forget()
+        replayer.tolerant = True
+        replayer.apply(tx, events)
+    finally:
+        replayer.tolerant = False
+    tx.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
 
 
 class RuleChecker:
@@ -207,6 +267,7 @@ class RuleChecker:
 
     def _check_success(self, tx: Tx, position: int, e: Run.Transitioned, run: Run | None, rp: Replayer) -> None:
         run_id = str(e.originator_id)
+        rp.flush(tx)  # the counts and item rows as of the previous event (grouped replay defers them)
         if run is not None:
             open_ = {s: run.counts[s] for s in (S.PENDING, S.IN_PROGRESS, S.RETRYABLE) if run.counts.get(s)}
             if open_:
@@ -215,7 +276,6 @@ class RuleChecker:
                                   + ", ".join(f"{n} {s}" for s, n in open_.items()))
         if e.to_state != S.SUCCEEDED:
             return
-        rp.flush(tx)  # the item rows as of the previous event
         rows = tx.fetchall(f"SELECT item_id, state FROM {self.items_table} WHERE run_id = ? AND in_manifest = 1 "
                            "AND required = 1 AND state <> 'accepted' ORDER BY seq LIMIT 5", (run_id,))
         if rows:

@@ -391,7 +391,10 @@ def test_verify_and_rebuild(dsn: str, tmp_path: Path) -> None:
     else:
         report = doc(dsn, "verify")
         assert report["ok"] is True and report["problems"] == []
-        assert "ok" in ok(dsn, "verify").stdout
+        checked = ok(dsn, "verify")
+        assert "ok" in checked.stdout
+        assert "verify: checking the hash chains" in checked.stderr
+        assert "verify:" not in ok(dsn, "verify", "--no-progress").stderr
         assert f"heads {report['heads']}" in ok(dsn, "verify", "--heads").stdout.splitlines()
     before = snapshot(dsn)
     if not _core_has("projections.rebuild"):
@@ -429,6 +432,29 @@ def test_rebuild_progress_lines_show_done_total_rate_and_eta() -> None:
         "rebuilding projections: 4,000/20,000 events (20%)",
         "rebuilding projections: 6,000/20,000 events (30%), 1,000 events/s, ETA 14s",
         "rebuilding projections: 20,000/20,000 events (100%), 2,000 events/s",
+    ]
+
+
+def test_verify_progress_lines_name_each_stage() -> None:
+    from ledger.cli import VerifyProgress
+
+    now = [0.0]
+    lines: list[str] = []
+    progress = VerifyProgress(lines.append, interval=5.0, clock=lambda: now[0])
+    progress("replay", 0, 9_000)
+    now[0] += 3.0
+    progress("replay", 2_000, 9_000)  # within the interval: not shown
+    now[0] += 3.0
+    progress("replay", 6_000, 9_000)
+    progress("replay", 9_000, 9_000)
+    progress("compare", 9_000, 9_000)
+    progress("chains", 9_000, 9_000)
+    assert lines == [
+        "verify: replayed 0/9,000 events (0%)",
+        "verify: replayed 6,000/9,000 events (67%), 1,000 events/s, ETA 3.0s",
+        "verify: replayed 9,000/9,000 events (100%), 1,500 events/s",
+        "verify: comparing the live projections with the replay",
+        "verify: checking the hash chains",
     ]
 
 def test_status_at_a_past_time(dsn: str, tmp_path: Path) -> None:
