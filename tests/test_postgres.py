@@ -28,7 +28,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from ledger import IllegalTransition, LeaseLost, Ledger
-from ledger.stores.postgres import PostgresStore
+from ledger.stores.postgres import PostgresStore, _events_json
 from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 from tests.pgserver import create_database, drop_database, free_port
 
@@ -570,4 +570,7 @@ def test_the_recorder_stores_every_state_byte_for_byte(pg_dsn: str) -> None:
             assert ids == sorted(ids) and ids[0] > start
         stored = rec.select_events(oid)
         assert [se.state for se in stored] == [states[0], states[3], states[1], states[2], states[0]]
+        with psycopg.connect(pg_dsn) as conn:  # which insert each kind of state takes
+            assert [_events_json(conn, [StoredEvent(oid, 1, "t", st)]) is not None for st in states] == [
+                True, False, False, True]
         assert [se.originator_version for se in stored] == [1, 2, 3, 4, 5]

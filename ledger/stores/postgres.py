@@ -178,7 +178,7 @@ class LedgerPostgresRecorder(PostgresApplicationRecorder):
 def _events_json(conn: psycopg.Connection[Any], stored: Sequence[StoredEvent]) -> str | None:
     """The events as one JSON array of [id, version, topic, state text]; None when a state
     is not NUL-free UTF-8 or the database does not keep text as UTF-8."""
-    if conn.info.parameter_status("server_encoding") != b"UTF8":
+    if conn.info.parameter_status("server_encoding") != "UTF8":
         return None
     rows = []
     for se in stored:
