@@ -112,9 +112,11 @@ class StaleReview(LedgerError):
 
 
 class StoreUnavailable(LedgerError):
-    """The database could not be reached, or dropped the connection before the command
-    committed: nothing was written, and repeating the command is safe. Commands retry
-    this themselves for a while before raising it."""
+    """The database could not be reached, dropped the connection before the command
+    committed, or rolled the transaction back itself (a lock or statement timeout, a
+    deadlock, a full disk: the message names which, with its SQLSTATE): nothing was
+    written, and repeating the command is safe. Commands retry this themselves for a
+    while before raising it."""
 
 
 class CommitUncertain(LedgerError):

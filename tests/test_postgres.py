@@ -574,3 +574,23 @@ def test_the_recorder_stores_every_state_byte_for_byte(pg_dsn: str) -> None:
             assert [_events_json(conn, [StoredEvent(oid, 1, "t", st)]) is not None for st in states] == [
                 True, False, False, True]
         assert [se.originator_version for se in stored] == [1, 2, 3, 4, 5]
+
+
+def test_a_lock_timeout_is_named_as_such_and_writes_nothing(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger import idempotency
+    from ledger.errors import StoreUnavailable
+
+    monkeypatch.setattr(idempotency, "RETRY_DELAYS", (0.01, 0.01))
+    with Ledger.open(pg_dsn) as lg:
+        run_id = lg.submit(manifest(1), SUBMITTER).run_id
+    with psycopg.connect(pg_dsn) as holder, \
+            Ledger.open(with_params(pg_dsn, "options=-c%20lock_timeout%3D50")) as lg:
+        holder.execute("LOCK TABLE lg_runs IN ACCESS EXCLUSIVE MODE")  # held until rollback
+        with pytest.raises(StoreUnavailable) as refused:
+            lg.start(run_id, CONTROLLER)
+        holder.rollback()
+        message = str(refused.value)
+        assert "could not be taken in time" in message and "55P03" in message
+        assert "nothing was written" in message and "unavailable" not in message
+        assert lg.status(run_id).state == "queued"  # nothing was written
+        assert lg.start(run_id, CONTROLLER).state == "running"
