@@ -55,7 +55,7 @@ class Policy(_Strict):
     def _number(cls, v: Any) -> Any:
         # strict mode refuses ints for floats; accept both but never strings or bools
         if isinstance(v, bool):
-            raise ValueError("must be a number, not a boolean")
+            raise ValueError("must be a number, not a boolean")  # noqa: TRY004 (pydantic reports ValueError, not TypeError)
         if isinstance(v, int):
             return float(v)
         return v
@@ -66,7 +66,7 @@ class Policy(_Strict):
         if v is None:
             return v
         if isinstance(v, bool):
-            raise ValueError("must be null, an integer or a string like '5%'")
+            raise ValueError("must be null, an integer or a string like '5%'")  # noqa: TRY004 (pydantic reports ValueError)
         if isinstance(v, int):
             if v < 0 or v > 10_000_000:
                 raise ValueError("must be between 0 and 10000000")
@@ -165,7 +165,7 @@ def _format_error(err: ValidationError) -> ManifestInvalid:
         msg = "is required"
     msg = msg.removeprefix("Value error, ")
     detail = f"manifest field {loc}: {msg}"
-    errors = [
+    errors: list[dict[str, object]] = [
         {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in err.errors()[:20]
     ]
     return ManifestInvalid(detail, field=loc, errors=errors)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Self, cast, overload
 from uuid import UUID
 
 from projections.rows import iso, item_from_row, parse_dt, run_from_row
@@ -41,6 +41,8 @@ from .idempotency import command, read_command, retry_transient
 from .validation import check_identifier, check_unicode, input_version_of
 
 if TYPE_CHECKING:
+    from eventsourcing.domain import DomainEvent
+
     from .manifest import Manifest, ManifestItem
 
 # pydantic (ledger.manifest) loads on first use: read-only commands start faster without it.
@@ -115,6 +117,10 @@ def _actor(actor: Any, what: str = "actor") -> Actor:
     return actor
 
 
+@overload
+def _reason(reason: Any, what: str = ..., *, required: Literal[True]) -> str: ...
+@overload
+def _reason(reason: Any, what: str = ..., required: bool = ...) -> str | None: ...
 def _reason(reason: Any, what: str = "reason", required: bool = False) -> str | None:
     if reason is None:
         if required:
@@ -251,7 +257,7 @@ class Ledger:
         """Release the store's connections."""
         self.store.close()
 
-    def __enter__(self) -> Ledger:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -306,7 +312,7 @@ class Ledger:
         if not events:
             return
         try:
-            positioned = tx.append(events)
+            positioned = tx.append(cast("list[DomainEvent]", events))
         except StreamConflict as e:
             run = next(iter(runs.values()))
             raise Conflict(f"another writer changed run {run.run_id} first; re-read and retry ({e})",
@@ -415,7 +421,7 @@ class Ledger:
         return self._run_transition(run_id, actor, "request_review", expected_revision, decide)
 
     @command("decide")
-    def decide(self, run_id: str, actor: Actor, input_version: str, approve: bool, reason: str,
+    def decide(self, run_id: str, actor: Actor, input_version: str, approve: bool, reason: str | None,
                expected_revision: int | None = None) -> RunStatus:
         """A review decision for a named input version: approve -> running, reject -> failed."""
         if not isinstance(input_version, str) or not input_version:
@@ -603,7 +609,7 @@ class Ledger:
             self._commit(tx, {run.run_id: run}, items)
 
     @command("amend")
-    def amend(self, run_id: str, actor: Actor, reason: str, items: list[Any] | None = None,
+    def amend(self, run_id: str, actor: Actor, reason: str | None, items: list[Any] | None = None,
               withdraw: list[str] | None = None, policy: dict[str, Any] | None = None,
               expected_revision: int | None = None) -> RunStatus:
         """Add or replace items, withdraw item ids, or change policy: a new input version."""
@@ -1266,7 +1272,8 @@ class Ledger:
             raise InvalidInput("after must be a non-negative position")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise InvalidInput("limit must be a positive integer")
-        where, params = [], []
+        where: list[str] = []
+        params: list[Any] = []
         for col, val in (("run_id", run_id), ("actor_id", actor), ("role", role), ("to_state", state)):
             if val is not None:
                 where.append(f"{col} = ?")

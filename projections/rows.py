@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from ledger.domain import Item, Run, item_stream_id
@@ -57,7 +57,7 @@ def run_to_row(run: Run) -> tuple[Any, ...]:
 
 def _shell(cls: type[Any], stream_id: UUID, version: int, created: datetime,
            modified: datetime) -> Any:
-    agg = cls.__new__(cls)
+    agg = cast(Any, cls).__new__(cls)
     agg.__base_init__(originator_id=stream_id, originator_version=version, timestamp=created)
     agg._modified_on = modified
     return agg

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from ..manifest import MAX_MANIFEST_BYTES, Manifest
+from ..manifest import Manifest
+from ..validation import MAX_MANIFEST_BYTES
 from . import commands, page, reads
 from .auth import Gate
 from .errors import install_error_handlers

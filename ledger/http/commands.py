@@ -16,8 +16,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ..errors import NotAuthorized
-from ..manifest import MAX_MANIFEST_BYTES
 from ..states import describe_roles, item_rule
+from ..validation import MAX_MANIFEST_BYTES
 from ..views import Actor, CancelOutcome, ItemStatus, Lease, ReconcileReport, RunStatus
 from . import bodies as B
 from .auth import CommandActor

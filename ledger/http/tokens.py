@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidInput
-from ..manifest import check_identifier
 from ..states import ROLES
+from ..validation import check_identifier
 from ..views import Actor
 
 ENV_TOKENS = "LEDGER_TOKENS"

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import (
@@ -149,7 +149,8 @@ class Store(ABC):
 
     def read_events_tx(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, DomainEvent]]:
         rows = self.read_stored_rows(tx, after, limit, upto)
-        return [(pos, self.mapper.to_domain_event(se)) for pos, se in rows]
+        decode = self.mapper.to_domain_event
+        return [(pos, cast(DomainEvent, decode(se))) for pos, se in rows]
 
     @abstractmethod
     def read_stored_rows(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, StoredEvent]]: ...
