@@ -219,6 +219,18 @@ def test_pg_a_database_newer_than_the_code_is_refused(pg_dsn: str) -> None:
     assert pg_catalog(pg_dsn) == before
 
 
+def test_sqlite_a_database_newer_than_the_code_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "newer.db"
+    Ledger.open(f"sqlite:///{db}").close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE ledger_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    before = sqlite_catalog(db)
+    with pytest.raises(RuntimeError, match=f"version {SCHEMA_VERSION + 1}, newer"):
+        Ledger.open(f"sqlite:///{db}")
+    assert sqlite_catalog(db) == before
+    assert schema_version_sqlite(db) == SCHEMA_VERSION + 1
+
+
 def _some_history(lg: Ledger) -> None:
     from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 

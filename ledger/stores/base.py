@@ -24,6 +24,28 @@ from .hashchain import record_hashes
 SCHEMA_VERSION = 3  # 2: ledger_event_hashes (hash chain); 3: ledger_idempotency (keys)
 
 
+def refuse_newer(current: int, known: int) -> None:
+    """A database migrated by a newer run-ledger is not opened by this one."""
+    if current > known:
+        raise RuntimeError(
+            f"the database's ledger schema is version {current}, newer than this run-ledger "
+            f"knows ({known}): upgrade run-ledger before using this database")
+
+
+def apply_migrations(run: Callable[..., Any], steps: Sequence[Sequence[Any]], current: int,
+                     mark: str = "?") -> None:
+    """Apply the schema migrations after version `current` through `run(sql[, params])`
+    (`mark`: the driver's placeholder), recording each version reached in ledger_meta."""
+    refuse_newer(current, len(steps))
+    for version, statements in enumerate(steps, start=1):
+        if version <= current:
+            continue
+        for sql in statements:
+            run(sql)
+        run("INSERT INTO ledger_meta (key, value) VALUES ('schema_version', " + mark + ") "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(version),))
+
+
 class StreamConflict(Exception):
     """Another writer appended to one of our streams first (unique violation)."""
 

@@ -33,7 +33,7 @@ from ..errors import CommitUncertain, StoreUnavailable
 from ..idempotency import ddl as idempotency_ddl
 from ..redact import redact, truncate_bytes
 from . import hashchain
-from .base import SCHEMA_VERSION, Store, StreamConflict, Tx
+from .base import SCHEMA_VERSION, Store, StreamConflict, Tx, apply_migrations, refuse_newer
 
 EVENTS_TABLE = "ledger_events"
 _QMARK = re.compile(r"\?")
@@ -350,28 +350,14 @@ class PostgresStore(Store):
         with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=timeout) as conn:
             steps = migrations(self.datastore)
             current = _schema_version(conn)
+            refuse_newer(current, len(steps))
             if current < len(steps):
                 with conn.transaction(), conn.cursor() as cur:
                     cur.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                     cur.execute("CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
                     current = _schema_version(conn)  # another process may have migrated meanwhile
-                    self._migrate(cur, steps, current)
-            if current > len(steps):
-                raise RuntimeError(
-                    f"the database's ledger schema is version {current}, newer than this run-ledger "
-                    f"knows ({len(steps)}): upgrade run-ledger before using this database")
+                    apply_migrations(cur.execute, steps, current, mark="%s")
         self.datastore.register_type_adapters()
-
-    @staticmethod
-    def _migrate(cur: psycopg.Cursor[Any], steps: list[list[Any]], current: int) -> None:
-        """Apply the migrations after version `current`, recording each version reached."""
-        for version, statements in enumerate(steps, start=1):
-            if version <= current:
-                continue
-            for sql in statements:
-                cur.execute(sql)
-            cur.execute("INSERT INTO ledger_meta (key, value) VALUES ('schema_version', %s) "
-                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(version),))
 
     def read_stored_rows(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, StoredEvent]]:
         sql = (f"SELECT notification_id, originator_id, originator_version, topic, state "

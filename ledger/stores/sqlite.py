@@ -23,7 +23,7 @@ from projections.schema import projection_ddl
 
 from ..idempotency import ddl as idempotency_ddl
 from . import hashchain
-from .base import SCHEMA_VERSION, Store, StreamConflict, Tx
+from .base import SCHEMA_VERSION, Store, StreamConflict, Tx, apply_migrations
 
 BUSY_TIMEOUT_S = 60.0
 
@@ -156,13 +156,7 @@ class SqliteStore(Store):
             tx.execute("CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             row = tx.fetchone("SELECT value FROM ledger_meta WHERE key = 'schema_version'")
             current = int(row["value"]) if row else 0
-            for version, statements in enumerate(migrations(), start=1):
-                if version <= current:
-                    continue
-                for sql in statements:
-                    tx.execute(sql)
-                tx.execute("INSERT INTO ledger_meta (key, value) VALUES ('schema_version', ?) "
-                           "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(version),))
+            apply_migrations(tx.execute, migrations(), current)
 
     def read_stored_rows(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, StoredEvent]]:
         sql = "SELECT rowid, originator_id, originator_version, topic, state FROM stored_events WHERE rowid > ?"
