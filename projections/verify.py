@@ -329,16 +329,20 @@ def _stream_rows(tx: Tx, upto: int) -> Iterator[dict[str, Any]]:
     store: Store = tx.store
     pos = position_column(store)
     ev = store.events_table()
-    base = (f"SELECT e.{pos} AS position, e.originator_id AS oid, e.originator_version AS version, e.topic, "
-            f"e.state, h.hash FROM {ev} e LEFT JOIN {HASH_TABLE} h ON h.originator_id = e.originator_id "
-            f"AND h.originator_version = e.originator_version WHERE e.{pos} <= ?")
+    select = (f"SELECT e.{pos} AS position, e.originator_id AS oid, e.originator_version AS version, e.topic, "
+              f"e.state, h.hash FROM {ev} e LEFT JOIN {HASH_TABLE} h ON h.originator_id = e.originator_id "
+              "AND h.originator_version = e.originator_version")
+    order = " ORDER BY e.originator_id, e.originator_version LIMIT ?"
     last: tuple[Any, int] | None = None
     while True:
         if last is None:
-            rows = tx.fetchall(base + " ORDER BY e.originator_id, e.originator_version LIMIT ?", (upto, PAGE))
+            rows = tx.fetchall(f"{select} WHERE e.{pos} <= ?{order}", (upto, PAGE))
         else:
-            rows = tx.fetchall(base + " AND (e.originator_id, e.originator_version) > (?, ?) "
-                               "ORDER BY e.originator_id, e.originator_version LIMIT ?", (upto, *last, PAGE))
+            # the page's lower bound on both tables: PostgreSQL merge-joins them, and without
+            # it scanned the hashes from the first one on every page (quadratic)
+            rows = tx.fetchall(f"{select} AND (h.originator_id, h.originator_version) > (?, ?) "
+                               f"WHERE e.{pos} <= ? AND (e.originator_id, e.originator_version) > (?, ?){order}",
+                               (*last, upto, *last, PAGE))
         yield from rows
         if len(rows) < PAGE:
             return
