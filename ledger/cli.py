@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -800,8 +800,8 @@ class VerifyProgress:
     seconds while replaying (events done / total, rate, ETA), and one as each later
     stage starts."""
 
-    STAGES = {"compare": "verify: comparing the live projections with the replay",
-              "chains": "verify: checking the hash chains"}
+    STAGES: ClassVar[dict[str, str]] = {"compare": "verify: comparing the live projections with the replay",
+                                        "chains": "verify: checking the hash chains"}
 
     def __init__(self, write: Any, interval: float = 5.0, clock: Any = None) -> None:
         self.replay = RebuildProgress(write=lambda line: write(line.replace("rebuilding projections:",
@@ -820,7 +820,7 @@ def _duration(seconds: float) -> str:
     """`0.4s`, `42s`, `3m07s`, `1h02m`."""
     if seconds < 10:
         return f"{seconds:.1f}s"
-    s = int(round(seconds))
+    s = round(seconds)
     if s < 60:
         return f"{s}s"
     if s < 3600:

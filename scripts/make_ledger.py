@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ledger import Actor, Ledger  # noqa: E402
-from ledger.service import MAX_CLAIM, Outcome  # noqa: E402
+from ledger import Actor, Ledger
+from ledger.service import MAX_CLAIM, Outcome
 
 SUBMITTER = Actor("ingest", "submitter")
 CONTROLLER = Actor("scheduler", "controller")

@@ -9,7 +9,7 @@ from ledger import Ledger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-import make_ledger  # noqa: E402
+import make_ledger
 
 
 def test_make_ledger_fills_to_the_target_with_a_history_that_verifies(tmp_path: Path) -> None:
