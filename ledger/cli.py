@@ -865,9 +865,10 @@ class RebuildProgress:
             TimeRemainingColumn,
         )
 
-        bar = Progress(TextColumn("rebuilding projections"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("events"), TaskProgressColumn(), TextColumn("{task.fields[rate]}"),
-                       TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True))
+        # fits 80 columns at 1,000,000 events: "rebuilding ━━━━ 500000/1000002 50% 27,862 events/s 0:00:18"
+        bar = Progress(TextColumn("rebuilding"), BarColumn(bar_width=20), MofNCompleteColumn(),
+                       TaskProgressColumn(), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                       console=Console(stderr=True))
         with bar:
             task = bar.add_task("rebuild", total=None, rate="")
             yield cls(bar=(bar, task))
