@@ -741,13 +741,7 @@ def verify(
 ) -> None:
     """Replay every event and check the rules, hash chains and projections (exit 1 on problems)."""
     with _ledger(ctx) as lg, _core_feature("verify"):
-        if no_progress:
-            report = lg.verify()
-        else:
-            from projections.verify import reporting_to
-
-            with reporting_to(VerifyProgress(lambda line: typer.echo(line, err=True))):
-                report = lg.verify()
+        report = lg.verify(None if no_progress else VerifyProgress(lambda line: typer.echo(line, err=True)))
     if as_json:
         _emit_json(report)
     else:

@@ -1327,11 +1327,15 @@ class Ledger:
             raise InvalidInput("at must be an aware datetime")
         return status_at(self, run_id, at)
 
-    def verify(self) -> VerifyReport:
-        """Replay every event and report broken rules and projection drift."""
+    def verify(self, progress: Callable[[str, int, int], None] | None = None) -> VerifyReport:
+        """Replay every event and report broken rules and projection drift. `progress(stage,
+        done, total)` follows it: "replay" after each batch (events done, events stored), then
+        "compare" and "chains" as they start."""
         from projections.verify import verify
 
-        return verify(self)
+        if progress is not None and not callable(progress):
+            raise InvalidInput("progress must be a callable (stage, done, total)")
+        return verify(self, progress)
 
     def rebuild_projections(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Drop and rebuild every projection from the first event; returns the events replayed."""

@@ -34,7 +34,6 @@ import json
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any, cast
 from uuid import UUID
 
@@ -97,18 +96,6 @@ class Problems:
 
 
 Progress = Callable[[str, int, int], None]
-_REPORT_TO: ContextVar[Progress | None] = ContextVar("verify_progress", default=None)
-
-
-@contextmanager
-def reporting_to(progress: Progress) -> Iterator[None]:
-    """Within the block, a `verify` given no `progress` reports to this one (how the
-    `ledger verify` command follows a verify it starts through `Ledger.verify()`)."""
-    token = _REPORT_TO.set(progress)
-    try:
-        yield
-    finally:
-        _REPORT_TO.reset(token)
 
 
 def verify(lg: Any, progress: Progress | None = None) -> VerifyReport:
@@ -118,7 +105,7 @@ def verify(lg: Any, progress: Progress | None = None) -> VerifyReport:
     (events done, events stored), then "compare" and "chains" once each as they start.
     """
     with fewer_collections():
-        return _verify(lg, progress or _REPORT_TO.get() or _quiet)
+        return _verify(lg, progress or _quiet)
 
 
 def _quiet(stage: str, done: int, total: int) -> None:
@@ -169,7 +156,6 @@ def _verify(lg: Any, progress: Progress) -> VerifyReport:
 def _consistent(store: Store) -> Any:
     """A write transaction that sees one state: PostgreSQL REPEATABLE READ (writers go on);
     SQLite BEGIN IMMEDIATE (writers wait)."""
-    from contextlib import contextmanager
 
     @contextmanager
     def tx() -> Iterator[Tx]:

@@ -372,7 +372,7 @@ def test_verify_exits_1_when_it_finds_problems(dsn: str, monkeypatch: pytest.Mon
 
     problem = {"kind": "hash_chain", "run_id": "r-1", "position": 7, "detail": "edited"}
     monkeypatch.setattr(Ledger, "verify",
-                        lambda self: VerifyReport(ok=False, problems=[problem], events=9))
+                        lambda self, progress=None: VerifyReport(ok=False, problems=[problem], events=9))
     human = cli(dsn, "verify")
     assert human.exit_code == 1 and "1 problem(s)" in human.stdout and "hash_chain" in human.stdout
     as_json = cli(dsn, "verify", "--json")

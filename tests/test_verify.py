@@ -8,7 +8,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from ledger import Ledger
+import pytest
+
+from ledger import InvalidInput, Ledger
 from ledger.domain import Run
 from ledger.stores.hashchain import HASH_TABLE, event_hash, oid_param
 from projections.rebuild import position_column
@@ -84,6 +86,20 @@ def test_a_clean_ledger_verifies_and_heads_track_the_history(lg: Ledger, clock: 
     assert len(report.heads) == 32 and lg.verify().heads == report.heads
     lg.submit(manifest(1), SUBMITTER)
     assert lg.verify().heads != report.heads
+
+
+def test_verify_reports_its_progress_by_stage(lg: Ledger, clock: ManualClock) -> None:
+    scenario(lg, clock)
+    calls: list[tuple[str, int, int]] = []
+    report = lg.verify(progress=lambda stage, done, total: calls.append((stage, done, total)))
+    assert report.ok
+    stages = [c[0] for c in calls]
+    assert stages[0] == "replay" and stages[-2:] == ["compare", "chains"]
+    replay = [c for c in calls if c[0] == "replay"]
+    assert [d for _s, d, _t in replay] == sorted(d for _s, d, _t in replay)
+    assert replay[-1][1:] == (report.events, report.events)
+    with pytest.raises(InvalidInput, match="progress must be a callable"):
+        lg.verify(progress="yes")  # type: ignore[arg-type]
 
 
 def test_heads_depend_only_on_the_events(lg: Ledger, clock: ManualClock) -> None:
