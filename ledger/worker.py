@@ -94,7 +94,8 @@ class Worker:
     """Processes one run's items until there is nothing left for it to do.
 
     `run()` claims up to `prefetch` (default `concurrency`) items at a time (one
-    transaction per claim), records every outcome that is ready in one transaction,
+    transaction per claim; while every thread is busy, it tops the queue up only once
+    half of it is gone), records every outcome that is ready in one transaction,
     runs `handle(lease)` on a thread pool, heartbeats every live lease about every
     third of the run's `lease_seconds`, and records each outcome. It stops claiming
     as soon as the run is no longer running (canceling, pausing, terminal...), lets
@@ -188,8 +189,12 @@ class Worker:
             if not stopping and self._stop.is_set():
                 stopping = "stop requested"
             claimed: list[Lease] = []
-            free = self.prefetch - len(self._in_flight)
-            if not stopping and free > 0:
+            held = len(self._in_flight)
+            free = self.prefetch - held
+            # A thread would idle: claim now. Every thread busy with leases queued behind
+            # them: top up only once half the queue is gone, so claims stay large.
+            if not stopping and free > 0 and (held < self.concurrency
+                                              or free >= (self.prefetch - self.concurrency + 1) // 2):
                 try:
                     claimed = self.lg.claim(self.run_id, self.actor, limit=free)
                 except IllegalTransition as e:  # canceling, pausing, terminal...: stop at once

@@ -231,6 +231,26 @@ def test_concurrency_bounds_the_leases_held(lg: Ledger) -> None:
     assert lg.status(run_id).counts.get("accepted") == 9
 
 
+def test_with_every_thread_busy_the_worker_tops_up_its_prefetch_in_large_claims(lg: Ledger) -> None:
+    run_id = running_run(lg, 60)
+    worker: Worker
+    claims: list[tuple[int, int]] = []  # (leases held when claiming, limit asked)
+    real_claim = lg.claim
+
+    def claim(run: str, actor: Actor, limit: int = 1, **kw: Any) -> list[Lease]:
+        claims.append((len(worker._in_flight), limit))
+        return real_claim(run, actor, limit=limit, **kw)
+
+    lg.claim = claim  # type: ignore[method-assign]
+    worker = Worker(lg, run_id, lambda lease: Accepted(), concurrency=2, prefetch=10)
+    summary = worker.run()
+    assert summary.accepted == 60 and lg.status(run_id).counts.get("accepted") == 60
+    assert claims[0] == (0, 10)
+    # a claim either keeps a thread from idling or refills at least half the queue (4 of 8)
+    assert all(held < 2 or limit >= 4 for held, limit in claims), claims
+    assert all(held + limit <= 10 for held, limit in claims)
+
+
 def test_a_lease_taken_over_is_lost_and_the_worker_writes_nothing(
     lg: Ledger, clock: ManualClock
 ) -> None:
