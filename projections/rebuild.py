@@ -669,6 +669,8 @@ def _switch_postgres(store: Store, replayer: Replayer, suffix: str, name: str, b
                 for old, new in renames:
                     tx.execute(f"ALTER INDEX {old} RENAME TO {new}")
                 settle_ddl(tx)
+                _rename_not_null_constraints(tx, suffix)
+                settle_ddl(tx)
                 tx.execute("DELETE FROM lg_tracking WHERE name = ?", (name,))
                 if fault is not None:
                     fault("switch", 0)
@@ -682,6 +684,18 @@ def _switch_postgres(store: Store, replayer: Replayer, suffix: str, name: str, b
             time.sleep(min(0.5, 0.02 * (attempt + 1)) * random.random())
     raise RuntimeError(f"could not lock the projection tables to switch within {SWITCH_PATIENCE_S:.0f}s "
                        f"({attempt} tries); the rebuild can be resumed")
+
+
+def _rename_not_null_constraints(tx: Tx, suffix: str) -> None:
+    """PostgreSQL 18 names NOT NULL constraints after their table (`lg_items_rebuild_run_id_not_null`)
+    and keeps the name when the table is renamed: give them the live table's names, as a
+    fresh schema has them. Nothing to do before PostgreSQL 18 (no such constraints)."""
+    for table in PROJECTION_TABLES:
+        old_prefix = table + suffix + "_"
+        for r in tx.fetchall("SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(?) "
+                             "AND contype = 'n' AND starts_with(conname, ?)", (table, old_prefix)):
+            name = r["conname"]
+            tx.execute(f'ALTER TABLE {table} RENAME CONSTRAINT "{name}" TO "{table}_{name[len(old_prefix):]}"')
 
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
