@@ -17,7 +17,15 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import Conflict, IllegalTransition, InvalidInput, LeaseLost, LedgerError
+from .errors import (
+    CommitUncertain,
+    Conflict,
+    IllegalTransition,
+    InvalidInput,
+    LeaseLost,
+    LedgerError,
+    StoreUnavailable,
+)
 from .states import IN_PROGRESS, PENDING, RETRYABLE, RUNNING, WORKER, is_terminal
 from .views import Actor, ItemStatus, Lease
 
@@ -276,6 +284,10 @@ class Worker:
                 results = _retry_conflicts(lambda: batch(outcomes))
             except (InvalidInput, Conflict):
                 pass  # one outcome the ledger refuses: record them one by one below
+            except (CommitUncertain, StoreUnavailable):
+                # the connection failed during (or around) COMMIT: read what the store holds
+                # and record again only the outcomes that did not commit
+                live = self._uncommitted(live, [o.kind for o in outcomes])
             else:
                 for (entry, _), item in zip(live, results, strict=True):
                     self._settle(entry, item)
@@ -283,10 +295,36 @@ class Worker:
         for entry, result in live:
             self._record_one(entry, result)
 
+    def _uncommitted(self, live: list[tuple[_InFlight, Outcome | BaseException]],
+                     kinds: list[str]) -> list[tuple[_InFlight, Outcome | BaseException]]:
+        """After an outcome batch whose commit is in doubt: settle the outcomes the store
+        shows as recorded under their lease, lose those whose lease another command ended,
+        and return the ones still to record (their item is still in progress under the
+        same lease)."""
+        outcome_of = {"accept": "accepted", "reject": "rejected", "fail": "failed"}
+        again = []
+        for (entry, result), kind in zip(live, kinds, strict=True):
+            lease = entry.lease
+            item = self.lg.item(lease.run_id, lease.item_id)
+            if item.state == IN_PROGRESS and item.lease is not None and item.lease.token == lease.token:
+                again.append((entry, result))
+                continue
+            mine = [a for a in self.lg.attempts(lease.run_id, lease.item_id)
+                    if a.lease_token == lease.token and a.outcome == outcome_of[kind]]
+            self._settle(entry, item if mine else LeaseLost(
+                f"lease {lease.token[:8]} on item {lease.item_id!r} ended before its outcome "
+                f"was recorded: the item is {item.state}"))
+        return again
+
     def _record_one(self, entry: _InFlight, result: Outcome | BaseException) -> None:
         try:
-            item: ItemStatus | LedgerError = _retry_conflicts(
-                lambda: self._write(entry.lease, result))
+            try:
+                item: ItemStatus | LedgerError = _retry_conflicts(
+                    lambda: self._write(entry.lease, result))
+            except CommitUncertain:
+                if not self._uncommitted([(entry, result)], [_as_outcome(entry.lease, result).kind]):
+                    return  # it had committed (or the lease had ended): settled from the store
+                item = _retry_conflicts(lambda: self._write(entry.lease, result))
         except InvalidInput as e:
             # e.g. evidence that is not JSON: the attempt produced nothing recordable
             try:

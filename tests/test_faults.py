@@ -480,6 +480,30 @@ def test_lost_commit_with_a_key_is_applied_once(cutter: tuple[CommitCutter, str]
         assert lg.item(run_id, "i1").state == "pending"  # this time it had not committed
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("mode", ["lose_reply", "lose_commit"])
+def test_a_worker_whose_outcome_commit_is_in_doubt_reads_the_store_and_goes_on(
+        cutter: tuple[CommitCutter, str], mode: str) -> None:
+    from ledger import Accepted, Lease, Worker
+
+    proxy, dsn = cutter
+    with Ledger.open(dsn) as lg:
+        run_id = running(lg, 4)
+        armed = threading.Event()
+
+        def handle(lease: Lease) -> Accepted:
+            if not armed.is_set():  # the next COMMIT is this outcome's
+                armed.set()
+                proxy.arm(mode)
+            return Accepted()
+
+        summary = Worker(lg, run_id, handle, concurrency=1, prefetch=1).run()
+        assert proxy.tripped.is_set()
+        assert (summary.accepted, summary.lease_lost, summary.errors) == (4, 0, [])
+        assert lg.status(run_id).counts["accepted"] == 4
+        assert Counter(t.command for t in lg.history(run_id) if t.item_id) == Counter(claim=4, accept=4)
+
+
 # --------------------------------------------------------------------------
 # PostgreSQL: the server restarts while commands run
 # --------------------------------------------------------------------------
