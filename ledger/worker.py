@@ -209,6 +209,12 @@ class Worker:
                     stopping = f"run is {e.state}"
                 except Conflict:
                     pass  # another writer got there first; nothing was written, look again
+                except CommitUncertain as e:
+                    # the claim may have committed: leases we cannot know (no token came
+                    # back). Nobody else can take those items until the leases expire, then
+                    # reconcile frees them; say so and go on with the rest.
+                    if len(self._summary.errors) < 20:
+                        self._summary.errors.append(f"claim in doubt, its leases (if any) expire unused: {e}")
                 for lease in claimed:
                     self._submit(pool, lease, interval)
             if claimed:

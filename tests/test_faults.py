@@ -504,6 +504,34 @@ def test_a_worker_whose_outcome_commit_is_in_doubt_reads_the_store_and_goes_on(
         assert Counter(t.command for t in lg.history(run_id) if t.item_id) == Counter(claim=4, accept=4)
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("mode", ["lose_reply", "lose_commit"])
+def test_a_worker_whose_claim_commit_is_in_doubt_says_so_and_goes_on(
+        cutter: tuple[CommitCutter, str], mode: str) -> None:
+    from ledger import Accepted, Worker
+
+    proxy, dsn = cutter
+    with Ledger.open(dsn) as lg:
+        run_id = running(lg, 4)
+        real_claim = lg.claim
+
+        def claim(*args: Any, **kwargs: Any) -> Any:
+            if not proxy.tripped.is_set():
+                proxy.arm(mode)  # the next COMMIT is this claim's (the worker's first: 2 items)
+            return real_claim(*args, **kwargs)
+
+        lg.claim = claim  # type: ignore[method-assign]
+        summary = Worker(lg, run_id, lambda lease: Accepted(), concurrency=1, prefetch=2).run()
+        assert proxy.tripped.is_set()
+        assert len(summary.errors) == 1 and summary.errors[0].startswith("claim in doubt")
+        counts = lg.status(run_id).counts
+        if mode == "lose_reply":  # it committed: two items stay leased until their leases expire
+            assert (summary.accepted, counts["accepted"], counts["in_progress"]) == (2, 2, 2)
+            assert "remaining items are leased" in summary.stopped
+        else:  # it did not: the next claims took every item
+            assert (summary.accepted, counts["accepted"], counts["in_progress"]) == (4, 4, 0)
+
+
 # --------------------------------------------------------------------------
 # PostgreSQL: the server restarts while commands run
 # --------------------------------------------------------------------------
