@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .service import Ledger
     from .views import Actor
 
-_GLOBAL_OPTIONS = ("--dsn", "--as")
+_GLOBAL_OPTIONS = ("--dsn", "--as", "--idempotency-key")
 
 # The role each command acts in unless --as names one.
 DEFAULT_ROLES: dict[str, str] = {
@@ -128,6 +128,7 @@ app.add_typer(token_app, name="token")
 class _Globals:
     dsn: str | None
     actor: str | None
+    idempotency_key: str | None = None
 
 
 @app.callback()
@@ -143,9 +144,16 @@ def _main(
         typer.Option("--as", metavar="ID:ROLE",
                      help="Who makes the command; the role defaults per command"),
     ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", metavar="KEY",
+                     help="Repeating the command with the same key returns the first result and "
+                     "writes nothing (a command, not work/demo/serve)"),
+    ] = None,
 ) -> None:
     """The durable, auditable record of workflow and batch runs."""
-    ctx.obj = _Globals(dsn, actor)  # None: Ledger.open resolves LEDGER_DSN, then the default
+    # dsn None: Ledger.open resolves LEDGER_DSN, then the default
+    ctx.obj = _Globals(dsn, actor, idempotency_key)
 
 
 # -- helpers --------------------------------------------------------------------
@@ -161,11 +169,29 @@ def _globals(ctx: typer.Context) -> _Globals:
 def _ledger(ctx: typer.Context) -> Iterator[Ledger]:
     from .service import Ledger
 
+    key = _globals(ctx).idempotency_key
+    if key is not None:
+        from .idempotency import check_key
+
+        check_key(key)  # refused before anything is opened
     lg = Ledger.open(_globals(ctx).dsn)
     try:
-        yield lg
+        if key is None:
+            yield lg
+        else:
+            from .idempotency import Keyed
+
+            yield Keyed(lg, key)  # type: ignore[misc]
     finally:
         lg.close()
+
+
+def _one_command_only(ctx: typer.Context, what: str) -> None:
+    """`--idempotency-key` names one command: refused, before anything is done, where many run."""
+    if _globals(ctx).idempotency_key is not None:
+        from .errors import InvalidInput
+
+        raise InvalidInput(f"--idempotency-key names one command; {what} makes many")
 
 
 def _actor(ctx: typer.Context, command: str) -> Actor:
@@ -522,6 +548,8 @@ def reconcile(
     """Expire stale leases, finish cancels and pauses, fail runs past their deadline."""
     import time
 
+    if watch is not None:
+        _one_command_only(ctx, "reconcile --watch")
     with _ledger(ctx) as lg:
         while True:
             report = lg.reconcile()
@@ -553,6 +581,7 @@ def work(
     """Process a run's items with a handler until nothing is left (worker)."""
     from .worker import Worker
 
+    _one_command_only(ctx, "work")
     handle = _load_handler(handler)
     actor = _actor(ctx, "work")
     with _ledger(ctx) as lg:
@@ -920,6 +949,7 @@ def serve(
     """Serve the HTTP API and the operator page until interrupted."""
     from .http.serve import serve as serve_http
 
+    _one_command_only(ctx, "serve (clients send an Idempotency-Key header per request)")
     serve_http(_globals(ctx).dsn, host=host, port=port, tokens_path=tokens,
                public_reads=public_reads)
 
@@ -952,6 +982,7 @@ def demo(
     """Run five seeded scenarios end to end and show what the ledger recorded."""
     from .demo import run_demo
 
+    _one_command_only(ctx, "demo")
     run_demo(_globals(ctx).dsn, items=items, workers=workers, seed=seed, as_json=as_json)
 
 

@@ -293,12 +293,42 @@ def command(name: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
             params.append(inspect.Parameter("idempotency_key", inspect.Parameter.KEYWORD_ONLY,
                                             default=None, annotation="str | None"))
             wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__ledger_command__ = name  # type: ignore[attr-defined]
         wrapper.__doc__ = (fn.__doc__ or "") + (
             "\n\nidempotency_key: optional; a repeat with the same key returns the first result "
             "without writing (see ledger.idempotency).")
         return wrapper
 
     return wrap
+
+
+class Keyed:
+    """A `Ledger` whose next command carries one idempotency key: how the HTTP API's
+    `Idempotency-Key` header and the CLI's `--idempotency-key` reach the command a request
+    or an invocation makes. Reads pass through; a second command through the same view is
+    refused (a key names one command)."""
+
+    def __init__(self, ledger: Ledger, key: Any) -> None:
+        self._ledger = ledger
+        self._key = check_key(key)
+        self._used: str | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._ledger, name)
+        command = getattr(attr, "__ledger_command__", None)
+        if command is None:
+            return attr
+
+        def keyed(*args: Any, **kwargs: Any) -> Any:
+            if self._used is not None:
+                raise InvalidInput(f"an idempotency key names one command; this one already went to "
+                                   f"{self._used}, not also to {command}")
+            if "idempotency_key" in kwargs:
+                raise InvalidInput("idempotency_key is given twice")
+            self._used = command
+            return attr(*args, idempotency_key=self._key, **kwargs)
+
+        return keyed
 
 
 def read_command(fn: Callable[P, T]) -> Callable[P, T]:
@@ -314,5 +344,5 @@ def read_command(fn: Callable[P, T]) -> Callable[P, T]:
     return wrapper
 
 
-__all__ = ["RETRY_DELAYS", "TABLE", "check_key", "command", "ddl", "decode", "encode", "fingerprint",
+__all__ = ["RETRY_DELAYS", "TABLE", "Keyed", "check_key", "command", "ddl", "decode", "encode", "fingerprint",
            "read_command", "retry_transient"]

@@ -505,3 +505,23 @@ def test_status_json_imports_only_what_it_needs(dsn: str, tmp_path: Path) -> Non
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "0 []"
+
+
+def test_an_idempotency_key_makes_a_repeated_command_answer_from_the_record(dsn: str, tmp_path: Path) -> None:
+    m = write_json(tmp_path / "m.json", manifest(2))
+    first = json.loads(ok(dsn, "--idempotency-key", "nightly-2026-11-29", "submit", m, "--json").stdout)
+    again = json.loads(ok(dsn, "submit", m, "--json", "--idempotency-key", "nightly-2026-11-29").stdout)
+    assert again == first
+    assert [r["run_id"] for r in doc(dsn, "runs")] == [first["run_id"]]
+    before = snapshot(dsn)
+    # another command, or other arguments, under the same key: refused, nothing written
+    assert_refused(cli(dsn, "--idempotency-key", "nightly-2026-11-29", "start", first["run_id"]),
+                   "InvalidInput", "idempotency_key")
+    assert_refused(cli(dsn, "--idempotency-key", "nightly-2026-11-29", "submit",
+                       write_json(tmp_path / "m3.json", manifest(3))), "InvalidInput")
+    # where one invocation makes many commands, the key is refused before anything is done
+    assert_refused(cli(dsn, "--idempotency-key", "w-1", "work", first["run_id"], "--handler", "json:dumps"),
+                   "InvalidInput", "one command")
+    assert_refused(cli(dsn, "--idempotency-key", "r-1", "reconcile", "--watch", "1"), "InvalidInput", "one command")
+    assert_refused(cli(dsn, "--idempotency-key", "\n", "start", first["run_id"]), "InvalidInput")
+    assert snapshot(dsn) == before

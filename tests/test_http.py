@@ -756,3 +756,27 @@ def test_serve_runs_uvicorn_and_never_logs_tokens(tmp_path: Path) -> None:
     for secret in (token, sub, token[len("ledger_"):][:20]):
         assert secret not in text
     assert not re.search(r"Traceback", text), text
+
+
+def test_an_idempotency_key_header_makes_a_repeat_answer_from_the_record(api: Api) -> None:
+    m = json.dumps(manifest(2)).encode()
+    key = {"Content-Type": "application/json", "Idempotency-Key": "submit-5d1c"}
+    first = api.post("/runs", "submitter", content=m, headers=key)
+    again = api.post("/runs", "submitter", content=m, headers=key)
+    assert first.status_code == again.status_code == 201
+    assert again.json() == first.json() and again.headers["Location"] == first.headers["Location"]
+    assert [r["run_id"] for r in api.get("/runs").json()] == [first.json()["run_id"]]
+    run_id = first.json()["run_id"]
+    # the same key on another command, or with other arguments, is refused and writes nothing
+    error_of(api.post(f"/runs/{run_id}/start", "controller", headers={"Idempotency-Key": "submit-5d1c"}),
+             422, "InvalidInput")
+    other = json.dumps(manifest(3)).encode()
+    error_of(api.post("/runs", "submitter", content=other, headers=key), 422, "InvalidInput")
+    assert api.get(f"/runs/{run_id}").json()["state"] == "queued" and len(api.get("/runs").json()) == 1
+    # a key that is not an identifier is refused before anything is read
+    error_of(api.post(f"/runs/{run_id}/start", "controller", headers={"Idempotency-Key": "x" * 201}),
+             422, "InvalidInput")
+    started = api.post(f"/runs/{run_id}/start", "controller", headers={"Idempotency-Key": "start-1"})
+    repeat = api.post(f"/runs/{run_id}/start", "controller", headers={"Idempotency-Key": "start-1"})
+    assert started.status_code == repeat.status_code == 200 and repeat.json() == started.json()
+    assert [t["command"] for t in api.get(f"/runs/{run_id}/history").json()] == ["submit", "start"]

@@ -21,7 +21,7 @@ from ..validation import MAX_MANIFEST_BYTES
 from ..views import Actor, CancelOutcome, ItemStatus, Lease, ReconcileReport, RunStatus
 from . import bodies as B
 from .auth import CommandActor
-from .deps import LedgerDep, aware, view_response
+from .deps import CommandLedgerDep, aware, view_response
 from .errors import error_responses
 from .reads import RunId
 
@@ -93,7 +93,7 @@ def _parse_json_body(raw: bytes) -> Any:
         }
     },
 )
-async def submit(request: Request, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+async def submit(request: Request, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.submit(manifest, actor)`. The body is the manifest itself."""
     raw = await request.body()
     if len(raw) > MAX_MANIFEST_BYTES:
@@ -104,14 +104,14 @@ async def submit(request: Request, actor: CommandActor, lg: LedgerDep) -> JSONRe
 
 
 @router.post("/runs/{run_id}/start", response_model=RunStatus, summary="start: queued -> running", responses=RUN_ERRORS)
-def start(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.Expected | None = None) -> JSONResponse:
+def start(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.Expected | None = None) -> JSONResponse:
     """`lg.start(run_id, actor)`."""
     result = lg.start(run_id, actor, **_expected(body))
     return view_response(result)
 
 
 @router.post("/runs/{run_id}/amend", response_model=RunStatus, summary="amend: a new input version", responses=RUN_ERRORS)
-def amend(run_id: RunId, body: B.AmendBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def amend(run_id: RunId, body: B.AmendBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.amend(run_id, actor, reason, items, withdraw, policy)`."""
     result = lg.amend(
         run_id, actor, body.reason, items=body.items, withdraw=body.withdraw, policy=body.policy,
@@ -121,7 +121,7 @@ def amend(run_id: RunId, body: B.AmendBody, actor: CommandActor, lg: LedgerDep) 
 
 
 @router.post("/runs/{run_id}/claim", response_model=list[Lease], summary="claim: leases on claimable items", responses=RUN_ERRORS)
-def claim(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.ClaimBody | None = None) -> JSONResponse:
+def claim(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.ClaimBody | None = None) -> JSONResponse:
     """`lg.claim(run_id, worker, limit)`: `[]` when a running run has nothing claimable.
     The token's actor is the worker (its id becomes the leases' `worker_id`)."""
     body = body or B.ClaimBody()
@@ -130,14 +130,14 @@ def claim(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.ClaimBody |
 
 
 @router.post("/runs/{run_id}/request_review", response_model=RunStatus, summary="request_review: running -> awaiting_review", responses=RUN_ERRORS)
-def request_review(run_id: RunId, body: B.RequestReviewBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def request_review(run_id: RunId, body: B.RequestReviewBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.request_review(run_id, actor, decision)`."""
     result = lg.request_review(run_id, actor, body.decision, **_expected(body))
     return view_response(result)
 
 
 @router.post("/runs/{run_id}/decide", response_model=RunStatus, summary="decide: approve -> running, reject -> failed", responses=RUN_ERRORS)
-def decide(run_id: RunId, body: B.DecideBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def decide(run_id: RunId, body: B.DecideBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.decide(run_id, actor, input_version, approve, reason)`."""
     result = lg.decide(
         run_id, actor, body.input_version, body.approve, body.reason, **_expected(body)
@@ -146,14 +146,14 @@ def decide(run_id: RunId, body: B.DecideBody, actor: CommandActor, lg: LedgerDep
 
 
 @router.post("/runs/{run_id}/pause", response_model=RunStatus, summary="pause: running -> pausing or paused", responses=RUN_ERRORS)
-def pause(run_id: RunId, body: B.OptionalReasonBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def pause(run_id: RunId, body: B.OptionalReasonBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.pause(run_id, actor, reason)`."""
     result = lg.pause(run_id, actor, body.reason, **_expected(body))
     return view_response(result)
 
 
 @router.post("/runs/{run_id}/resume", response_model=RunStatus, summary="resume: pausing or paused -> running", responses=RUN_ERRORS)
-def resume(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.OptionalReasonBody | None = None) -> JSONResponse:
+def resume(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.OptionalReasonBody | None = None) -> JSONResponse:
     """`lg.resume(run_id, actor)`."""
     body = body or B.OptionalReasonBody()
     result = lg.resume(run_id, actor, reason=body.reason, **_expected(body))
@@ -161,21 +161,21 @@ def resume(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.OptionalRe
 
 
 @router.post("/runs/{run_id}/cancel", response_model=CancelOutcome, summary="cancel: canceling or canceled", responses=RUN_ERRORS)
-def cancel(run_id: RunId, body: B.OptionalReasonBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def cancel(run_id: RunId, body: B.OptionalReasonBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.cancel(run_id, actor, reason)`: durable intent; repeating it writes nothing."""
     result = lg.cancel(run_id, actor, body.reason, **_expected(body))
     return view_response(result)
 
 
 @router.post("/runs/{run_id}/complete", response_model=RunStatus, summary="complete: succeeded or completed_with_errors", responses=RUN_ERRORS)
-def complete(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.Expected | None = None) -> JSONResponse:
+def complete(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.Expected | None = None) -> JSONResponse:
     """`lg.complete(run_id, actor)`: 409 NotComplete names what blocks success."""
     result = lg.complete(run_id, actor, **_expected(body))
     return view_response(result)
 
 
 @router.post("/runs/{run_id}/fail", response_model=RunStatus, summary="fail: the run failed", responses=RUN_ERRORS)
-def fail(run_id: RunId, body: B.FailBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def fail(run_id: RunId, body: B.FailBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.fail(run_id, actor, reason, transient, failure_reason)`."""
     result = lg.fail(
         run_id, actor, body.reason, body.transient, failure_reason=body.failure_reason, **_expected(body)
@@ -184,7 +184,7 @@ def fail(run_id: RunId, body: B.FailBody, actor: CommandActor, lg: LedgerDep) ->
 
 
 @router.post("/runs/{run_id}/retry", status_code=201, response_model=RunStatus, summary="retry: a new linked run (retry_of)", responses=RUN_ERRORS)
-def retry(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.RetryBody | None = None) -> JSONResponse:
+def retry(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.RetryBody | None = None) -> JSONResponse:
     """`lg.retry(run_id, actor)`: replays the original's latest input exactly."""
     body = body or B.RetryBody()
     result = lg.retry(run_id, actor, reason=body.reason)
@@ -192,7 +192,7 @@ def retry(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.RetryBody |
 
 
 @router.post("/runs/{run_id}/repair", status_code=201, response_model=RunStatus, summary="repair: a new linked run (repair_of / correction_of)", responses=RUN_ERRORS)
-def repair(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.RepairBody | None = None) -> JSONResponse:
+def repair(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.RepairBody | None = None) -> JSONResponse:
     """`lg.repair(run_id, actor, items, corrections)`."""
     body = body or B.RepairBody()
     result = lg.repair(
@@ -202,7 +202,7 @@ def repair(run_id: RunId, actor: CommandActor, lg: LedgerDep, body: B.RepairBody
 
 
 @router.post("/runs/{run_id}/compensate", status_code=201, response_model=RunStatus, summary="compensate: a new linked run (compensates)", responses=RUN_ERRORS)
-def compensate(run_id: RunId, body: B.CompensateBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def compensate(run_id: RunId, body: B.CompensateBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.compensate(run_id, actor, reason, items)`."""
     result = lg.compensate(run_id, actor, body.reason, items=body.items)
     return view_response(result, 201)
@@ -214,21 +214,21 @@ ItemPath = "/runs/{run_id}/items/{item_id:path}"
 
 
 @router.post(f"{ItemPath}/skip", response_model=ItemStatus, summary="skip: -> skipped", responses=RUN_ERRORS)
-def skip(run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def skip(run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.skip(run_id, item_id, actor, reason)`."""
     result = lg.skip(run_id, item_id, actor, body.reason, **_expected(body))
     return view_response(result)
 
 
 @router.post(f"{ItemPath}/release", response_model=ItemStatus, summary="release: quarantined -> retryable", responses=RUN_ERRORS)
-def release(run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def release(run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.release(run_id, item_id, actor, reason)`."""
     result = lg.release(run_id, item_id, actor, body.reason, **_expected(body))
     return view_response(result)
 
 
 @router.post(f"{ItemPath}/reject_item", response_model=ItemStatus, summary="reject_item: quarantined -> rejected", responses=RUN_ERRORS)
-def reject_item(run_id: RunId, item_id: str, body: B.RejectItemBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def reject_item(run_id: RunId, item_id: str, body: B.RejectItemBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.reject_item(run_id, item_id, actor, rule, detail)`."""
     result = lg.reject_item(
         run_id, item_id, actor, body.rule, detail=body.detail, **_expected(body)
@@ -240,7 +240,7 @@ def reject_item(run_id: RunId, item_id: str, body: B.RejectItemBody, actor: Comm
 
 
 @router.post("/leases/heartbeat", response_model=Lease, summary="heartbeat: extend a live lease", responses=RUN_ERRORS)
-def heartbeat(body: B.LeaseBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def heartbeat(body: B.LeaseBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.heartbeat(lease)`: 409 LeaseLost when the lease is not live."""
     lease = _lease_holder(lg, actor, body, "heartbeat")
     result = lg.heartbeat(lease)
@@ -248,7 +248,7 @@ def heartbeat(body: B.LeaseBody, actor: CommandActor, lg: LedgerDep) -> JSONResp
 
 
 @router.post("/leases/accept", response_model=ItemStatus, summary="accept: in_progress -> accepted", responses=RUN_ERRORS)
-def accept(body: B.AcceptBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def accept(body: B.AcceptBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.accept(lease, evidence, stage)`."""
     lease = _lease_holder(lg, actor, body, "accept")
     result = lg.accept(lease, evidence=body.evidence, stage=body.stage)
@@ -256,7 +256,7 @@ def accept(body: B.AcceptBody, actor: CommandActor, lg: LedgerDep) -> JSONRespon
 
 
 @router.post("/leases/reject", response_model=ItemStatus, summary="reject: in_progress -> rejected", responses=RUN_ERRORS)
-def reject(body: B.RejectBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def reject(body: B.RejectBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.reject(lease, rule, detail, stage)`."""
     lease = _lease_holder(lg, actor, body, "reject")
     result = lg.reject(lease, body.rule, detail=body.detail, stage=body.stage)
@@ -264,7 +264,7 @@ def reject(body: B.RejectBody, actor: CommandActor, lg: LedgerDep) -> JSONRespon
 
 
 @router.post("/leases/fail_attempt", response_model=ItemStatus, summary="fail_attempt: -> retryable or quarantined", responses=RUN_ERRORS)
-def fail_attempt(body: B.FailAttemptBody, actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def fail_attempt(body: B.FailAttemptBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.fail_attempt(lease, error, stage, retryable)`."""
     lease = _lease_holder(lg, actor, body, "fail_attempt")
     result = lg.fail_attempt(
@@ -277,7 +277,7 @@ def fail_attempt(body: B.FailAttemptBody, actor: CommandActor, lg: LedgerDep) ->
 
 
 @router.post("/reconcile", response_model=ReconcileReport, summary="reconcile: expire leases, finish cancels and pauses")
-def reconcile(actor: CommandActor, lg: LedgerDep) -> JSONResponse:
+def reconcile(actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.reconcile()` at the store's clock (a caller cannot choose `now`)."""
     result = lg.reconcile(actor=actor)
     return view_response(result)

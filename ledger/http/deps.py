@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from fastapi.responses import JSONResponse
 
 if TYPE_CHECKING:
@@ -19,6 +19,27 @@ def ledger_of(request: Request) -> Ledger:
 
 
 LedgerDep = Annotated[Any, Depends(ledger_of)]
+
+
+def command_ledger_of(
+    request: Request,
+    idempotency_key: Annotated[str | None, Header(
+        alias="Idempotency-Key",
+        description="Optional. A repeat of the request with the same key returns the first "
+        "response and writes nothing; the same key with another command or other arguments "
+        "is refused (422). Keys are global to the ledger: use a UUID.")] = None,
+) -> Any:
+    """The ledger for a command route; with an `Idempotency-Key` header, the command the
+    route makes carries that key (ledger.idempotency)."""
+    lg = ledger_of(request)
+    if idempotency_key is None:
+        return lg
+    from ..idempotency import Keyed
+
+    return Keyed(lg, idempotency_key)
+
+
+CommandLedgerDep = Annotated[Any, Depends(command_ledger_of)]
 
 
 def aware(value: datetime | None) -> datetime | None:
