@@ -193,8 +193,15 @@ def _load_json(data: str | bytes | bytearray) -> Any:
 
 def parse_manifest(data: Manifest | dict[str, Any] | str | bytes) -> Manifest:
     """Validate a manifest given as a model, a dict or JSON text; raise ManifestInvalid."""
+    return parse_manifest_json(data)[0]
+
+
+def parse_manifest_json(data: Manifest | dict[str, Any] | str | bytes) -> tuple[Manifest, dict[str, Any], str]:
+    """`parse_manifest`, with the manifest's JSON data and canonical JSON text (the text its
+    size limit and its input version are computed from: encoded once)."""
     if isinstance(data, Manifest):
-        return data
+        plain = data.to_json_dict()
+        return data, plain, canonical_json(plain)
     if isinstance(data, (str, bytes, bytearray)):
         data = _load_json(data)
     if not isinstance(data, dict):
@@ -206,11 +213,13 @@ def parse_manifest(data: Manifest | dict[str, Any] | str | bytes) -> Manifest:
     except RecursionError:
         raise ManifestInvalid(f"manifest nests too deeply; at most {MAX_JSON_DEPTH} levels", field="manifest") from None
     # a dict never passed through _load_json's size check: measure it as JSON too
-    size = len(canonical_json(manifest.to_json_dict()).encode())
+    plain = manifest.to_json_dict()
+    text = canonical_json(plain)
+    size = len(text.encode())
     if size > MAX_MANIFEST_BYTES:
         raise ManifestInvalid(f"manifest is {size} bytes as JSON; at most {MAX_MANIFEST_BYTES} bytes allowed",
                               field="manifest")
-    return manifest
+    return manifest, plain, text
 
 
 def parse_items(data: Any, field: str = "items") -> list[ManifestItem]:

@@ -38,7 +38,7 @@ from .errors import (
     StaleReview,
 )
 from .idempotency import command, read_command, retry_transient
-from .validation import check_identifier, check_unicode, input_version_of
+from .validation import check_identifier, check_unicode, input_version_of, input_version_of_text
 
 if TYPE_CHECKING:
     from eventsourcing.domain import DomainEvent
@@ -354,21 +354,24 @@ class Ledger:
     @command("submit")
     def submit(self, manifest: Manifest | dict[str, Any] | str | bytes, actor: Actor) -> RunStatus:
         """Record a new run, `queued`."""
-        m = parse_manifest(manifest)
+        from .manifest import parse_manifest_json
+
+        _m, plain, text = parse_manifest_json(manifest)
         actor = _actor(actor)
         _require_role(actor, S.run_rule("submit").roles, "submit")
-        return self._create_run(m.to_json_dict(), actor, "submit", None, [], None)
+        return self._create_run(plain, actor, "submit", None, [], None,
+                                input_version=input_version_of_text(text))
 
     def _create_run(self, manifest: dict[str, Any], actor: Actor, command: str, reason: str | None,
                     links: list[dict[str, str]], original: Run | None,
-                    tx: Tx | None = None) -> RunStatus:
+                    tx: Tx | None = None, input_version: str | None = None) -> RunStatus:
         run_id = str(uuid.uuid4())
         if tx is None:
             with self.store.write() as tx2:
-                return self._create_run(manifest, actor, command, reason, links, original, tx2)
+                return self._create_run(manifest, actor, command, reason, links, original, tx2, input_version)
         now = tx.now()
         run = Run._create(Run.Submitted, id=run_stream_id(run_id), run_id=run_id, command=command,
-                          manifest=manifest, input_version=input_version_of(manifest),
+                          manifest=manifest, input_version=input_version or input_version_of(manifest),
                           actor_id=actor.id, role=actor.role, reason=reason, links=links,
                           root_run_id=original.root_run_id if original else run_id, timestamp=now)
         runs = {run_id: run}

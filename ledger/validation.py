@@ -61,4 +61,9 @@ def canonical_json(value: Any) -> str:
 
 def input_version_of(manifest: dict[str, Any]) -> str:
     """Content digest of a manifest in its JSON form."""
-    return "sha256:" + hashlib.sha256(canonical_json(manifest).encode()).hexdigest()[:32]
+    return input_version_of_text(canonical_json(manifest))
+
+
+def input_version_of_text(canonical: str) -> str:
+    """`input_version_of` from the manifest's canonical JSON text."""
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:32]
