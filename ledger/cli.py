@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, NoReturn
 
@@ -120,8 +120,10 @@ app = typer.Typer(
 )
 projections_app = typer.Typer(cls=TyperGroup, no_args_is_help=True, help="Projection maintenance.")
 token_app = typer.Typer(cls=TyperGroup, no_args_is_help=True, help="HTTP API tokens.")
+keys_app = typer.Typer(cls=TyperGroup, no_args_is_help=True, help="Idempotency keys.")
 app.add_typer(projections_app, name="projections")
 app.add_typer(token_app, name="token")
+app.add_typer(keys_app, name="keys")
 
 
 @dataclass
@@ -800,6 +802,26 @@ def projections_rebuild(
                 replayed = lg.rebuild_projections(progress=progress)
     seconds = time.monotonic() - started
     typer.echo(f"projections rebuilt from {replayed} events in {_duration(seconds)}")
+
+
+@keys_app.command("prune")
+def keys_prune(
+    ctx: typer.Context,
+    older_than: Annotated[float, typer.Option("--older-than", metavar="DAYS", min=0,
+                                              help="Forget keys recorded more than DAYS ago")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Forget old idempotency keys (a repeat with a forgotten key is a new command)."""
+    if _globals(ctx).idempotency_key is not None:
+        from .errors import InvalidInput
+
+        raise InvalidInput("--idempotency-key applies to commands, not to keys prune")
+    with _ledger(ctx) as lg:
+        removed = lg.prune_idempotency_keys(timedelta(days=older_than))
+    if as_json:
+        _emit_json({"removed": removed})
+    else:
+        typer.echo(f"{removed} idempotency key(s) older than {older_than:g} day(s) forgotten")
 
 
 @projections_app.command("checksums")

@@ -190,6 +190,32 @@ def _run_id_of(result: Any, arguments: dict[str, Any]) -> str | None:
 # --------------------------------------------------------------------------
 # the record
 # --------------------------------------------------------------------------
+PRUNE_PAGE = 1000
+
+
+def prune(store: Any, before: datetime) -> int:
+    """Delete the records of keys recorded before `before` (aware); return how many.
+
+    A pruned key is forgotten: a repeat after that is a new command. Pages through the
+    table in key order, a short transaction per page, comparing times as instants (rows
+    carry the store clock's offset, so their text does not sort across offsets)."""
+    if not isinstance(before, datetime) or before.tzinfo is None:
+        raise InvalidInput("before must be an aware datetime")
+    removed = 0
+    after = ""
+    while True:
+        with store.write() as tx:
+            rows = tx.fetchall(f"SELECT idempotency_key, recorded_at FROM {TABLE} WHERE idempotency_key > ? "
+                               "ORDER BY idempotency_key LIMIT ?", (after, PRUNE_PAGE))
+            if not rows:
+                return removed
+            after = rows[-1]["idempotency_key"]
+            old = [(r["idempotency_key"],) for r in rows if datetime.fromisoformat(r["recorded_at"]) < before]
+            if old:
+                tx.executemany(f"DELETE FROM {TABLE} WHERE idempotency_key = ?", old)
+                removed += len(old)
+
+
 def _lookup(tx: Tx, key: str) -> dict[str, Any] | None:
     return tx.fetchone(f"SELECT command, fingerprint, response FROM {TABLE} WHERE idempotency_key = ?",
                        (key,))
@@ -344,5 +370,5 @@ def read_command(fn: Callable[P, T]) -> Callable[P, T]:
     return wrapper
 
 
-__all__ = ["RETRY_DELAYS", "TABLE", "Keyed", "check_key", "command", "ddl", "decode", "encode", "fingerprint",
+__all__ = ["PRUNE_PAGE", "RETRY_DELAYS", "TABLE", "Keyed", "check_key", "command", "ddl", "decode", "encode", "fingerprint", "prune",
            "read_command", "retry_transient"]

@@ -1340,6 +1340,17 @@ class Ledger:
             raise InvalidInput("progress must be a callable (stage, done, total)")
         return verify(self, progress)
 
+    def prune_idempotency_keys(self, older_than: timedelta) -> int:
+        """Forget idempotency keys recorded more than `older_than` ago (by the store's clock);
+        returns how many. A repeat with a forgotten key is a new command."""
+        from .idempotency import prune
+
+        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+            raise InvalidInput("older_than must be a non-negative timedelta")
+        with self.store.read() as tx:
+            now = tx.now()
+        return prune(self.store, now - older_than)
+
     def rebuild_projections(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Drop and rebuild every projection from the first event; returns the events replayed."""
         from projections.rebuild import rebuild

@@ -525,3 +525,13 @@ def test_an_idempotency_key_makes_a_repeated_command_answer_from_the_record(dsn:
     assert_refused(cli(dsn, "--idempotency-key", "r-1", "reconcile", "--watch", "1"), "InvalidInput", "one command")
     assert_refused(cli(dsn, "--idempotency-key", "\n", "start", first["run_id"]), "InvalidInput")
     assert snapshot(dsn) == before
+
+
+def test_keys_prune(dsn: str, tmp_path: Path) -> None:
+    m = write_json(tmp_path / "m.json", manifest(1))
+    first = json.loads(ok(dsn, "--idempotency-key", "k-1", "submit", m, "--json").stdout)
+    assert json.loads(ok(dsn, "keys", "prune", "--older-than", "1", "--json").stdout) == {"removed": 0}
+    assert "1 idempotency key(s) older than 0 day(s) forgotten" in ok(dsn, "keys", "prune", "--older-than", "0").stdout
+    again = json.loads(ok(dsn, "--idempotency-key", "k-1", "submit", m, "--json").stdout)
+    assert again["run_id"] != first["run_id"]  # forgotten: a new command
+    assert_refused(cli(dsn, "--idempotency-key", "k-2", "keys", "prune", "--older-than", "1"), "InvalidInput")

@@ -603,3 +603,24 @@ def test_unreachable_server_surfaces_store_unavailable(own_server: PgServer, mon
         finally:
             own_server.start()
         assert lg.start(run_id, CONTROLLER).state == "running"
+
+
+def test_pruning_forgets_only_keys_older_than_asked(lg: Ledger, clock: ManualClock,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from ledger import idempotency
+
+    monkeypatch.setattr(idempotency, "PRUNE_PAGE", 2)  # several pages
+    old = [lg.submit(manifest(1), SUBMITTER, idempotency_key=f"old-{k}") for k in range(3)]
+    clock.advance(3 * 86400)
+    new = lg.submit(manifest(1), SUBMITTER, idempotency_key="new-0")
+    with pytest.raises(InvalidInput, match="non-negative timedelta"):
+        lg.prune_idempotency_keys(-timedelta(days=1))
+    assert lg.prune_idempotency_keys(timedelta(days=2)) == 3
+    assert lg.prune_idempotency_keys(timedelta(days=2)) == 0
+    # a kept key still answers from the record; a forgotten one is a new command
+    assert lg.submit(manifest(1), SUBMITTER, idempotency_key="new-0").run_id == new.run_id
+    again = lg.submit(manifest(1), SUBMITTER, idempotency_key="old-0")
+    assert again.run_id not in {s.run_id for s in old}
+    assert len(lg.runs()) == 5
