@@ -807,7 +807,7 @@ def projections_rebuild(
 @keys_app.command("prune")
 def keys_prune(
     ctx: typer.Context,
-    older_than: Annotated[float, typer.Option("--older-than", metavar="DAYS", min=0,
+    older_than: Annotated[float, typer.Option("--older-than", metavar="DAYS", min=0, max=365_000,
                                               help="Forget keys recorded more than DAYS ago")],
     as_json: JsonOpt = False,
 ) -> None:

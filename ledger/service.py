@@ -1349,7 +1349,11 @@ class Ledger:
             raise InvalidInput("older_than must be a non-negative timedelta")
         with self.store.read() as tx:
             now = tx.now()
-        return prune(self.store, now - older_than)
+        try:
+            before = now - older_than
+        except OverflowError:
+            return 0  # longer ago than the calendar goes: no key is that old
+        return prune(self.store, before)
 
     def rebuild_projections(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Drop and rebuild every projection from the first event; returns the events replayed."""

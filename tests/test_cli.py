@@ -535,3 +535,5 @@ def test_keys_prune(dsn: str, tmp_path: Path) -> None:
     again = json.loads(ok(dsn, "--idempotency-key", "k-1", "submit", m, "--json").stdout)
     assert again["run_id"] != first["run_id"]  # forgotten: a new command
     assert_refused(cli(dsn, "--idempotency-key", "k-2", "keys", "prune", "--older-than", "1"), "InvalidInput")
+    for bad in ("-1", "abc", "nan", "inf", "1e308"):
+        assert cli(dsn, "keys", "prune", "--older-than", bad).exit_code == 2, bad

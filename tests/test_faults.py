@@ -624,3 +624,15 @@ def test_pruning_forgets_only_keys_older_than_asked(lg: Ledger, clock: ManualClo
     again = lg.submit(manifest(1), SUBMITTER, idempotency_key="old-0")
     assert again.run_id not in {s.run_id for s in old}
     assert len(lg.runs()) == 5
+
+
+def test_pruning_refuses_what_is_not_an_age_and_writes_nothing(lg: Ledger) -> None:
+    from datetime import timedelta
+
+    lg.submit(manifest(1), SUBMITTER, idempotency_key="kept")
+    for bad in ("30", None, 30, -timedelta(seconds=1)):
+        with pytest.raises(InvalidInput, match="older_than"):
+            lg.prune_idempotency_keys(bad)  # type: ignore[arg-type]
+    assert lg.prune_idempotency_keys(timedelta.max) == 0  # older than the calendar: none
+    first = lg.submit(manifest(1), SUBMITTER, idempotency_key="kept")
+    assert [r.run_id for r in lg.runs()] == [first.run_id]  # the key still answers
