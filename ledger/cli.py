@@ -190,10 +190,14 @@ def _ledger(ctx: typer.Context) -> Iterator[Ledger]:
 
 def _one_command_only(ctx: typer.Context, what: str) -> None:
     """`--idempotency-key` names one command: refused, before anything is done, where many run."""
+    _refuse_key(ctx, f"--idempotency-key names one command; {what} makes many")
+
+
+def _refuse_key(ctx: typer.Context, why: str) -> None:
     if _globals(ctx).idempotency_key is not None:
         from .errors import InvalidInput
 
-        raise InvalidInput(f"--idempotency-key names one command; {what} makes many")
+        raise InvalidInput(why)
 
 
 def _actor(ctx: typer.Context, command: str) -> Actor:
@@ -812,10 +816,7 @@ def keys_prune(
     as_json: JsonOpt = False,
 ) -> None:
     """Forget old idempotency keys (a repeat with a forgotten key is a new command)."""
-    if _globals(ctx).idempotency_key is not None:
-        from .errors import InvalidInput
-
-        raise InvalidInput("--idempotency-key applies to commands, not to keys prune")
+    _refuse_key(ctx, "--idempotency-key applies to commands, not to keys prune")
     with _ledger(ctx) as lg:
         removed = lg.prune_idempotency_keys(timedelta(days=older_than))
     if as_json:
@@ -849,9 +850,7 @@ class VerifyProgress:
                                         "chains": "verify: checking the hash chains"}
 
     def __init__(self, write: Any, interval: float = 5.0, clock: Any = None) -> None:
-        self.replay = RebuildProgress(write=lambda line: write(line.replace("rebuilding projections:",
-                                                                            "verify: replayed", 1)),
-                                      interval=interval, clock=clock)
+        self.replay = RebuildProgress(write=write, interval=interval, clock=clock, label="verify: replayed")
         self.write = write
 
     def __call__(self, stage: str, done: int, total: int) -> None:
@@ -883,10 +882,11 @@ class RebuildProgress:
     """
 
     def __init__(self, write: Any = None, interval: float = 2.0, clock: Any = None,
-                 bar: Any = None) -> None:
+                 bar: Any = None, label: str = "rebuilding projections:") -> None:
         import time
 
         self.write = write
+        self.label = label
         self.interval = interval
         self.clock = clock or time.monotonic
         self.bar = bar  # (rich Progress, task id) on a terminal
@@ -932,7 +932,7 @@ class RebuildProgress:
     def line(self, done: int, total: int) -> str:
         rate, eta = self.rate_eta(done, total)
         pct = 100.0 * done / total if total else 100.0
-        text = f"rebuilding projections: {done:,}/{total:,} events ({pct:.0f}%)"
+        text = f"{self.label} {done:,}/{total:,} events ({pct:.0f}%)"
         if rate is not None:
             text += f", {rate:,.0f} events/s"
             if done < total and eta is not None:

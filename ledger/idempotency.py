@@ -370,5 +370,5 @@ def read_command(fn: Callable[P, T]) -> Callable[P, T]:
     return wrapper
 
 
-__all__ = ["PRUNE_PAGE", "RETRY_DELAYS", "TABLE", "Keyed", "check_key", "command", "ddl", "decode", "encode", "fingerprint", "prune",
-           "read_command", "retry_transient"]
+__all__ = ["PRUNE_PAGE", "RETRY_DELAYS", "TABLE", "Keyed", "check_key", "command", "ddl", "decode", "encode",
+           "fingerprint", "prune", "read_command", "retry_transient"]
