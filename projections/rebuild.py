@@ -32,7 +32,7 @@ import random
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 from uuid import UUID
@@ -193,22 +193,10 @@ class Replayer:
             for link in getattr(e, "links", None) or ():
                 run_ids[link["run_id"]] = None
         self.runs, self.items, self.streams = {}, {}, {}
-        missing_runs: list[str] = []
-        for run_id in run_ids:
-            run = self._cached_runs.pop(run_id, None)
-            if run is not None:
-                self.runs[run_id] = run
-                self.streams[run.id] = run
-            elif run_id not in created:
-                missing_runs.append(run_id)
+        missing_runs = self._reuse(self._cached_runs, run_ids, self.runs, created)
         missing_items: dict[str, list[str]] = {}
-        for key in item_keys:
-            item = self._cached_items.pop(key, None)
-            if item is not None:
-                self.items[key] = item
-                self.streams[item.id] = item
-            elif key not in created:
-                missing_items.setdefault(key[0], []).append(key[1])
+        for run_id, item_id in self._reuse(self._cached_items, item_keys, self.items, created):
+            missing_items.setdefault(run_id, []).append(item_id)
         runs_t, items_t = "lg_runs" + self.suffix, "lg_items" + self.suffix
         for i in range(0, len(missing_runs), _CHUNK):
             chunk = missing_runs[i:i + _CHUNK]
@@ -229,6 +217,20 @@ class Replayer:
                     if item is not None:
                         self.items[(item.run_id, item.item_id)] = item
                         self.streams[item.id] = item
+
+    def _reuse(self, cache: dict[Any, Any], keys: Iterable[Any], into: dict[Any, Any],
+               created: set[Any]) -> list[Any]:
+        """Take the cached aggregates of `keys` into `into`; return the keys still to load
+        (neither cached nor created in the batch)."""
+        missing = []
+        for key in keys:
+            agg = cache.pop(key, None)
+            if agg is not None:
+                into[key] = agg
+                self.streams[agg.id] = agg
+            elif key not in created:
+                missing.append(key)
+        return missing
 
     # applying -----------------------------------------------------------
     def _mutate(self, e: DomainEvent) -> None:
