@@ -138,19 +138,27 @@ def _main(
     ctx: typer.Context,
     dsn: Annotated[
         str | None,
-        typer.Option("--dsn", metavar="DSN", help="Ledger store: memory://, sqlite:///PATH, postgresql://... "
-                     "[default: $LEDGER_DSN, else sqlite:///./ledger.db]"),
+        typer.Option(
+            "--dsn",
+            metavar="DSN",
+            help="Ledger store: memory://, sqlite:///PATH, postgresql://... "
+            "[default: $LEDGER_DSN, else sqlite:///./ledger.db]",
+        ),
     ] = None,
     actor: Annotated[
         str | None,
-        typer.Option("--as", metavar="ID:ROLE",
-                     help="Who makes the command; the role defaults per command"),
+        typer.Option(
+            "--as", metavar="ID:ROLE", help="Who makes the command; the role defaults per command"
+        ),
     ] = None,
     idempotency_key: Annotated[
         str | None,
-        typer.Option("--idempotency-key", metavar="KEY",
-                     help="Repeating the command with the same key returns the first result and "
-                     "writes nothing (a command, not work/demo/serve)"),
+        typer.Option(
+            "--idempotency-key",
+            metavar="KEY",
+            help="Repeating the command with the same key returns the first result and "
+            "writes nothing (a command, not work/demo/serve)",
+        ),
     ] = None,
 ) -> None:
     """The durable, auditable record of workflow and batch runs."""
@@ -252,18 +260,22 @@ def _read_json_file(path: Path, what: str) -> Any:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise ManifestInvalid(f"cannot read {what} file {str(path)!r}: {e.strerror}",
-                              field=what) from None
+        raise ManifestInvalid(
+            f"cannot read {what} file {str(path)!r}: {e.strerror}", field=what
+        ) from None
     try:
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        detail = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(
-            e, json.JSONDecodeError) else "not UTF-8"
-        raise ManifestInvalid(f"{what} file {str(path)!r} is not valid JSON: {detail}",
-                              field=what) from None
+        detail = (
+            f"{e.msg} at line {e.lineno} column {e.colno}"
+            if isinstance(e, json.JSONDecodeError)
+            else "not UTF-8"
+        )
+        raise ManifestInvalid(
+            f"{what} file {str(path)!r} is not valid JSON: {detail}", field=what
+        ) from None
     except RecursionError:
-        raise ManifestInvalid(f"{what} file {str(path)!r} nests too deeply",
-                              field=what) from None
+        raise ManifestInvalid(f"{what} file {str(path)!r} nests too deeply", field=what) from None
 
 
 @contextmanager
@@ -357,8 +369,14 @@ _AMEND_KEYS = ("items", "withdraw", "policy")
 def amend(
     ctx: typer.Context,
     run_id: RunArg,
-    part: Annotated[Path, typer.Argument(metavar="PART.json", dir_okay=False,
-                                         help='{"items": [...], "withdraw": [ids], "policy": {...}}')],
+    part: Annotated[
+        Path,
+        typer.Argument(
+            metavar="PART.json",
+            dir_okay=False,
+            help='{"items": [...], "withdraw": [ids], "policy": {...}}',
+        ),
+    ],
     reason: ReasonOpt,
     as_json: JsonOpt = False,
 ) -> None:
@@ -369,18 +387,28 @@ def amend(
     if isinstance(data, list):
         data = {"items": data}
     if not isinstance(data, dict):
-        raise ManifestInvalid("amendment must be a JSON object with items, withdraw or policy",
-                              field="amendment")
+        raise ManifestInvalid(
+            "amendment must be a JSON object with items, withdraw or policy", field="amendment"
+        )
     unknown = sorted(set(data) - set(_AMEND_KEYS))
     if unknown:
-        raise ManifestInvalid(f"amendment field {unknown[0]}: unknown key; allowed keys are "
-                              f"{', '.join(_AMEND_KEYS)}", field=unknown[0])
+        raise ManifestInvalid(
+            f"amendment field {unknown[0]}: unknown key; allowed keys are {', '.join(_AMEND_KEYS)}",
+            field=unknown[0],
+        )
     if not any(data.get(k) is not None for k in _AMEND_KEYS):
-        raise ManifestInvalid("amendment changes nothing; give items, withdraw or policy",
-                              field="amendment")
+        raise ManifestInvalid(
+            "amendment changes nothing; give items, withdraw or policy", field="amendment"
+        )
     with _ledger(ctx) as lg:
-        status = lg.amend(run_id, _actor(ctx, "amend"), reason, items=data.get("items"),
-                          withdraw=data.get("withdraw"), policy=data.get("policy"))
+        status = lg.amend(
+            run_id,
+            _actor(ctx, "amend"),
+            reason,
+            items=data.get("items"),
+            withdraw=data.get("withdraw"),
+            policy=data.get("policy"),
+        )
     _show_run(status, as_json, "amended")
 
 
@@ -402,8 +430,9 @@ def review(
     ctx: typer.Context,
     run_id: RunArg,
     approve: Annotated[bool, typer.Option("--approve/--reject", help="The decision")],
-    input_version: Annotated[str, typer.Option("--input-version",
-                                               help="The input version you reviewed")],
+    input_version: Annotated[
+        str, typer.Option("--input-version", help="The input version you reviewed")
+    ],
     reason: ReasonOpt,
     as_json: JsonOpt = False,
 ) -> None:
@@ -414,9 +443,12 @@ def review(
 
 
 @app.command()
-def pause(ctx: typer.Context, run_id: RunArg,
-          reason: Annotated[str, typer.Option("--reason")] = "paused from the command line",
-          as_json: JsonOpt = False) -> None:
+def pause(
+    ctx: typer.Context,
+    run_id: RunArg,
+    reason: Annotated[str, typer.Option("--reason")] = "paused from the command line",
+    as_json: JsonOpt = False,
+) -> None:
     """Pause a running run: pausing until its leases end, then paused (operator)."""
     with _ledger(ctx) as lg:
         status = lg.pause(run_id, _actor(ctx, "pause"), reason)
@@ -424,9 +456,12 @@ def pause(ctx: typer.Context, run_id: RunArg,
 
 
 @app.command()
-def resume(ctx: typer.Context, run_id: RunArg,
-           reason: Annotated[str | None, typer.Option("--reason")] = None,
-           as_json: JsonOpt = False) -> None:
+def resume(
+    ctx: typer.Context,
+    run_id: RunArg,
+    reason: Annotated[str | None, typer.Option("--reason")] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Resume a pausing or paused run (operator)."""
     with _ledger(ctx) as lg:
         status = lg.resume(run_id, _actor(ctx, "resume"), reason=reason)
@@ -434,9 +469,12 @@ def resume(ctx: typer.Context, run_id: RunArg,
 
 
 @app.command()
-def cancel(ctx: typer.Context, run_id: RunArg,
-           reason: Annotated[str, typer.Option("--reason")] = "canceled from the command line",
-           as_json: JsonOpt = False) -> None:
+def cancel(
+    ctx: typer.Context,
+    run_id: RunArg,
+    reason: Annotated[str, typer.Option("--reason")] = "canceled from the command line",
+    as_json: JsonOpt = False,
+) -> None:
     """Record the intent to cancel: canceling while leases are live, then canceled."""
     with _ledger(ctx) as lg:
         outcome = lg.cancel(run_id, _actor(ctx, "cancel"), reason)
@@ -444,8 +482,9 @@ def cancel(ctx: typer.Context, run_id: RunArg,
         _emit_json(outcome)
         return
     already = " (the cancel was already recorded)" if outcome.already else ""
-    typer.echo(f"run {outcome.run_id}: {outcome.state}, {outcome.in_flight} attempt(s) "
-               f"in flight{already}")
+    typer.echo(
+        f"run {outcome.run_id}: {outcome.state}, {outcome.in_flight} attempt(s) in flight{already}"
+    )
 
 
 @app.command()
@@ -453,24 +492,40 @@ def fail(
     ctx: typer.Context,
     run_id: RunArg,
     reason: ReasonOpt,
-    permanent: Annotated[bool, typer.Option("--permanent",
-                                            help="A retry would fail identically")] = False,
-    failure_reason: Annotated[str | None, typer.Option(
-        "--failure-reason", help="input_unavailable, input_invalid, record_corrupt, "
-        "invariant_violated, deadline_exceeded, review_rejected, "
-        "required_items_not_accepted or operator_decision")] = None,
+    permanent: Annotated[
+        bool, typer.Option("--permanent", help="A retry would fail identically")
+    ] = False,
+    failure_reason: Annotated[
+        str | None,
+        typer.Option(
+            "--failure-reason",
+            help="input_unavailable, input_invalid, record_corrupt, "
+            "invariant_violated, deadline_exceeded, review_rejected, "
+            "required_items_not_accepted or operator_decision",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fail a run, transient unless --permanent (controller; operators: transient only)."""
     with _ledger(ctx) as lg:
-        status = lg.fail(run_id, _actor(ctx, "fail"), reason, transient=not permanent,
-                         failure_reason=failure_reason)
+        status = lg.fail(
+            run_id,
+            _actor(ctx, "fail"),
+            reason,
+            transient=not permanent,
+            failure_reason=failure_reason,
+        )
     _show_run(status, as_json, "failed")
 
 
 @app.command()
-def skip(ctx: typer.Context, run_id: RunArg, item_id: ItemArg, reason: ReasonOpt,
-         as_json: JsonOpt = False) -> None:
+def skip(
+    ctx: typer.Context,
+    run_id: RunArg,
+    item_id: ItemArg,
+    reason: ReasonOpt,
+    as_json: JsonOpt = False,
+) -> None:
     """Skip a pending, retryable or quarantined item (operator)."""
     with _ledger(ctx) as lg:
         item = lg.skip(run_id, item_id, _actor(ctx, "skip"), reason)
@@ -478,8 +533,13 @@ def skip(ctx: typer.Context, run_id: RunArg, item_id: ItemArg, reason: ReasonOpt
 
 
 @app.command()
-def release(ctx: typer.Context, run_id: RunArg, item_id: ItemArg, reason: ReasonOpt,
-            as_json: JsonOpt = False) -> None:
+def release(
+    ctx: typer.Context,
+    run_id: RunArg,
+    item_id: ItemArg,
+    reason: ReasonOpt,
+    as_json: JsonOpt = False,
+) -> None:
     """Release a quarantined item for another attempt (operator)."""
     with _ledger(ctx) as lg:
         item = lg.release(run_id, item_id, _actor(ctx, "release"), reason)
@@ -488,15 +548,24 @@ def release(ctx: typer.Context, run_id: RunArg, item_id: ItemArg, reason: Reason
 
 @app.command("reject-item")
 def reject_item(
-    ctx: typer.Context, run_id: RunArg, item_id: ItemArg, reason: ReasonOpt,
-    rule: Annotated[str | None, typer.Option(
-        "--rule", help="The rule the item fails (default: the reason)")] = None,
+    ctx: typer.Context,
+    run_id: RunArg,
+    item_id: ItemArg,
+    reason: ReasonOpt,
+    rule: Annotated[
+        str | None, typer.Option("--rule", help="The rule the item fails (default: the reason)")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Reject a quarantined item for good (reviewer)."""
     with _ledger(ctx) as lg:
-        item = lg.reject_item(run_id, item_id, _actor(ctx, "reject-item"), rule or reason,
-                              detail=reason if rule else None)
+        item = lg.reject_item(
+            run_id,
+            item_id,
+            _actor(ctx, "reject-item"),
+            rule or reason,
+            detail=reason if rule else None,
+        )
     _show_item(item, as_json)
 
 
@@ -504,8 +573,9 @@ OptionalReason = Annotated[str | None, typer.Option("--reason", help="Why (recor
 
 
 @app.command()
-def retry(ctx: typer.Context, run_id: RunArg, reason: OptionalReason = None,
-          as_json: JsonOpt = False) -> None:
+def retry(
+    ctx: typer.Context, run_id: RunArg, reason: OptionalReason = None, as_json: JsonOpt = False
+) -> None:
     """New run replaying a failed(transient) run's latest input, linked retry_of (operator)."""
     with _ledger(ctx) as lg:
         status = lg.retry(run_id, _actor(ctx, "retry"), reason=reason)
@@ -514,41 +584,58 @@ def retry(ctx: typer.Context, run_id: RunArg, reason: OptionalReason = None,
 
 @app.command()
 def repair(
-    ctx: typer.Context, run_id: RunArg,
-    items: Annotated[str | None, typer.Option(
-        "--items", metavar="ID,...", help="Items to repair (default: those not accepted)")] = None,
-    corrections: Annotated[Path | None, typer.Option(
-        "--corrections", metavar="ITEMS.json", dir_okay=False,
-        help="Corrected items (a JSON list); links correction_of")] = None,
+    ctx: typer.Context,
+    run_id: RunArg,
+    items: Annotated[
+        str | None,
+        typer.Option(
+            "--items", metavar="ID,...", help="Items to repair (default: those not accepted)"
+        ),
+    ] = None,
+    corrections: Annotated[
+        Path | None,
+        typer.Option(
+            "--corrections",
+            metavar="ITEMS.json",
+            dir_okay=False,
+            help="Corrected items (a JSON list); links correction_of",
+        ),
+    ] = None,
     reason: OptionalReason = None,
     as_json: JsonOpt = False,
 ) -> None:
     """New run for a run's items not accepted, linked repair_of / correction_of (operator)."""
     fixed = _read_json_file(corrections, "corrections") if corrections else None
     with _ledger(ctx) as lg:
-        status = lg.repair(run_id, _actor(ctx, "repair"), items=_split_ids(items),
-                           corrections=fixed, reason=reason)
+        status = lg.repair(
+            run_id, _actor(ctx, "repair"), items=_split_ids(items), corrections=fixed, reason=reason
+        )
     _show_run(status, as_json, f"repair of {run_id}:")
 
 
 @app.command()
 def compensate(
-    ctx: typer.Context, run_id: RunArg, reason: ReasonOpt,
+    ctx: typer.Context,
+    run_id: RunArg,
+    reason: ReasonOpt,
     items: Annotated[str | None, typer.Option("--items", metavar="ID,...")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """New run that undoes a run's effects, linked compensates (operator)."""
     with _ledger(ctx) as lg:
-        status = lg.compensate(run_id, _actor(ctx, "compensate"), reason,
-                               items=_split_ids(items))
+        status = lg.compensate(run_id, _actor(ctx, "compensate"), reason, items=_split_ids(items))
     _show_run(status, as_json, f"compensation of {run_id}:")
 
 
 @app.command()
 def reconcile(
     ctx: typer.Context,
-    watch: Annotated[float | None, typer.Option(
-        "--watch", metavar="SECONDS", min=0.05, help="Repeat every SECONDS until interrupted")] = None,
+    watch: Annotated[
+        float | None,
+        typer.Option(
+            "--watch", metavar="SECONDS", min=0.05, help="Repeat every SECONDS until interrupted"
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Expire stale leases, finish cancels and pauses, fail runs past their deadline."""
@@ -566,7 +653,8 @@ def reconcile(
                     f"{datetime.now(UTC).isoformat(timespec='seconds')} reconciled: "
                     f"{report.expired_leases} lease(s) expired, {report.finished_cancels} "
                     f"cancel(s) and {report.finished_pauses} pause(s) finished, "
-                    f"{report.failed_runs} run(s) failed")
+                    f"{report.failed_runs} run(s) failed"
+                )
             if watch is None:
                 return
             try:
@@ -579,8 +667,10 @@ def reconcile(
 def work(
     ctx: typer.Context,
     run_id: RunArg,
-    handler: Annotated[str, typer.Option("--handler", metavar="MODULE:FUNCTION",
-                                         help="Called with each item's Lease")],
+    handler: Annotated[
+        str,
+        typer.Option("--handler", metavar="MODULE:FUNCTION", help="Called with each item's Lease"),
+    ],
     workers: Annotated[int, typer.Option("--workers", min=1, max=256)] = 4,
     as_json: JsonOpt = False,
 ) -> None:
@@ -595,8 +685,9 @@ def work(
         try:
             summary = worker.run()
         except KeyboardInterrupt:
-            typer.echo("interrupted: stopped claiming; the outcomes in flight were recorded",
-                       err=True)
+            typer.echo(
+                "interrupted: stopped claiming; the outcomes in flight were recorded", err=True
+            )
             raise typer.Exit(130) from None
     if as_json:
         _emit_json(summary)
@@ -605,7 +696,8 @@ def work(
         f"worker {summary.worker_id}: claimed {summary.claimed}, accepted {summary.accepted}, "
         f"rejected {summary.rejected}, retryable {summary.retryable}, quarantined "
         f"{summary.quarantined}, lease lost {summary.lease_lost}; stopped: {summary.stopped}; "
-        f"run is {summary.run_state}")
+        f"run is {summary.run_state}"
+    )
     for line in summary.errors:
         typer.echo(f"  not recorded: {line}", err=True)
 
@@ -639,9 +731,12 @@ def _load_handler(spec: str) -> Any:
 
 @app.command()
 def status(
-    ctx: typer.Context, run_id: RunArg,
-    at: Annotated[str | None, typer.Option("--at", metavar="TIME",
-                                           help="The status as accepted at TIME (ISO 8601)")] = None,
+    ctx: typer.Context,
+    run_id: RunArg,
+    at: Annotated[
+        str | None,
+        typer.Option("--at", metavar="TIME", help="The status as accepted at TIME (ISO 8601)"),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """A run's accepted state: counts, summary, what it waits on."""
@@ -671,7 +766,8 @@ def runs(
 
 @app.command()
 def items(
-    ctx: typer.Context, run_id: RunArg,
+    ctx: typer.Context,
+    run_id: RunArg,
     state: Annotated[str | None, typer.Option("--state")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -688,7 +784,8 @@ def items(
 
 @app.command()
 def attempts(
-    ctx: typer.Context, run_id: RunArg,
+    ctx: typer.Context,
+    run_id: RunArg,
     item: Annotated[str | None, typer.Option("--item", metavar="ITEM")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -739,8 +836,10 @@ def audit(
     since: Annotated[str | None, typer.Option("--since", metavar="TIME")] = None,
     until: Annotated[str | None, typer.Option("--until", metavar="TIME")] = None,
     newest_first: Annotated[bool, typer.Option("--newest-first")] = False,
-    after: Annotated[int | None, typer.Option("--after", metavar="POSITION",
-                                              help="Only transitions after this position")] = None,
+    after: Annotated[
+        int | None,
+        typer.Option("--after", metavar="POSITION", help="Only transitions after this position"),
+    ] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1)] = None,
     as_json: JsonOpt = False,
     as_jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON object per line")] = False,
@@ -750,8 +849,17 @@ def audit(
         raise typer.BadParameter("give --json or --jsonl, not both")
     start_at, end_at = _parse_time(since), _parse_time(until)
     with _ledger(ctx) as lg:
-        found = lg.audit(run_id=run, actor=actor, role=role, state=state, since=start_at,
-                         until=end_at, newest_first=newest_first, after=after, limit=limit)
+        found = lg.audit(
+            run_id=run,
+            actor=actor,
+            role=role,
+            state=state,
+            since=start_at,
+            until=end_at,
+            newest_first=newest_first,
+            after=after,
+            limit=limit,
+        )
         if as_jsonl:
             for transition in found:  # streamed: the audit log can be long
                 typer.echo(json.dumps(transition.to_dict(), ensure_ascii=False))
@@ -768,15 +876,22 @@ def audit(
 @app.command()
 def verify(
     ctx: typer.Context,
-    heads: Annotated[bool, typer.Option(
-        "--heads", help="Also print the digest of every stream's head: keep it elsewhere to "
-        "detect a history rewritten wholesale")] = False,
+    heads: Annotated[
+        bool,
+        typer.Option(
+            "--heads",
+            help="Also print the digest of every stream's head: keep it elsewhere to "
+            "detect a history rewritten wholesale",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
     no_progress: Annotated[bool, typer.Option("--no-progress")] = False,
 ) -> None:
     """Replay every event and check the rules, hash chains and projections (exit 1 on problems)."""
     with _ledger(ctx) as lg, _core_feature("verify"):
-        report = lg.verify(None if no_progress else VerifyProgress(lambda line: typer.echo(line, err=True)))
+        report = lg.verify(
+            None if no_progress else VerifyProgress(lambda line: typer.echo(line, err=True))
+        )
     if as_json:
         _emit_json(report)
     else:
@@ -811,8 +926,16 @@ def projections_rebuild(
 @keys_app.command("prune")
 def keys_prune(
     ctx: typer.Context,
-    older_than: Annotated[float, typer.Option("--older-than", metavar="DAYS", min=0, max=365_000,
-                                              help="Forget keys recorded more than DAYS ago")],
+    older_than: Annotated[
+        float,
+        typer.Option(
+            "--older-than",
+            metavar="DAYS",
+            min=0,
+            max=365_000,
+            help="Forget keys recorded more than DAYS ago",
+        ),
+    ],
     as_json: JsonOpt = False,
 ) -> None:
     """Forget old idempotency keys (a repeat with a forgotten key is a new command)."""
@@ -846,11 +969,15 @@ class VerifyProgress:
     seconds while replaying (events done / total, rate, ETA), and one as each later
     stage starts."""
 
-    STAGES: ClassVar[dict[str, str]] = {"compare": "verify: comparing the live projections with the replay",
-                                        "chains": "verify: checking the hash chains"}
+    STAGES: ClassVar[dict[str, str]] = {
+        "compare": "verify: comparing the live projections with the replay",
+        "chains": "verify: checking the hash chains",
+    }
 
     def __init__(self, write: Any, interval: float = 5.0, clock: Any = None) -> None:
-        self.replay = RebuildProgress(write=write, interval=interval, clock=clock, label="verify: replayed")
+        self.replay = RebuildProgress(
+            write=write, interval=interval, clock=clock, label="verify: replayed"
+        )
         self.write = write
 
     def __call__(self, stage: str, done: int, total: int) -> None:
@@ -881,8 +1008,14 @@ class RebuildProgress:
     with the crashed one's events already done).
     """
 
-    def __init__(self, write: Any = None, interval: float = 2.0, clock: Any = None,
-                 bar: Any = None, label: str = "rebuilding projections:") -> None:
+    def __init__(
+        self,
+        write: Any = None,
+        interval: float = 2.0,
+        clock: Any = None,
+        bar: Any = None,
+        label: str = "rebuilding projections:",
+    ) -> None:
         import time
 
         self.write = write
@@ -911,9 +1044,15 @@ class RebuildProgress:
         )
 
         # fits 80 columns at 1,000,000 events: "rebuilding ━━━━ 500000/1000002 50% 27,862 events/s 0:00:18"
-        bar = Progress(TextColumn("rebuilding"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                       TaskProgressColumn(), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-                       console=Console(stderr=True))
+        bar = Progress(
+            TextColumn("rebuilding"),
+            BarColumn(bar_width=20),
+            MofNCompleteColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+        )
         with bar:
             task = bar.add_task("rebuild", total=None, rate="")
             yield cls(bar=(bar, task))
@@ -943,8 +1082,12 @@ class RebuildProgress:
         if self.bar is not None:
             bar, task = self.bar
             rate, _eta = self.rate_eta(done, total)
-            bar.update(task, completed=done, total=total,
-                       rate="" if rate is None else f"{rate:,.0f} events/s")
+            bar.update(
+                task,
+                completed=done,
+                total=total,
+                rate="" if rate is None else f"{rate:,.0f} events/s",
+            )
             return
         now = self.clock()
         last = done >= total
@@ -963,25 +1106,35 @@ def serve(
     ctx: typer.Context,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8080,
-    tokens: Annotated[Path | None, typer.Option(
-        "--tokens", metavar="PATH", help="[default: $LEDGER_TOKENS, else ./ledger.tokens]")] = None,
-    public_reads: Annotated[bool, typer.Option("--public-reads",
-                                               help="Reads need no token")] = False,
+    tokens: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokens", metavar="PATH", help="[default: $LEDGER_TOKENS, else ./ledger.tokens]"
+        ),
+    ] = None,
+    public_reads: Annotated[
+        bool, typer.Option("--public-reads", help="Reads need no token")
+    ] = False,
 ) -> None:
     """Serve the HTTP API and the operator page until interrupted."""
     from .http.serve import serve as serve_http
 
     _one_command_only(ctx, "serve (clients send an Idempotency-Key header per request)")
-    serve_http(_globals(ctx).dsn, host=host, port=port, tokens_path=tokens,
-               public_reads=public_reads)
+    serve_http(
+        _globals(ctx).dsn, host=host, port=port, tokens_path=tokens, public_reads=public_reads
+    )
 
 
 @token_app.command("add")
 def token_add(
     actor_id: Annotated[str, typer.Argument(metavar="ACTOR_ID")],
     role: Annotated[str, typer.Argument(metavar="ROLE")],
-    tokens: Annotated[Path | None, typer.Option(
-        "--tokens", metavar="PATH", help="[default: $LEDGER_TOKENS, else ./ledger.tokens]")] = None,
+    tokens: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokens", metavar="PATH", help="[default: $LEDGER_TOKENS, else ./ledger.tokens]"
+        ),
+    ] = None,
 ) -> None:
     """Create a bearer token for ACTOR_ID acting as ROLE; it is shown once, only here."""
     from .http.tokens import add_token
@@ -995,8 +1148,9 @@ def token_add(
 @app.command()
 def demo(
     ctx: typer.Context,
-    items: Annotated[int, typer.Option("--items", min=4, max=5000,
-                                       help="Items per scenario run")] = 20,
+    items: Annotated[
+        int, typer.Option("--items", min=4, max=5000, help="Items per scenario run")
+    ] = 20,
     workers: Annotated[int, typer.Option("--workers", min=1, max=64)] = 4,
     seed: Annotated[int, typer.Option("--seed")] = 7,
     as_json: JsonOpt = False,
@@ -1028,8 +1182,11 @@ def _lean_app(args: Sequence[str]) -> typer.Typer:
     name = _command_name(_hoist_global_options(args))
     for info in app.registered_commands:
         callback = info.callback
-        if name is not None and callback is not None and name == (
-                info.name or callback.__name__.replace("_", "-")):
+        if (
+            name is not None
+            and callback is not None
+            and name == (info.name or callback.__name__.replace("_", "-"))
+        ):
             lean = copy.copy(app)
             lean.registered_commands = [info]
             lean.registered_groups = []

@@ -88,8 +88,9 @@ def _work_time(item_id: str) -> float:
 
 
 class _Demo:
-    def __init__(self, lg: Ledger, items: int, workers: int, seed: int,
-                 say: Callable[[str], None]) -> None:
+    def __init__(
+        self, lg: Ledger, items: int, workers: int, seed: int, say: Callable[[str], None]
+    ) -> None:
         self.lg = lg
         self.n = items
         self.workers = workers
@@ -110,9 +111,13 @@ class _Demo:
             "config_version": "cfg-demo-1",
             "scope": scope,
             "items": [
-                {"item_id": f"{scenario}-{i:03d}",
-                 "payload": {"customer": rng.choice(customers),
-                             "amount_cents": rng.randint(100, 250_000)}}
+                {
+                    "item_id": f"{scenario}-{i:03d}",
+                    "payload": {
+                        "customer": rng.choice(customers),
+                        "amount_cents": rng.randint(100, 250_000),
+                    },
+                }
                 for i in range(1, self.n + 1)
             ],
             "policy": policy,
@@ -124,8 +129,14 @@ class _Demo:
         return run_id
 
     def work(self, run_id: str, handle: Callable[[Lease], Outcome], name: str) -> WorkerSummary:
-        worker = Worker(self.lg, run_id, handle, worker_id=f"worker-{name}",
-                        concurrency=self.workers, max_idle=5.0)
+        worker = Worker(
+            self.lg,
+            run_id,
+            handle,
+            worker_id=f"worker-{name}",
+            concurrency=self.workers,
+            max_idle=5.0,
+        )
         return worker.run()
 
     def record(self, name: str, run_id: str, story: list[str]) -> Scenario:
@@ -141,11 +152,16 @@ class _Demo:
 
     def flaky(self) -> Scenario:
         self.say("[bold]1. Flaky items[/]: transient upstream errors, retried up to 3 attempts")
-        run_id = self.submit_and_start("flaky", "invoice delivery with a flaky upstream API",
-                                       {"max_attempts": 3, "backoff_seconds": 0})
+        run_id = self.submit_and_start(
+            "flaky",
+            "invoice delivery with a flaky upstream API",
+            {"max_attempts": 3, "backoff_seconds": 0},
+        )
         rng = self.rng("flaky")
-        failures = {f"flaky-{i:03d}": rng.choices([0, 1, 2], weights=[5, 3, 2])[0]
-                    for i in range(1, self.n + 1)}
+        failures = {
+            f"flaky-{i:03d}": rng.choices([0, 1, 2], weights=[5, 3, 2])[0]
+            for i in range(1, self.n + 1)
+        }
         tries: dict[str, int] = {}
         lock = threading.Lock()
 
@@ -157,39 +173,58 @@ class _Demo:
             if attempt <= failures[lease.item_id]:
                 if attempt == 1:
                     raise TimeoutError("upstream API did not answer within 2.0s (simulated)")
-                raise ConnectionError("could not connect to "
-                                      "postgresql://billing:hunter2@db.internal/billing "
-                                      "(simulated; the ledger redacts the password)")
-            return Accepted(evidence={"receipt": f"rcpt-{lease.item_id}-{attempt}"},
-                            stage="delivered")
+                raise ConnectionError(
+                    "could not connect to "
+                    "postgresql://billing:hunter2@db.internal/billing "
+                    "(simulated; the ledger redacts the password)"
+                )
+            return Accepted(
+                evidence={"receipt": f"rcpt-{lease.item_id}-{attempt}"}, stage="delivered"
+            )
 
         summary = self.work(run_id, handle, "flaky")
         status = self.lg.complete(run_id, CONTROLLER)
         retried = sum(failures.values())
-        return self.record("flaky", run_id, [
-            (f"{self.n} items; {sum(1 for f in failures.values() if f)} of them failed "
-             f"{retried} attempt(s) in total before succeeding"),
-            (f"worker: {summary.claimed} claims, {summary.retryable} failed attempt(s) "
-             f"recorded as retryable, {summary.accepted} accepted"),
-            f"complete -> {status.state}",
-        ])
+        return self.record(
+            "flaky",
+            run_id,
+            [
+                (
+                    f"{self.n} items; {sum(1 for f in failures.values() if f)} of them failed "
+                    f"{retried} attempt(s) in total before succeeding"
+                ),
+                (
+                    f"worker: {summary.claimed} claims, {summary.retryable} failed attempt(s) "
+                    f"recorded as retryable, {summary.accepted} accepted"
+                ),
+                f"complete -> {status.state}",
+            ],
+        )
 
     # -- 2. review bound to an input version -------------------------------------
 
     def review(self) -> Scenario:
-        self.say(f"[bold]2. Review gate[/]: a '{REVIEW_DECISION}' approval is bound to the "
-                 "input version it saw")
+        self.say(
+            f"[bold]2. Review gate[/]: a '{REVIEW_DECISION}' approval is bound to the "
+            "input version it saw"
+        )
         run_id = self.submit_and_start(
-            "review", "month-end ledger export needing finance sign-off",
-            {"review": {"decision": REVIEW_DECISION, "survives_amendment": False}})
+            "review",
+            "month-end ledger export needing finance sign-off",
+            {"review": {"decision": REVIEW_DECISION, "survives_amendment": False}},
+        )
         self.work(run_id, _accept_all("exported"), "review")
         seen = self.lg.request_review(run_id, CONTROLLER, REVIEW_DECISION).input_version
         story = [f"all {self.n} items exported; review requested for input version {seen}"]
-        late = {"item_id": "review-late-001",
-                "payload": {"customer": "initech", "amount_cents": 12_345}}
+        late = {
+            "item_id": "review-late-001",
+            "payload": {"customer": "initech", "amount_cents": 12_345},
+        }
         amended = self.lg.amend(run_id, SUBMITTER, "a late invoice arrived", items=[late])
-        story.append(f"submitter amended the run (a late invoice): input version is now "
-                     f"{amended.input_version}, still {amended.state}")
+        story.append(
+            f"submitter amended the run (a late invoice): input version is now "
+            f"{amended.input_version}, still {amended.state}"
+        )
         try:
             self.lg.decide(run_id, REVIEWER, seen, True, "totals match the export I checked")
             story.append("UNEXPECTED: the ledger accepted an approval of the old version")
@@ -207,8 +242,10 @@ class _Demo:
 
     def cancel(self) -> Scenario:
         in_flight = min(self.workers, self.n)
-        self.say(f"[bold]3. Cancel in flight[/]: the run is canceled while {in_flight} "
-                 "attempt(s) are running")
+        self.say(
+            f"[bold]3. Cancel in flight[/]: the run is canceled while {in_flight} "
+            "attempt(s) are running"
+        )
         run_id = self.submit_and_start("cancel", "bulk statement mailing, withdrawn mid-run", {})
         started = threading.Semaphore(0)
         gate = threading.Event()
@@ -219,8 +256,14 @@ class _Demo:
             return Accepted(evidence={"mail_id": f"mail-{lease.item_id}"}, stage="mailed")
 
         box: list[WorkerSummary] = []
-        worker = Worker(self.lg, run_id, handle, worker_id="worker-cancel",
-                        concurrency=self.workers, max_idle=5.0)
+        worker = Worker(
+            self.lg,
+            run_id,
+            handle,
+            worker_id="worker-cancel",
+            concurrency=self.workers,
+            max_idle=5.0,
+        )
         thread = threading.Thread(target=lambda: box.append(worker.run()), daemon=True)
         thread.start()
         try:
@@ -231,12 +274,18 @@ class _Demo:
         finally:
             gate.set()
             thread.join()
-        story = [(f"operator canceled with {outcome.in_flight} attempt(s) in flight -> "
-                 f"{outcome.state}; no new claims")]
+        story = [
+            (
+                f"operator canceled with {outcome.in_flight} attempt(s) in flight -> "
+                f"{outcome.state}; no new claims"
+            )
+        ]
         summary = box[0] if box else None
         if summary is not None:
-            story.append(f"the in-flight attempts finished and were kept: {summary.accepted} "
-                         f"accepted; worker stopped: {summary.stopped}")
+            story.append(
+                f"the in-flight attempts finished and were kept: {summary.accepted} "
+                f"accepted; worker stopped: {summary.stopped}"
+            )
         status = self.lg.status(run_id)
         if status.state == "canceling":
             report = self.lg.reconcile()
@@ -248,8 +297,10 @@ class _Demo:
     def partial(self) -> Scenario:
         self.say("[bold]4. Partial delivery[/]: up to 25% of required items may fail")
         run_id = self.submit_and_start(
-            "partial", "supplier catalogue import; partial delivery allowed",
-            {"partial_delivery": True, "tolerated_failures": "25%", "max_attempts": 2})
+            "partial",
+            "supplier catalogue import; partial delivery allowed",
+            {"partial_delivery": True, "tolerated_failures": "25%", "max_attempts": 2},
+        )
         bad = self.rng("partial").sample(range(1, self.n + 1), max(1, self.n // 6))
         quarantined = {f"partial-{bad[0]:03d}"}
         rejected = {f"partial-{i:03d}" for i in bad[1:]}
@@ -264,33 +315,50 @@ class _Demo:
 
         self.work(run_id, handle, "partial")
         status = self.lg.complete(run_id, CONTROLLER)
-        story = [(f"{len(rejected)} item(s) rejected by a validation rule, "
-                 f"{len(quarantined)} quarantined; complete -> {status.state}")]
-        story += [f"not accepted: {item.item_id} ({item.state}: {item.reason})"
-                  for item in status.not_accepted]
+        story = [
+            (
+                f"{len(rejected)} item(s) rejected by a validation rule, "
+                f"{len(quarantined)} quarantined; complete -> {status.state}"
+            )
+        ]
+        story += [
+            f"not accepted: {item.item_id} ({item.state}: {item.reason})"
+            for item in status.not_accepted
+        ]
         return self.record("partial", run_id, story)
 
     # -- 5. repair ---------------------------------------------------------------
 
     def repair(self, original: str) -> Scenario:
-        self.say("[bold]5. Repair[/]: a new run, linked to the partial one, for its items "
-                 "not accepted")
+        self.say(
+            "[bold]5. Repair[/]: a new run, linked to the partial one, for its items not accepted"
+        )
         run_id = self.lg.repair(original, OPERATOR).run_id
         self.lg.start(run_id, CONTROLLER)
         self.work(run_id, _accept_all("imported after the supplier fixed the data"), "repair")
         status = self.lg.complete(run_id, CONTROLLER)
-        story = [(f"repair run of {original}: {sum(status.counts.values())} item(s); "
-                 f"complete -> {status.state}"),
-                 ("the original run stays completed_with_errors: terminal runs are never "
-                 "rewritten")]
+        story = [
+            (
+                f"repair run of {original}: {sum(status.counts.values())} item(s); "
+                f"complete -> {status.state}"
+            ),
+            ("the original run stays completed_with_errors: terminal runs are never rewritten"),
+        ]
         return self.record("repair", run_id, story)
 
 
 def _accept_all(stage: str) -> Callable[[Lease], Outcome]:
     def handle(lease: Lease) -> Outcome:
         time.sleep(_work_time(lease.item_id))
-        return Accepted(evidence={"checksum": hashlib.sha256(
-            json.dumps(lease.payload, sort_keys=True).encode()).hexdigest()[:16]}, stage=stage)
+        return Accepted(
+            evidence={
+                "checksum": hashlib.sha256(
+                    json.dumps(lease.payload, sort_keys=True).encode()
+                ).hexdigest()[:16]
+            },
+            stage=stage,
+        )
+
     return handle
 
 
@@ -302,8 +370,9 @@ def _counts_text(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in _nonzero(counts).items()) or "no items"
 
 
-def run_demo(dsn: str | None, items: int = 20, workers: int = 4, seed: int = 7,
-             as_json: bool = False) -> DemoResult:
+def run_demo(
+    dsn: str | None, items: int = 20, workers: int = 4, seed: int = 7, as_json: bool = False
+) -> DemoResult:
     """Run the five scenarios on `dsn` (None: LEDGER_DSN, else ./ledger.db) and print the
     story (or one JSON document)."""
     from rich.table import Table
@@ -323,8 +392,10 @@ def run_demo(dsn: str | None, items: int = 20, workers: int = 4, seed: int = 7,
     began = time.monotonic()
     with Ledger.open(dsn) as lg:
         demo = _Demo(lg, items, workers, seed, say)
-        say(f"run-ledger demo on {dsn} (seed {seed}, {items} items per run, "
-            f"{workers} worker threads)\n")
+        say(
+            f"run-ledger demo on {dsn} (seed {seed}, {items} items per run, "
+            f"{workers} worker threads)\n"
+        )
         demo.flaky()
         demo.review()
         demo.cancel()
@@ -333,8 +404,14 @@ def run_demo(dsn: str | None, items: int = 20, workers: int = 4, seed: int = 7,
         runs: list[RunStatus] = [lg.status(s.run_id) for s in demo.scenarios]
         for scenario, status in zip(demo.scenarios, runs, strict=True):
             scenario.refresh(status)  # e.g. the partial run gained a repaired_by link
-    result = DemoResult(dsn=dsn, seed=seed, items=items, workers=workers,
-                        seconds=round(time.monotonic() - began, 2), scenarios=demo.scenarios)
+    result = DemoResult(
+        dsn=dsn,
+        seed=seed,
+        items=items,
+        workers=workers,
+        seconds=round(time.monotonic() - began, 2),
+        scenarios=demo.scenarios,
+    )
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
         return result
@@ -343,9 +420,15 @@ def run_demo(dsn: str | None, items: int = 20, workers: int = 4, seed: int = 7,
     for col in ("scenario", "run", "state", "items", "attempts", "waiting on", "links"):
         table.add_column(col, overflow="fold")
     for scenario, status in zip(demo.scenarios, runs, strict=True):
-        table.add_row(scenario.name, status.run_id, state_text(status.state),
-                      _counts_text(status.counts), str(scenario.attempts), status.waiting_on,
-                      links_text(status.links))
+        table.add_row(
+            scenario.name,
+            status.run_id,
+            state_text(status.state),
+            _counts_text(status.counts),
+            str(scenario.attempts),
+            status.waiting_on,
+            links_text(status.links),
+        )
     out.print(table)
     by_name = {s.name: s.run_id for s in demo.scenarios}
     prefix = "ledger" if given is None else f"ledger --dsn {given}"

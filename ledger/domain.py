@@ -89,8 +89,15 @@ class Run(Aggregate):
         def apply(self, run: Run) -> None:
             run.on_amended(self)
 
-    def __init__(self, run_id: str, manifest: dict[str, Any], input_version: str,
-                 actor_id: str, links: list[dict[str, str]], root_run_id: str) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        manifest: dict[str, Any],
+        input_version: str,
+        actor_id: str,
+        links: list[dict[str, str]],
+        root_run_id: str,
+    ) -> None:
         self.run_id = run_id
         self.state = S.QUEUED
         self.source_version: str = manifest["source_version"]
@@ -128,9 +135,12 @@ class Run(Aggregate):
         if e.command == "start":
             self.started_at = e.timestamp
         elif e.command == "request_review":
-            self.review = {"decision": ev["decision"], "input_version": ev["input_version"],
-                           "approved_version": (self.review or {}).get("approved_version"),
-                           "requested_at": e.timestamp.isoformat()}
+            self.review = {
+                "decision": ev["decision"],
+                "input_version": ev["input_version"],
+                "approved_version": (self.review or {}).get("approved_version"),
+                "requested_at": e.timestamp.isoformat(),
+            }
         elif e.command == "decide" and self.review is not None:
             self.review = dict(self.review)
             self.review["decided_by"] = e.actor_id
@@ -159,20 +169,55 @@ class Run(Aggregate):
             self.summary = bounded_summary(e.reason)
 
     # -- commands (validation happens in the service) ----------------------
-    def transition(self, command: str, to_state: str, actor_id: str, role: str,
-                   reason: str | None, evidence: dict[str, Any], at: datetime) -> None:
+    def transition(
+        self,
+        command: str,
+        to_state: str,
+        actor_id: str,
+        role: str,
+        reason: str | None,
+        evidence: dict[str, Any],
+        at: datetime,
+    ) -> None:
         """Record one run transition."""
-        self.trigger_event(self.Transitioned, command=command, from_state=self.state,
-                           to_state=to_state, actor_id=actor_id, role=role, reason=reason,
-                           evidence=evidence, timestamp=at)
+        self.trigger_event(
+            self.Transitioned,
+            command=command,
+            from_state=self.state,
+            to_state=to_state,
+            actor_id=actor_id,
+            role=role,
+            reason=reason,
+            evidence=evidence,
+            timestamp=at,
+        )
 
-    def amend(self, actor_id: str, role: str, reason: str | None, added: list[dict[str, Any]],
-              replaced: list[dict[str, Any]], withdraw: list[str], policy: dict[str, Any] | None,
-              input_version: str, at: datetime) -> None:
+    def amend(
+        self,
+        actor_id: str,
+        role: str,
+        reason: str | None,
+        added: list[dict[str, Any]],
+        replaced: list[dict[str, Any]],
+        withdraw: list[str],
+        policy: dict[str, Any] | None,
+        input_version: str,
+        at: datetime,
+    ) -> None:
         """Record a new input version."""
-        self.trigger_event(self.Amended, actor_id=actor_id, role=role, reason=reason, added=added,
-                           replaced=replaced, withdraw=withdraw, policy=policy, input_version=input_version,
-                           state=self.state, timestamp=at)
+        self.trigger_event(
+            self.Amended,
+            actor_id=actor_id,
+            role=role,
+            reason=reason,
+            added=added,
+            replaced=replaced,
+            withdraw=withdraw,
+            policy=policy,
+            input_version=input_version,
+            state=self.state,
+            timestamp=at,
+        )
 
 
 class Item(Aggregate):
@@ -244,17 +289,40 @@ class Item(Aggregate):
         if e.to_state == S.RETRYABLE:
             self.eligible_at = ev.get("eligible_at")
 
-    def transition(self, command: str, to_state: str, actor_id: str, role: str,
-                   reason: str | None, evidence: dict[str, Any], at: datetime) -> None:
+    def transition(
+        self,
+        command: str,
+        to_state: str,
+        actor_id: str,
+        role: str,
+        reason: str | None,
+        evidence: dict[str, Any],
+        at: datetime,
+    ) -> None:
         """Record one item transition."""
-        self.trigger_event(self.Transitioned, run_id=self.run_id, item_id=self.item_id,
-                           command=command, from_state=self.state, to_state=to_state,
-                           actor_id=actor_id, role=role, reason=reason, evidence=evidence,
-                           timestamp=at)
+        self.trigger_event(
+            self.Transitioned,
+            run_id=self.run_id,
+            item_id=self.item_id,
+            command=command,
+            from_state=self.state,
+            to_state=to_state,
+            actor_id=actor_id,
+            role=role,
+            reason=reason,
+            evidence=evidence,
+            timestamp=at,
+        )
 
     def extend_lease(self, expires_at: str, actor_id: str, at: datetime) -> None:
         """Record a heartbeat."""
         assert self.lease_token is not None
-        self.trigger_event(self.LeaseExtended, run_id=self.run_id, item_id=self.item_id,
-                           token=self.lease_token, expires_at=expires_at, actor_id=actor_id,
-                           timestamp=at)
+        self.trigger_event(
+            self.LeaseExtended,
+            run_id=self.run_id,
+            item_id=self.item_id,
+            token=self.lease_token,
+            expires_at=expires_at,
+            actor_id=actor_id,
+            timestamp=at,
+        )

@@ -31,7 +31,9 @@ class InvalidInput(LedgerError):
 class ManifestInvalid(InvalidInput):
     """A manifest failed validation; `field` is the path of the first bad field."""
 
-    def __init__(self, message: str, field: str = "", errors: list[dict[str, object]] | None = None):
+    def __init__(
+        self, message: str, field: str = "", errors: list[dict[str, object]] | None = None
+    ):
         super().__init__(message)
         self.field = field
         self.errors = errors or []

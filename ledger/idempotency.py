@@ -98,8 +98,10 @@ def _canon(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {"$type": type(value).__name__,
-                **{f.name: _canon(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+        return {
+            "$type": type(value).__name__,
+            **{f.name: _canon(getattr(value, f.name)) for f in dataclasses.fields(value)},
+        }
     dump = getattr(value, "model_dump", None)
     if callable(dump):  # a pydantic model (a Manifest)
         return _canon(dump(mode="json"))
@@ -112,8 +114,13 @@ def _canon(value: Any) -> Any:
 
 def fingerprint(name: str, arguments: dict[str, Any]) -> str:
     """A digest of the command and its arguments, to tell a repeat from a reuse of a key."""
-    text = json.dumps({"command": name, "arguments": _canon(arguments)}, sort_keys=True,
-                      separators=(",", ":"), ensure_ascii=False, default=repr)
+    text = json.dumps(
+        {"command": name, "arguments": _canon(arguments)},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        default=repr,
+    )
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -134,8 +141,11 @@ def encode(value: Any) -> Any:
 def _views() -> dict[str, type]:
     from . import views
 
-    return {name: obj for name, obj in vars(views).items()
-            if isinstance(obj, type) and dataclasses.is_dataclass(obj)}
+    return {
+        name: obj
+        for name, obj in vars(views).items()
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj)
+    }
 
 
 def _build(tp: Any, value: Any) -> Any:
@@ -157,8 +167,13 @@ def _build(tp: Any, value: Any) -> Any:
 
 def _view(cls: type, fields: dict[str, Any]) -> Any:
     hints = typing.get_type_hints(cls)
-    return cls(**{f.name: _build(hints[f.name], fields[f.name])
-                  for f in dataclasses.fields(cls) if f.name in fields})
+    return cls(
+        **{
+            f.name: _build(hints[f.name], fields[f.name])
+            for f in dataclasses.fields(cls)
+            if f.name in fields
+        }
+    )
 
 
 def decode(data: Any) -> Any:
@@ -179,8 +194,11 @@ def decode(data: Any) -> Any:
 
 
 def _run_id_of(result: Any, arguments: dict[str, Any]) -> str | None:
-    for candidate in (result[0] if isinstance(result, list) and result else result,
-                      arguments.get("run_id"), arguments.get("lease")):
+    for candidate in (
+        result[0] if isinstance(result, list) and result else result,
+        arguments.get("run_id"),
+        arguments.get("lease"),
+    ):
         run_id = candidate if isinstance(candidate, str) else getattr(candidate, "run_id", None)
         if isinstance(run_id, str):
             return run_id
@@ -205,27 +223,36 @@ def prune(store: Any, before: datetime) -> int:
     after = ""
     while True:
         with store.write() as tx:
-            rows = tx.fetchall(f"SELECT idempotency_key, recorded_at FROM {TABLE} WHERE idempotency_key > ? "
-                               "ORDER BY idempotency_key LIMIT ?", (after, PRUNE_PAGE))
+            rows = tx.fetchall(
+                f"SELECT idempotency_key, recorded_at FROM {TABLE} WHERE idempotency_key > ? "
+                "ORDER BY idempotency_key LIMIT ?",
+                (after, PRUNE_PAGE),
+            )
             if not rows:
                 return removed
             after = rows[-1]["idempotency_key"]
-            old = [(r["idempotency_key"],) for r in rows if datetime.fromisoformat(r["recorded_at"]) < before]
+            old = [
+                (r["idempotency_key"],)
+                for r in rows
+                if datetime.fromisoformat(r["recorded_at"]) < before
+            ]
             if old:
                 tx.executemany(f"DELETE FROM {TABLE} WHERE idempotency_key = ?", old)
                 removed += len(old)
 
 
 def _lookup(tx: Tx, key: str) -> dict[str, Any] | None:
-    return tx.fetchone(f"SELECT command, fingerprint, response FROM {TABLE} WHERE idempotency_key = ?",
-                       (key,))
+    return tx.fetchone(
+        f"SELECT command, fingerprint, response FROM {TABLE} WHERE idempotency_key = ?", (key,)
+    )
 
 
 def _replay(row: dict[str, Any], key: str, name: str, fp: str) -> Any:
     if row["command"] != name or row["fingerprint"] != fp:
         raise InvalidInput(
             f"idempotency_key {key!r} was already used for {row['command']} with other arguments; "
-            "a repeat must be the same command with the same arguments, a new command needs a new key")
+            "a repeat must be the same command with the same arguments, a new command needs a new key"
+        )
     return decode(json.loads(row["response"]))
 
 
@@ -234,14 +261,22 @@ def _record(tx: Tx, key: str, name: str, fp: str, run_id: str | None, result: An
     inserted = tx.fetchall(
         f"INSERT INTO {TABLE} (idempotency_key, command, fingerprint, run_id, response, recorded_at) "
         "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key",
-        (key, name, fp, run_id, json.dumps(encode(result), ensure_ascii=False, separators=(",", ":")),
-         tx.now().isoformat()))
+        (
+            key,
+            name,
+            fp,
+            run_id,
+            json.dumps(encode(result), ensure_ascii=False, separators=(",", ":")),
+            tx.now().isoformat(),
+        ),
+    )
     if len(inserted) != 1:
         raise _KeyTaken(key)
 
 
-def _keyed_once(ledger: Ledger, call: Callable[[], T], key: str, name: str, fp: str,
-                arguments: dict[str, Any]) -> T:
+def _keyed_once(
+    ledger: Ledger, call: Callable[[], T], key: str, name: str, fp: str, arguments: dict[str, Any]
+) -> T:
     with ledger.store.joined() as tx:  # the command's own writes join this transaction
         row = _lookup(tx, key)
         if row is not None:
@@ -254,7 +289,9 @@ def _keyed_once(ledger: Ledger, call: Callable[[], T], key: str, name: str, fp: 
 # --------------------------------------------------------------------------
 # retry
 # --------------------------------------------------------------------------
-def _with_retry(call: Callable[[], T], keyed: bool, sleep: Callable[[float], None] = time.sleep) -> T:
+def _with_retry(
+    call: Callable[[], T], keyed: bool, sleep: Callable[[float], None] = time.sleep
+) -> T:
     delays = iter(RETRY_DELAYS)
     while True:
         try:
@@ -308,7 +345,9 @@ def command(name: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
                 try:
                     if key is None:
                         return fn(*args, **kwargs)
-                    return _keyed_once(ledger, lambda: fn(*args, **kwargs), key, name, fp, arguments)
+                    return _keyed_once(
+                        ledger, lambda: fn(*args, **kwargs), key, name, fp, arguments
+                    )
                 finally:
                     local.depth = 0
 
@@ -316,13 +355,20 @@ def command(name: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
 
         params = list(sig.parameters.values())
         if "idempotency_key" not in sig.parameters:
-            params.append(inspect.Parameter("idempotency_key", inspect.Parameter.KEYWORD_ONLY,
-                                            default=None, annotation="str | None"))
+            params.append(
+                inspect.Parameter(
+                    "idempotency_key",
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=None,
+                    annotation="str | None",
+                )
+            )
             wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
         wrapper.__ledger_command__ = name  # type: ignore[attr-defined]
         wrapper.__doc__ = (fn.__doc__ or "") + (
             "\n\nidempotency_key: optional; a repeat with the same key returns the first result "
-            "without writing (see ledger.idempotency).")
+            "without writing (see ledger.idempotency)."
+        )
         return wrapper
 
     return wrap
@@ -347,8 +393,10 @@ class Keyed:
 
         def keyed(*args: Any, **kwargs: Any) -> Any:
             if self._used is not None:
-                raise InvalidInput(f"an idempotency key names one command; this one already went to "
-                                   f"{self._used}, not also to {command}")
+                raise InvalidInput(
+                    f"an idempotency key names one command; this one already went to "
+                    f"{self._used}, not also to {command}"
+                )
             if "idempotency_key" in kwargs:
                 raise InvalidInput("idempotency_key is given twice")
             self._used = command
@@ -370,5 +418,18 @@ def read_command(fn: Callable[P, T]) -> Callable[P, T]:
     return wrapper
 
 
-__all__ = ["PRUNE_PAGE", "RETRY_DELAYS", "TABLE", "Keyed", "check_key", "command", "ddl", "decode", "encode",
-           "fingerprint", "prune", "read_command", "retry_transient"]
+__all__ = [
+    "PRUNE_PAGE",
+    "RETRY_DELAYS",
+    "TABLE",
+    "Keyed",
+    "check_key",
+    "command",
+    "ddl",
+    "decode",
+    "encode",
+    "fingerprint",
+    "prune",
+    "read_command",
+    "retry_transient",
+]

@@ -49,13 +49,18 @@ class Policy(_Strict):
     run_deadline_seconds: float | None = Field(default=None, gt=0, le=365 * _DAY)
     review: Review | None = None
 
-    @field_validator("backoff_seconds", "lease_seconds", "item_deadline_seconds",
-                     "run_deadline_seconds", mode="before")
+    @field_validator(
+        "backoff_seconds",
+        "lease_seconds",
+        "item_deadline_seconds",
+        "run_deadline_seconds",
+        mode="before",
+    )
     @classmethod
     def _number(cls, v: Any) -> Any:
         # strict mode refuses ints for floats; accept both but never strings or bools
         if isinstance(v, bool):
-            raise ValueError("must be a number, not a boolean")  # noqa: TRY004 (pydantic reports ValueError, not TypeError)
+            raise ValueError("must be a number, not a boolean")
         if isinstance(v, int):
             return float(v)
         return v
@@ -66,7 +71,7 @@ class Policy(_Strict):
         if v is None:
             return v
         if isinstance(v, bool):
-            raise ValueError("must be null, an integer or a string like '5%'")  # noqa: TRY004 (pydantic reports ValueError)
+            raise ValueError("must be null, an integer or a string like '5%'")
         if isinstance(v, int):
             if v < 0 or v > 10_000_000:
                 raise ValueError("must be between 0 and 10000000")
@@ -142,7 +147,9 @@ class Manifest(_Strict):
         seen: set[str] = set()
         for i, item in enumerate(items):
             if item.item_id in seen:
-                raise ValueError(f"items.{i}.item_id {item.item_id!r} is a duplicate; item ids are unique within a run")
+                raise ValueError(
+                    f"items.{i}.item_id {item.item_id!r} is a duplicate; item ids are unique within a run"
+                )
             seen.add(item.item_id)
         return items
 
@@ -166,7 +173,8 @@ def _format_error(err: ValidationError) -> ManifestInvalid:
     msg = msg.removeprefix("Value error, ")
     detail = f"manifest field {loc}: {msg}"
     errors: list[dict[str, object]] = [
-        {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in err.errors()[:20]
+        {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
+        for e in err.errors()[:20]
     ]
     return ManifestInvalid(detail, field=loc, errors=errors)
 
@@ -174,7 +182,8 @@ def _format_error(err: ValidationError) -> ManifestInvalid:
 def _load_json(data: str | bytes | bytearray) -> Any:
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestInvalid(
-            f"manifest is {len(data)} bytes; at most {MAX_MANIFEST_BYTES} bytes allowed", field="manifest"
+            f"manifest is {len(data)} bytes; at most {MAX_MANIFEST_BYTES} bytes allowed",
+            field="manifest",
         )
     if isinstance(data, (bytes, bytearray)):
         try:
@@ -184,9 +193,14 @@ def _load_json(data: str | bytes | bytearray) -> Any:
     try:
         return json.loads(data)
     except RecursionError as e:
-        raise ManifestInvalid(f"manifest nests too deeply; at most {MAX_JSON_DEPTH} levels", field="manifest") from e
+        raise ManifestInvalid(
+            f"manifest nests too deeply; at most {MAX_JSON_DEPTH} levels", field="manifest"
+        ) from e
     except json.JSONDecodeError as e:
-        raise ManifestInvalid(f"manifest is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", field="manifest") from e
+        raise ManifestInvalid(
+            f"manifest is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
+            field="manifest",
+        ) from e
     except ValueError as e:  # e.g. integers beyond Python's digit limit
         raise ManifestInvalid(f"manifest is not acceptable JSON: {e}", field="manifest") from e
 
@@ -196,7 +210,9 @@ def parse_manifest(data: Manifest | dict[str, Any] | str | bytes) -> Manifest:
     return parse_manifest_json(data)[0]
 
 
-def parse_manifest_json(data: Manifest | dict[str, Any] | str | bytes) -> tuple[Manifest, dict[str, Any], str]:
+def parse_manifest_json(
+    data: Manifest | dict[str, Any] | str | bytes,
+) -> tuple[Manifest, dict[str, Any], str]:
     """`parse_manifest`, with the manifest's JSON data and canonical JSON text (the text its
     size limit and its input version are computed from: encoded once)."""
     if isinstance(data, Manifest):
@@ -205,20 +221,26 @@ def parse_manifest_json(data: Manifest | dict[str, Any] | str | bytes) -> tuple[
     if isinstance(data, (str, bytes, bytearray)):
         data = _load_json(data)
     if not isinstance(data, dict):
-        raise ManifestInvalid(f"manifest must be a JSON object, got {type(data).__name__}", field="manifest")
+        raise ManifestInvalid(
+            f"manifest must be a JSON object, got {type(data).__name__}", field="manifest"
+        )
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as e:
         raise _format_error(e) from None
     except RecursionError:
-        raise ManifestInvalid(f"manifest nests too deeply; at most {MAX_JSON_DEPTH} levels", field="manifest") from None
+        raise ManifestInvalid(
+            f"manifest nests too deeply; at most {MAX_JSON_DEPTH} levels", field="manifest"
+        ) from None
     # a dict never passed through _load_json's size check: measure it as JSON too
     plain = manifest.to_json_dict()
     text = canonical_json(plain)
     size = len(text.encode())
     if size > MAX_MANIFEST_BYTES:
-        raise ManifestInvalid(f"manifest is {size} bytes as JSON; at most {MAX_MANIFEST_BYTES} bytes allowed",
-                              field="manifest")
+        raise ManifestInvalid(
+            f"manifest is {size} bytes as JSON; at most {MAX_MANIFEST_BYTES} bytes allowed",
+            field="manifest",
+        )
     return manifest, plain, text
 
 
@@ -238,11 +260,16 @@ def parse_items(data: Any, field: str = "items") -> list[ManifestItem]:
         except ValidationError as e:
             inner = _format_error(e)
             path = f"{field}.{i}.{inner.field}"
-            raise ManifestInvalid(inner.message.replace(f"field {inner.field}", f"field {path}"), field=path) from None
+            raise ManifestInvalid(
+                inner.message.replace(f"field {inner.field}", f"field {path}"), field=path
+            ) from None
     seen: set[str] = set()
     for i, item in enumerate(out):
         if item.item_id in seen:
-            raise ManifestInvalid(f"manifest field {field}.{i}.item_id: {item.item_id!r} is a duplicate", field=f"{field}.{i}.item_id")
+            raise ManifestInvalid(
+                f"manifest field {field}.{i}.item_id: {item.item_id!r} is a duplicate",
+                field=f"{field}.{i}.item_id",
+            )
         seen.add(item.item_id)
     return out
 
@@ -259,6 +286,6 @@ def parse_policy(data: Any, base: Policy | None = None) -> Policy:
     except ValidationError as e:
         inner = _format_error(e)
         path = f"policy.{inner.field}"
-        raise ManifestInvalid(inner.message.replace(f"field {inner.field}", f"field {path}"), field=path) from None
-
-
+        raise ManifestInvalid(
+            inner.message.replace(f"field {inner.field}", f"field {path}"), field=path
+        ) from None

@@ -10,7 +10,12 @@ MAX_REASON_BYTES = 4096
 _PATTERNS = [
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@"), r"\1***@"),
     (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1***"),
-    (re.compile(r"(?i)\b(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key)(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&]+)"), r"\1\2***"),
+    (
+        re.compile(
+            r"(?i)\b(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key)(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&]+)"
+        ),
+        r"\1\2***",
+    ),
     (re.compile(r"\b(sk|pk|ghp|gho|xox[abp])[-_][A-Za-z0-9_-]{10,}"), "***"),
 ]
 

@@ -13,10 +13,18 @@ from rich.table import Table
 
 # Colours for states; anything not listed is shown plain.
 _STATE_STYLE = {
-    "succeeded": "green", "accepted": "green",
-    "completed_with_errors": "yellow", "quarantined": "yellow", "retryable": "yellow",
-    "pausing": "yellow", "paused": "yellow", "awaiting_review": "cyan",
-    "failed": "red", "rejected": "red", "canceled": "magenta", "canceling": "magenta",
+    "succeeded": "green",
+    "accepted": "green",
+    "completed_with_errors": "yellow",
+    "quarantined": "yellow",
+    "retryable": "yellow",
+    "pausing": "yellow",
+    "paused": "yellow",
+    "awaiting_review": "cyan",
+    "failed": "red",
+    "rejected": "red",
+    "canceled": "magenta",
+    "canceling": "magenta",
     "skipped": "dim",
 }
 
@@ -52,10 +60,18 @@ def when(value: datetime | None) -> str:
 
 def counts(values: dict[str, int]) -> str:
     """`accepted 18, skipped 2` in a stable order, zeros left out."""
-    order = ["pending", "in_progress", "retryable", "quarantined", "accepted", "rejected",
-             "skipped"]
-    keys = [k for k in order if values.get(k)] + sorted(k for k in values if k not in order
-                                                         and values[k])
+    order = [
+        "pending",
+        "in_progress",
+        "retryable",
+        "quarantined",
+        "accepted",
+        "rejected",
+        "skipped",
+    ]
+    keys = [k for k in order if values.get(k)] + sorted(
+        k for k in values if k not in order and values[k]
+    )
     return ", ".join(f"{k} {values[k]}" for k in keys) or "no items"
 
 
@@ -104,8 +120,12 @@ def show_status(out: Console, status: Any) -> None:
         for col in ("item", "state", "required", "reason"):
             table.add_column(col)
         for item in status.not_accepted:
-            table.add_row(escape(item.item_id), state(item.state),
-                          "yes" if item.required else "no", escape(item.reason or ""))
+            table.add_row(
+                escape(item.item_id),
+                state(item.state),
+                "yes" if item.required else "no",
+                escape(item.reason or ""),
+            )
         out.print(table)
 
 
@@ -115,8 +135,14 @@ def show_runs(out: Console, runs: Sequence[Any], title: str = "runs") -> None:
     for col in ("run", "state", "items", "waiting on", "links", "updated"):
         table.add_column(col, overflow="fold")
     for run in runs:
-        table.add_row(escape(run.run_id), state(run.state), counts(run.counts), run.waiting_on,
-                      escape(links(run.links)), when(run.updated_at))
+        table.add_row(
+            escape(run.run_id),
+            state(run.state),
+            counts(run.counts),
+            run.waiting_on,
+            escape(links(run.links)),
+            when(run.updated_at),
+        )
     out.print(table)
     if not runs:
         out.print("no runs")
@@ -130,8 +156,14 @@ def show_items(out: Console, items: Sequence[Any]) -> None:
     for item in items:
         lease = when(item.lease.expires_at) if item.lease else ""
         detail = getattr(item, "reason", None) or item.last_error or ""
-        table.add_row(escape(item.item_id), state(item.state), "yes" if item.required else "no",
-                      str(item.attempts), lease, escape(detail))
+        table.add_row(
+            escape(item.item_id),
+            state(item.state),
+            "yes" if item.required else "no",
+            str(item.attempts),
+            lease,
+            escape(detail),
+        )
     out.print(table)
 
 
@@ -141,24 +173,41 @@ def show_attempts(out: Console, attempts: Sequence[Any]) -> None:
     for col in ("item", "#", "worker", "started", "finished", "stage", "outcome", "error"):
         table.add_column(col, overflow="fold")
     for a in attempts:
-        table.add_row(escape(a.item_id), str(a.attempt), escape(a.worker_id), when(a.started_at),
-                      when(a.finished_at), escape(a.stage or ""),
-                      state(a.outcome) if a.outcome else "in flight", escape(a.error or ""))
+        table.add_row(
+            escape(a.item_id),
+            str(a.attempt),
+            escape(a.worker_id),
+            when(a.started_at),
+            when(a.finished_at),
+            escape(a.stage or ""),
+            state(a.outcome) if a.outcome else "in flight",
+            escape(a.error or ""),
+        )
     out.print(table)
 
 
-def show_transitions(out: Console, transitions: Sequence[Any], title: str,
-                     with_run: bool = False) -> None:
+def show_transitions(
+    out: Console, transitions: Sequence[Any], title: str, with_run: bool = False
+) -> None:
     """Transitions (history or audit) as a table."""
     table = Table(title=f"{title}: {len(transitions)} transition(s)", title_justify="left")
-    columns = ["pos", "at"] + (["run"] if with_run else []) + [
-        "item", "from", "to", "actor", "reason"]
+    columns = (
+        ["pos", "at"] + (["run"] if with_run else []) + ["item", "from", "to", "actor", "reason"]
+    )
     for col in columns:
         table.add_column(col, overflow="fold")
     for t in transitions:
-        row = [str(t.position), when(t.at)] + ([escape(t.run_id)] if with_run else []) + [
-            escape(t.item_id or "(run)"), t.from_state, state(t.to_state),
-            escape(f"{t.actor_id}:{t.role}"), escape(t.reason or "")]
+        row = (
+            [str(t.position), when(t.at)]
+            + ([escape(t.run_id)] if with_run else [])
+            + [
+                escape(t.item_id or "(run)"),
+                t.from_state,
+                state(t.to_state),
+                escape(f"{t.actor_id}:{t.role}"),
+                escape(t.reason or ""),
+            ]
+        )
         table.add_row(*row)
     out.print(table)
 

@@ -34,7 +34,9 @@ def check_unicode(value: str, what: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidInput(f"{what} is not valid Unicode text (it contains a lone surrogate)") from None
+        raise InvalidInput(
+            f"{what} is not valid Unicode text (it contains a lone surrogate)"
+        ) from None
     return value
 
 

@@ -162,7 +162,9 @@ class Worker:
         lease_seconds = float(status.policy.get("lease_seconds", 60.0) or 60.0)
         interval = self.heartbeat_every if self.heartbeat_every is not None else lease_seconds / 3
         beat = threading.Thread(
-            target=self._heartbeat_loop, args=(interval,), name=f"{self.worker_id}-heartbeat",
+            target=self._heartbeat_loop,
+            args=(interval,),
+            name=f"{self.worker_id}-heartbeat",
             daemon=True,
         )
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"{self.worker_id}-handler")
@@ -201,8 +203,11 @@ class Worker:
             free = self.prefetch - held
             # A thread would idle: claim now. Every thread busy with leases queued behind
             # them: top up only once half the queue is gone, so claims stay large.
-            if not stopping and free > 0 and (held < self.concurrency
-                                              or free >= (self.prefetch - self.concurrency + 1) // 2):
+            if (
+                not stopping
+                and free > 0
+                and (held < self.concurrency or free >= (self.prefetch - self.concurrency + 1) // 2)
+            ):
                 try:
                     claimed = self.lg.claim(self.run_id, self.actor, limit=free)
                 except IllegalTransition as e:  # canceling, pausing, terminal...: stop at once
@@ -214,7 +219,9 @@ class Worker:
                     # back). Nobody else can take those items until the leases expire, then
                     # reconcile frees them; say so and go on with the rest.
                     if len(self._summary.errors) < 20:
-                        self._summary.errors.append(f"claim in doubt, its leases (if any) expire unused: {e}")
+                        self._summary.errors.append(
+                            f"claim in doubt, its leases (if any) expire unused: {e}"
+                        )
                 for lease in claimed:
                     self._submit(pool, lease, interval)
             if claimed:
@@ -301,8 +308,9 @@ class Worker:
         for entry, result in live:
             self._record_one(entry, result)
 
-    def _uncommitted(self, live: list[tuple[_InFlight, Outcome | BaseException]],
-                     kinds: list[str]) -> list[tuple[_InFlight, Outcome | BaseException]]:
+    def _uncommitted(
+        self, live: list[tuple[_InFlight, Outcome | BaseException]], kinds: list[str]
+    ) -> list[tuple[_InFlight, Outcome | BaseException]]:
         """After an outcome batch whose commit is in doubt: settle the outcomes the store
         shows as recorded under their lease, lose those whose lease another command ended,
         and return the ones still to record (their item is still in progress under the
@@ -312,30 +320,47 @@ class Worker:
         for (entry, result), kind in zip(live, kinds, strict=True):
             lease = entry.lease
             item = self.lg.item(lease.run_id, lease.item_id)
-            if item.state == IN_PROGRESS and item.lease is not None and item.lease.token == lease.token:
+            if (
+                item.state == IN_PROGRESS
+                and item.lease is not None
+                and item.lease.token == lease.token
+            ):
                 again.append((entry, result))
                 continue
-            mine = [a for a in self.lg.attempts(lease.run_id, lease.item_id)
-                    if a.lease_token == lease.token and a.outcome == outcome_of[kind]]
-            self._settle(entry, item if mine else LeaseLost(
-                f"lease {lease.token[:8]} on item {lease.item_id!r} ended before its outcome "
-                f"was recorded: the item is {item.state}"))
+            mine = [
+                a
+                for a in self.lg.attempts(lease.run_id, lease.item_id)
+                if a.lease_token == lease.token and a.outcome == outcome_of[kind]
+            ]
+            self._settle(
+                entry,
+                item
+                if mine
+                else LeaseLost(
+                    f"lease {lease.token[:8]} on item {lease.item_id!r} ended before its outcome "
+                    f"was recorded: the item is {item.state}"
+                ),
+            )
         return again
 
     def _record_one(self, entry: _InFlight, result: Outcome | BaseException) -> None:
         try:
             try:
                 item: ItemStatus | LedgerError = _retry_conflicts(
-                    lambda: self._write(entry.lease, result))
+                    lambda: self._write(entry.lease, result)
+                )
             except CommitUncertain:
-                if not self._uncommitted([(entry, result)], [_as_outcome(entry.lease, result).kind]):
+                if not self._uncommitted(
+                    [(entry, result)], [_as_outcome(entry.lease, result).kind]
+                ):
                     return  # it had committed (or the lease had ended): settled from the store
                 item = _retry_conflicts(lambda: self._write(entry.lease, result))
         except InvalidInput as e:
             # e.g. evidence that is not JSON: the attempt produced nothing recordable
             try:
                 item = self.lg.fail_attempt(
-                    entry.lease, f"the ledger refused the handler's outcome: {e}", retryable=True)
+                    entry.lease, f"the ledger refused the handler's outcome: {e}", retryable=True
+                )
             except LedgerError as again:
                 item = again
         except LedgerError as e:
@@ -348,8 +373,7 @@ class Worker:
             self._summary.lease_lost += 1
         elif isinstance(item, LedgerError):
             if len(self._summary.errors) < 20:
-                self._summary.errors.append(
-                    f"{entry.lease.item_id}: {type(item).__name__}: {item}")
+                self._summary.errors.append(f"{entry.lease.item_id}: {type(item).__name__}: {item}")
         elif item.state in ("accepted", "rejected", "retryable", "quarantined"):
             setattr(self._summary, item.state, getattr(self._summary, item.state) + 1)
 
@@ -383,7 +407,7 @@ class Worker:
             except LeaseLost:
                 entry.lost = True  # stop writing for this item; the next owner reconciles
                 return
-            except Exception:  # noqa: BLE001  a lost connection: retry next tick, the lease may hold
+            except Exception:
                 entry.next_beat = time.monotonic() + min(interval, 1.0)
                 return
             self._summary.heartbeats += 1
@@ -404,9 +428,7 @@ def _error_text(result: Outcome | BaseException) -> str:
     if isinstance(result, BaseException):
         text = str(result)
         return f"{type(result).__name__}: {text}" if text else type(result).__name__
-    return (
-        f"handler returned {type(result).__name__}; expected Accepted, Rejected or Quarantine"
-    )
+    return f"handler returned {type(result).__name__}; expected Accepted, Rejected or Quarantine"
 
 
 def _as_outcome(lease: Lease, result: Outcome | BaseException) -> Any:

@@ -33,7 +33,9 @@ def row_digest(row: dict[str, Any]) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:16], "big")
 
 
-def iter_rows(tx: Reader, table: str, key: tuple[str, ...], page: int = PAGE) -> Iterator[dict[str, Any]]:
+def iter_rows(
+    tx: Reader, table: str, key: tuple[str, ...], page: int = PAGE
+) -> Iterator[dict[str, Any]]:
     """Every row of `table` in key order, a page at a time."""
     cols = ", ".join(key)
     last: tuple[Any, ...] | None = None
@@ -42,8 +44,10 @@ def iter_rows(tx: Reader, table: str, key: tuple[str, ...], page: int = PAGE) ->
             rows = tx.fetchall(f"SELECT * FROM {table} ORDER BY {cols} LIMIT ?", (page,))
         else:
             marks = ", ".join("?" for _ in key)
-            rows = tx.fetchall(f"SELECT * FROM {table} WHERE ({cols}) > ({marks}) ORDER BY {cols} LIMIT ?",
-                               (*last, page))
+            rows = tx.fetchall(
+                f"SELECT * FROM {table} WHERE ({cols}) > ({marks}) ORDER BY {cols} LIMIT ?",
+                (*last, page),
+            )
         yield from rows
         if len(rows) < page:
             return
@@ -68,15 +72,19 @@ def checksums(tx: Reader, suffix: str = "") -> dict[str, str]:
 def columns(tx: Reader, table: str) -> list[str]:
     """The table's column names, in table order."""
     if tx.store.dialect == "postgres":
-        rows = tx.fetchall("SELECT column_name AS name FROM information_schema.columns WHERE "
-                           "table_schema = current_schema() AND table_name = ? ORDER BY ordinal_position",
-                           (table,))
+        rows = tx.fetchall(
+            "SELECT column_name AS name FROM information_schema.columns WHERE "
+            "table_schema = current_schema() AND table_name = ? ORDER BY ordinal_position",
+            (table,),
+        )
     else:
         rows = tx.fetchall("SELECT name FROM pragma_table_info(?)", (table,))
     return [r["name"] for r in rows]
 
 
-def diff_rows(tx: Reader, name: str, suffix_a: str, suffix_b: str, limit: int = 20) -> list[dict[str, Any]]:
+def diff_rows(
+    tx: Reader, name: str, suffix_a: str, suffix_b: str, limit: int = 20
+) -> list[dict[str, Any]]:
     """Up to `limit` rows that differ between `name+suffix_a` and `name+suffix_b`:
     {"key": {...}, "run_id": ..., "change": "missing"|"extra"|"changed", "columns": [...]}
     ("missing": in a, not in b; "extra": in b, not in a)."""
@@ -88,16 +96,32 @@ def diff_rows(tx: Reader, name: str, suffix_a: str, suffix_b: str, limit: int = 
     distinct = "IS DISTINCT FROM" if tx.store.dialect == "postgres" else "IS NOT"
     out: list[dict[str, Any]] = []
     for change, left, right in (("missing", a, b), ("extra", b, a)):
-        rows = tx.fetchall(f"SELECT {keys}, x.run_id AS run_id_ FROM {left} x LEFT JOIN {right} y ON {on} "
-                           f"WHERE y.{key[0]} IS NULL LIMIT ?", (limit,))
-        out += [{"key": {k: r[k] for k in key}, "run_id": r["run_id_"], "change": change, "columns": []}
-                for r in rows]
+        rows = tx.fetchall(
+            f"SELECT {keys}, x.run_id AS run_id_ FROM {left} x LEFT JOIN {right} y ON {on} "
+            f"WHERE y.{key[0]} IS NULL LIMIT ?",
+            (limit,),
+        )
+        out += [
+            {"key": {k: r[k] for k in key}, "run_id": r["run_id_"], "change": change, "columns": []}
+            for r in rows
+        ]
     if cols:
-        flags = ", ".join(f"CASE WHEN x.{c} {distinct} y.{c} THEN 1 ELSE 0 END AS d_{c}" for c in cols)
+        flags = ", ".join(
+            f"CASE WHEN x.{c} {distinct} y.{c} THEN 1 ELSE 0 END AS d_{c}" for c in cols
+        )
         any_diff = " OR ".join(f"x.{c} {distinct} y.{c}" for c in cols)
-        rows = tx.fetchall(f"SELECT {keys}, x.run_id AS run_id_, {flags} FROM {a} x JOIN {b} y ON {on} "
-                           f"WHERE {any_diff} LIMIT ?", (limit,))
+        rows = tx.fetchall(
+            f"SELECT {keys}, x.run_id AS run_id_, {flags} FROM {a} x JOIN {b} y ON {on} "
+            f"WHERE {any_diff} LIMIT ?",
+            (limit,),
+        )
         for r in rows:
-            out.append({"key": {k: r[k] for k in key}, "run_id": r["run_id_"], "change": "changed",
-                        "columns": [c for c in cols if r[f"d_{c}"]]})
+            out.append(
+                {
+                    "key": {k: r[k] for k in key},
+                    "run_id": r["run_id_"],
+                    "change": "changed",
+                    "columns": [c for c in cols if r[f"d_{c}"]],
+                }
+            )
     return out[:limit]

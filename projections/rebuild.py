@@ -75,8 +75,14 @@ class RebuildInterrupted(RuntimeError):
 # Events the projector handles from the event and cumulative state only, so several
 # can be projected together; those in _STATE_READING also read state (the run's
 # item_count, the item's attempt number) that a later event of their stream changes.
-_GROUPABLE = (Run.Submitted, Run.Transitioned, Run.Amended, Item.Registered, Item.Transitioned,
-              Item.LeaseExtended)
+_GROUPABLE = (
+    Run.Submitted,
+    Run.Transitioned,
+    Run.Amended,
+    Item.Registered,
+    Item.Transitioned,
+    Item.LeaseExtended,
+)
 _STATE_READING = (Run.Amended, Item.LeaseExtended)
 
 
@@ -109,8 +115,14 @@ class Replayer:
     returns what it took, so the cache only ever holds committed rows' state.
     """
 
-    def __init__(self, suffix: str, observer: Observer | None = None, tolerant: bool = False,
-                 cache_items: int = CACHE_ITEMS, cache_runs: int = CACHE_RUNS) -> None:
+    def __init__(
+        self,
+        suffix: str,
+        observer: Observer | None = None,
+        tolerant: bool = False,
+        cache_items: int = CACHE_ITEMS,
+        cache_runs: int = CACHE_RUNS,
+    ) -> None:
         self.suffix = suffix
         self.projector = Projector(suffix)
         self.observer = observer
@@ -124,8 +136,15 @@ class Replayer:
         self._hazards: set[UUID] = set()
         p = self.projector
         # statement order within a flush; the row upserts go last, deduplicated
-        self._rank = {p.insert_item: 0, p.replace_item: 1, p.withdraw_item: 1, p.insert_attempt: 2,
-                      p.finish_attempt: 3, p.extend_attempt: 3, p.insert_transition: 4}
+        self._rank = {
+            p.insert_item: 0,
+            p.replace_item: 1,
+            p.withdraw_item: 1,
+            p.insert_attempt: 2,
+            p.finish_attempt: 3,
+            p.extend_attempt: 3,
+            p.insert_transition: 4,
+        }
         # the cache: aggregates equal to their rows as of position `_cache_at`
         self.cache_items, self.cache_runs = cache_items, cache_runs
         self._cached_runs: OrderedDict[str, Run] = OrderedDict()
@@ -199,7 +218,7 @@ class Replayer:
             missing_items.setdefault(run_id, []).append(item_id)
         runs_t, items_t = "lg_runs" + self.suffix, "lg_items" + self.suffix
         for i in range(0, len(missing_runs), _CHUNK):
-            chunk = missing_runs[i:i + _CHUNK]
+            chunk = missing_runs[i : i + _CHUNK]
             marks = ", ".join("?" for _ in chunk)
             for row in tx.fetchall(f"SELECT * FROM {runs_t} WHERE run_id IN ({marks})", chunk):
                 run = run_from_row(row)
@@ -209,17 +228,20 @@ class Replayer:
         # IN list is planned as a scan of the whole table on SQLite)
         for run_id, item_ids in missing_items.items():
             for i in range(0, len(item_ids), _CHUNK):
-                id_chunk = item_ids[i:i + _CHUNK]
+                id_chunk = item_ids[i : i + _CHUNK]
                 marks = ", ".join("?" for _ in id_chunk)
-                for row in tx.fetchall(f"SELECT * FROM {items_t} WHERE run_id = ? AND item_id IN ({marks})",
-                                       [run_id, *id_chunk]):
+                for row in tx.fetchall(
+                    f"SELECT * FROM {items_t} WHERE run_id = ? AND item_id IN ({marks})",
+                    [run_id, *id_chunk],
+                ):
                     item = item_from_row(row)
                     if item is not None:
                         self.items[(item.run_id, item.item_id)] = item
                         self.streams[item.id] = item
 
-    def _reuse(self, cache: dict[Any, Any], keys: Iterable[Any], into: dict[Any, Any],
-               created: set[Any]) -> list[Any]:
+    def _reuse(
+        self, cache: dict[Any, Any], keys: Iterable[Any], into: dict[Any, Any], created: set[Any]
+    ) -> list[Any]:
         """Take the cached aggregates of `keys` into `into`; return the keys still to load
         (neither cached nor created in the batch)."""
         missing = []
@@ -239,7 +261,9 @@ class Replayer:
         else:
             agg = self.streams.get(e.originator_id)
             if agg is None:
-                raise LookupError(f"no aggregate for stream {e.originator_id} (its first event is missing)")
+                raise LookupError(
+                    f"no aggregate for stream {e.originator_id} (its first event is missing)"
+                )
             e.mutate(agg)  # type: ignore[attr-defined]
         self.streams[e.originator_id] = agg
         if isinstance(agg, Run):
@@ -254,7 +278,9 @@ class Replayer:
             agg.version = e.originator_version - 1
         self._mutate(e)
 
-    def apply(self, tx: Tx, events: Sequence[tuple[int, DomainEvent]], after: int | None = None) -> None:
+    def apply(
+        self, tx: Tx, events: Sequence[tuple[int, DomainEvent]], after: int | None = None
+    ) -> None:
         """Apply and write one batch of events, the ones after position `after` (the caller
         commits, then calls `committed`; without `after` the cache is not used)."""
         if after is None or after != self._cache_at:
@@ -284,7 +310,9 @@ class Replayer:
                 self._project_pending()  # an event type this module does not know: alone
         self.flush(tx)
         if len(self.problems) != problems_before:
-            self._cacheable = False  # an event that did not apply may have left an aggregate half-changed
+            self._cacheable = (
+                False  # an event that did not apply may have left an aggregate half-changed
+            )
 
     def _project_pending(self) -> None:
         """Project the events applied since the last call, all at once: the projector
@@ -306,10 +334,16 @@ class Replayer:
                     raise
                 self.force(e)
             self.projector.project(self._rec, [(pos, e)], self.runs, self.items)
-        except Exception as exc:  # noqa: BLE001 - verify reports any event it cannot apply
-            self.problems.append({"kind": "replay", "run_id": _run_of(e), "position": pos,
-                                  "detail": f"{type(e).__qualname__} v{e.originator_version} could not "
-                                            f"be applied: {type(exc).__name__}: {exc}"})
+        except Exception as exc:
+            self.problems.append(
+                {
+                    "kind": "replay",
+                    "run_id": _run_of(e),
+                    "position": pos,
+                    "detail": f"{type(e).__qualname__} v{e.originator_version} could not "
+                    f"be applied: {type(exc).__name__}: {exc}",
+                }
+            )
 
     def flush(self, tx: Tx) -> None:
         """Write the statements recorded so far."""
@@ -326,7 +360,9 @@ class Replayer:
         last_item: dict[Any, tuple[Any, ...]] = {}
         # by rank, in the projector's order within a rank: inserts before the updates of
         # the rows they insert, each row's updates in the order they were made
-        ranked: list[list[tuple[str, list[tuple[Any, ...]]]]] = [[] for _ in range(1 + max(rank.values()))]
+        ranked: list[list[tuple[str, list[tuple[Any, ...]]]]] = [
+            [] for _ in range(1 + max(rank.values()))
+        ]
         for sql, rows in calls:
             if sql == p.upsert_run:
                 for r in rows:
@@ -385,7 +421,9 @@ def _copy_rows(cur: Any, head: str, one: str, rows: list[tuple[Any, ...]]) -> No
     with cur.copy(f"COPY {m.group(1)} ({m.group(2)}) FROM STDIN") as copy:
         for row in rows:
             it = iter(row)
-            copy.write_row([next(it) if v == "?" else c for v, c in zip(slots, consts, strict=True)])
+            copy.write_row(
+                [next(it) if v == "?" else c for v, c in zip(slots, consts, strict=True)]
+            )
 
 
 _PLAIN_INSERT = re.compile(r"^INSERT INTO \S+ \([^)]*\) VALUES (\([^)]*\))$")
@@ -406,7 +444,7 @@ def _insert_many(tx: Tx, sql: str, rows: list[tuple[Any, ...]]) -> None:
         return
     per = max(1, min(500, _MAX_PARAMS // max(1, len(rows[0]))))
     for k in range(0, len(rows), per):
-        chunk = rows[k:k + per]
+        chunk = rows[k : k + per]
         tx.execute(head + ", ".join([one] * len(chunk)), [v for r in chunk for v in r])
 
 
@@ -440,14 +478,18 @@ def count_events(tx: Tx, upto: int | None = None) -> int:
 
 def last_position(tx: Tx) -> int:
     """The position of the newest event (0 when there is none)."""
-    row = tx.fetchone(f"SELECT MAX({position_column(tx.store)}) AS p FROM {tx.store.events_table()}")
+    row = tx.fetchone(
+        f"SELECT MAX({position_column(tx.store)}) AS p FROM {tx.store.events_table()}"
+    )
     return int(row["p"]) if row and row["p"] is not None else 0
 
 
 def tracked_position(tx: Tx, name: str, lock: bool = False) -> int | None:
     """The position a rebuild recorded, or None when none is in progress."""
-    row = tx.fetchone("SELECT position FROM lg_tracking WHERE name = ?" + (tx.lock_suffix() if lock else ""),
-                      (name,))
+    row = tx.fetchone(
+        "SELECT position FROM lg_tracking WHERE name = ?" + (tx.lock_suffix() if lock else ""),
+        (name,),
+    )
     return None if row is None else int(row["position"])
 
 
@@ -512,8 +554,12 @@ def fewer_collections() -> Iterator[None]:
         gc.set_threshold(*old)
 
 
-def rebuild(lg: Any, progress: Progress | None = None, batch_size: int = BATCH_SIZE,
-            fault: Fault | None = None) -> int:
+def rebuild(
+    lg: Any,
+    progress: Progress | None = None,
+    batch_size: int = BATCH_SIZE,
+    fault: Fault | None = None,
+) -> int:
     """Rebuild every projection (resuming a crashed rebuild); returns the events replayed.
 
     `progress(done, total)` is called after each committed batch. `fault(stage, n)`
@@ -530,8 +576,11 @@ def _rebuild(lg: Any, progress: Progress | None, batch_size: int, fault: Fault |
     replayer = Replayer(suffix)
     with store.write() as tx:
         # RETURNING, not rowcount: it is read back even when statements are pipelined
-        created = tx.fetchall("INSERT INTO lg_tracking (name, position) VALUES (?, 0) "
-                              "ON CONFLICT (name) DO NOTHING RETURNING name", (name,))
+        created = tx.fetchall(
+            "INSERT INTO lg_tracking (name, position) VALUES (?, 0) "
+            "ON CONFLICT (name) DO NOTHING RETURNING name",
+            (name,),
+        )
         if created:
             create_tables(tx, suffix)
         position = tracked_position(tx, name, lock=True)
@@ -584,15 +633,21 @@ def _catch_up(tx: Tx, replayer: Replayer, name: str, batch_size: int) -> int:
     return applied
 
 
-def _switch(store: Store, replayer: Replayer, suffix: str, name: str, batch_size: int,
-            fault: Fault | None) -> int:
+def _switch(
+    store: Store, replayer: Replayer, suffix: str, name: str, batch_size: int, fault: Fault | None
+) -> int:
     if store.dialect == "postgres":
         return _switch_postgres(store, replayer, suffix, name, batch_size, fault)
     with store.write() as tx:  # BEGIN IMMEDIATE: writers wait until the commit
         applied = _catch_up(tx, replayer, name, batch_size)
-        indexes = [r["sql"] for name_ in PROJECTION_TABLES for r in tx.fetchall(
-            "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL",
-            (name_,))]
+        indexes = [
+            r["sql"]
+            for name_ in PROJECTION_TABLES
+            for r in tx.fetchall(
+                "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL",
+                (name_,),
+            )
+        ]
         for table in PROJECTION_TABLES:
             tx.execute(f"DROP TABLE IF EXISTS {table}")
             tx.execute(f"ALTER TABLE {table}{suffix} RENAME TO {table}")
@@ -611,11 +666,15 @@ _INDEX_DEF = re.compile(r"^CREATE (UNIQUE )?INDEX (\S+) ON (?:ONLY )?(\S+) (USIN
 
 def _live_indexes(tx: Tx, table: str) -> list[tuple[str, str]]:
     """(name, definition) of the indexes on a live table that no constraint owns."""
-    return [(r["indexname"], r["indexdef"]) for r in tx.fetchall(
-        "SELECT i.indexname, i.indexdef FROM pg_indexes i WHERE i.schemaname = current_schema() "
-        "AND i.tablename = ? AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = "
-        "(quote_ident(i.schemaname) || '.' || quote_ident(i.indexname))::regclass) ORDER BY i.indexname",
-        (table,))]
+    return [
+        (r["indexname"], r["indexdef"])
+        for r in tx.fetchall(
+            "SELECT i.indexname, i.indexdef FROM pg_indexes i WHERE i.schemaname = current_schema() "
+            "AND i.tablename = ? AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = "
+            "(quote_ident(i.schemaname) || '.' || quote_ident(i.indexname))::regclass) ORDER BY i.indexname",
+            (table,),
+        )
+    ]
 
 
 def _scratch_index_name(name: str) -> str:
@@ -630,12 +689,15 @@ def _index_scratch(store: Store, suffix: str) -> None:
                 m = _INDEX_DEF.match(definition)
                 if m is None:
                     continue
-                tx.execute(f"CREATE {m.group(1) or ''}INDEX IF NOT EXISTS {_scratch_index_name(index)} "
-                           f"ON {table}{suffix} {m.group(4)}")
+                tx.execute(
+                    f"CREATE {m.group(1) or ''}INDEX IF NOT EXISTS {_scratch_index_name(index)} "
+                    f"ON {table}{suffix} {m.group(4)}"
+                )
 
 
-def _switch_postgres(store: Store, replayer: Replayer, suffix: str, name: str, batch_size: int,
-                     fault: Fault | None) -> int:
+def _switch_postgres(
+    store: Store, replayer: Replayer, suffix: str, name: str, batch_size: int, fault: Fault | None
+) -> int:
     import psycopg
 
     _index_scratch(store, suffix)
@@ -652,19 +714,27 @@ def _switch_postgres(store: Store, replayer: Replayer, suffix: str, name: str, b
                 # projection table in ACCESS EXCLUSIVE mode (waits for running writers,
                 # queues new ones and readers). If a writer holding a projection lock is
                 # queued behind something we hold, our short timeout gives way first.
-                tx.execute("LOCK TABLE " + ", ".join(PROJECTION_TABLES) + " IN ACCESS EXCLUSIVE MODE")
+                tx.execute(
+                    "LOCK TABLE " + ", ".join(PROJECTION_TABLES) + " IN ACCESS EXCLUSIVE MODE"
+                )
                 tx.execute("SET LOCAL lock_timeout = 0")
                 n = _catch_up(tx, replayer, name, batch_size)
                 renames = []
                 for table in PROJECTION_TABLES:
                     live = [i for i, _d in _live_indexes(tx, table)]
-                    owned = [r["indexname"] for r in tx.fetchall(
-                        "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ?",
-                        (table + suffix,))]
+                    owned = [
+                        r["indexname"]
+                        for r in tx.fetchall(
+                            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ?",
+                            (table + suffix,),
+                        )
+                    ]
                     for index in owned:
                         if index.startswith(table + suffix):
-                            renames.append((index, table + index[len(table + suffix):]))
-                    renames += [(_scratch_index_name(i), i) for i in live if _scratch_index_name(i) in owned]
+                            renames.append((index, table + index[len(table + suffix) :]))
+                    renames += [
+                        (_scratch_index_name(i), i) for i in live if _scratch_index_name(i) in owned
+                    ]
                 tx.execute("DROP TABLE " + ", ".join(PROJECTION_TABLES))
                 for table in PROJECTION_TABLES:
                     tx.execute(f"ALTER TABLE {table}{suffix} RENAME TO {table}")
@@ -684,8 +754,10 @@ def _switch_postgres(store: Store, replayer: Replayer, suffix: str, name: str, b
             with store.write() as tx:
                 applied += _catch_up(tx, replayer, name, batch_size)
             time.sleep(min(0.5, 0.02 * (attempt + 1)) * random.random())
-    raise RuntimeError(f"could not lock the projection tables to switch within {SWITCH_PATIENCE_S:.0f}s "
-                       f"({attempt} tries); the rebuild can be resumed")
+    raise RuntimeError(
+        f"could not lock the projection tables to switch within {SWITCH_PATIENCE_S:.0f}s "
+        f"({attempt} tries); the rebuild can be resumed"
+    )
 
 
 def _rename_not_null_constraints(tx: Tx, suffix: str) -> None:
@@ -694,10 +766,15 @@ def _rename_not_null_constraints(tx: Tx, suffix: str) -> None:
     fresh schema has them. Nothing to do before PostgreSQL 18 (no such constraints)."""
     for table in PROJECTION_TABLES:
         old_prefix = table + suffix + "_"
-        for r in tx.fetchall("SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(?) "
-                             "AND contype = 'n' AND starts_with(conname, ?)", (table, old_prefix)):
+        for r in tx.fetchall(
+            "SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(?) "
+            "AND contype = 'n' AND starts_with(conname, ?)",
+            (table, old_prefix),
+        ):
             name = r["conname"]
-            tx.execute(f'ALTER TABLE {table} RENAME CONSTRAINT "{name}" TO "{table}_{name[len(old_prefix):]}"')
+            tx.execute(
+                f'ALTER TABLE {table} RENAME CONSTRAINT "{name}" TO "{table}_{name[len(old_prefix) :]}"'
+            )
 
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
@@ -717,4 +794,3 @@ def _lock_timeout_ms(tx: Tx) -> int:
     row = tx.fetchone("SELECT setting::int AS ms FROM pg_settings WHERE name = 'deadlock_timeout'")
     deadlock_ms = int(row["ms"]) if row else 1000
     return max(10, min(200, deadlock_ms // (2 * len(PROJECTION_TABLES))))
-

@@ -36,27 +36,66 @@ def dumps(value: Any) -> str:
 
 
 RUN_COLUMNS = (
-    "run_id", "seq", "state", "revision", "source_version", "config_version", "scope",
-    "created_by", "created_at", "started_at", "stopped_at", "updated_at", "failure_kind",
-    "failure_reason", "stop_reason", "summary", "input_version", "policy", "review",
-    "cancel_requested", "links", "root_run_id", "counts", "item_count",
+    "run_id",
+    "seq",
+    "state",
+    "revision",
+    "source_version",
+    "config_version",
+    "scope",
+    "created_by",
+    "created_at",
+    "started_at",
+    "stopped_at",
+    "updated_at",
+    "failure_kind",
+    "failure_reason",
+    "stop_reason",
+    "summary",
+    "input_version",
+    "policy",
+    "review",
+    "cancel_requested",
+    "links",
+    "root_run_id",
+    "counts",
+    "item_count",
 )
 
 
 def run_to_row(run: Run) -> tuple[Any, ...]:
     """The run's projection row, in RUN_COLUMNS order."""
     return (
-        run.run_id, run.seq, run.state, run.version, run.source_version, run.config_version,
-        run.scope, run.created_by, iso(run.created_on), iso(run.started_at), iso(run.stopped_at),
-        iso(run.modified_on), run.failure_kind, run.failure_reason, run.stop_reason, run.summary,
-        run.input_version, dumps(run.policy), None if run.review is None else dumps(run.review),
-        int(run.cancel_requested), dumps(run.links), run.root_run_id, dumps(run.counts),
+        run.run_id,
+        run.seq,
+        run.state,
+        run.version,
+        run.source_version,
+        run.config_version,
+        run.scope,
+        run.created_by,
+        iso(run.created_on),
+        iso(run.started_at),
+        iso(run.stopped_at),
+        iso(run.modified_on),
+        run.failure_kind,
+        run.failure_reason,
+        run.stop_reason,
+        run.summary,
+        run.input_version,
+        dumps(run.policy),
+        None if run.review is None else dumps(run.review),
+        int(run.cancel_requested),
+        dumps(run.links),
+        run.root_run_id,
+        dumps(run.counts),
         run.item_count,
     )
 
 
-def _shell(cls: type[Any], stream_id: UUID, version: int, created: datetime,
-           modified: datetime) -> Any:
+def _shell(
+    cls: type[Any], stream_id: UUID, version: int, created: datetime, modified: datetime
+) -> Any:
     agg = cast(Any, cls).__new__(cls)
     agg.__base_init__(originator_id=stream_id, originator_version=version, timestamp=created)
     agg._modified_on = modified
@@ -95,16 +134,31 @@ def run_from_row(row: dict[str, Any]) -> Run:
 
 
 ITEM_STREAM_COLUMNS = (
-    "state", "revision", "attempts", "lease_token", "lease_worker", "lease_expires_at",
-    "eligible_at", "last_error", "reason", "updated_at",
+    "state",
+    "revision",
+    "attempts",
+    "lease_token",
+    "lease_worker",
+    "lease_expires_at",
+    "eligible_at",
+    "last_error",
+    "reason",
+    "updated_at",
 )
 
 
 def item_stream_values(item: Item) -> tuple[Any, ...]:
     """The item-stream part of an item row, in ITEM_STREAM_COLUMNS order."""
     return (
-        item.state, item.version, item.attempts, item.lease_token, item.lease_worker,
-        item.lease_expires_at, item.eligible_at, item.last_error, item.reason,
+        item.state,
+        item.version,
+        item.attempts,
+        item.lease_token,
+        item.lease_worker,
+        item.lease_expires_at,
+        item.eligible_at,
+        item.last_error,
+        item.reason,
         iso(item.modified_on),
     )
 
@@ -115,8 +169,9 @@ def item_from_row(row: dict[str, Any]) -> Item | None:
         return None
     modified = parse_dt(row["updated_at"])
     assert modified is not None
-    item: Item = _shell(Item, item_stream_id(row["run_id"], row["item_id"]), row["revision"],
-                        modified, modified)
+    item: Item = _shell(
+        Item, item_stream_id(row["run_id"], row["item_id"]), row["revision"], modified, modified
+    )
     item.run_id = row["run_id"]
     item.item_id = row["item_id"]
     item.state = row["state"]

@@ -33,7 +33,7 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
     big = "BIGINT" if dialect == "postgres" else "INTEGER"
     t = {name: name + suffix for name in PROJECTION_TABLES}
     return [
-        f"""CREATE TABLE IF NOT EXISTS {t['lg_runs']} (
+        f"""CREATE TABLE IF NOT EXISTS {t["lg_runs"]} (
             run_id TEXT PRIMARY KEY,
             seq {big} NOT NULL,
             state TEXT NOT NULL,
@@ -62,7 +62,7 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
         f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_state ON {t['lg_runs']} (state, seq)",
         f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_seq ON {t['lg_runs']} (seq)",
         f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_root ON {t['lg_runs']} (root_run_id, seq)",
-        f"""CREATE TABLE IF NOT EXISTS {t['lg_items']} (
+        f"""CREATE TABLE IF NOT EXISTS {t["lg_items"]} (
             run_id TEXT NOT NULL,
             item_id TEXT NOT NULL,
             seq INTEGER NOT NULL,
@@ -83,7 +83,7 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
         )""",
         f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_state ON {t['lg_items']} (run_id, state, seq)",
         f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_lease ON {t['lg_items']} (state, lease_expires_at)",
-        f"""CREATE TABLE IF NOT EXISTS {t['lg_attempts']} (
+        f"""CREATE TABLE IF NOT EXISTS {t["lg_attempts"]} (
             run_id TEXT NOT NULL,
             item_id TEXT NOT NULL,
             attempt INTEGER NOT NULL,
@@ -97,7 +97,7 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
             error TEXT,
             PRIMARY KEY (run_id, item_id, attempt)
         )""",
-        f"""CREATE TABLE IF NOT EXISTS {t['lg_transitions']} (
+        f"""CREATE TABLE IF NOT EXISTS {t["lg_transitions"]} (
             position {big} NOT NULL,
             ord INTEGER NOT NULL,
             run_id TEXT NOT NULL,

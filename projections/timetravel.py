@@ -62,23 +62,32 @@ class MemoryTables:
         self.conn.close()
 
 
-def read_streams(tx: Tx, stream_ids: Sequence[UUID], first_only: bool = False) -> list[tuple[int, DomainEvent]]:
+def read_streams(
+    tx: Tx, stream_ids: Sequence[UUID], first_only: bool = False
+) -> list[tuple[int, DomainEvent]]:
     """Every event of the given streams (or only their first), decoded, in position order."""
     store: Store = tx.store
     pos = position_column(store)
     out: list[tuple[int, DomainEvent]] = []
     for i in range(0, len(stream_ids), _CHUNK):
-        chunk = stream_ids[i:i + _CHUNK]
+        chunk = stream_ids[i : i + _CHUNK]
         marks = ", ".join("?" for _ in chunk)
-        sql = (f"SELECT {pos} AS position, originator_id, originator_version, topic, state "
-               f"FROM {store.events_table()} WHERE originator_id IN ({marks})")
+        sql = (
+            f"SELECT {pos} AS position, originator_id, originator_version, topic, state "
+            f"FROM {store.events_table()} WHERE originator_id IN ({marks})"
+        )
         if first_only:
             sql += " AND originator_version = 1"
         for r in tx.fetchall(sql, [oid_param(store.dialect, s) for s in chunk]):
-            stored = StoredEvent(originator_id=as_uuid(r["originator_id"]),
-                                 originator_version=r["originator_version"], topic=r["topic"],
-                                 state=bytes(r["state"]))
-            out.append((int(r["position"]), cast(DomainEvent, store.mapper.to_domain_event(stored))))
+            stored = StoredEvent(
+                originator_id=as_uuid(r["originator_id"]),
+                originator_version=r["originator_version"],
+                topic=r["topic"],
+                state=bytes(r["state"]),
+            )
+            out.append(
+                (int(r["position"]), cast(DomainEvent, store.mapper.to_domain_event(stored)))
+            )
     out.sort(key=lambda t: t[0])
     return out
 
@@ -89,12 +98,23 @@ def status_at(lg: Any, run_id: str, at: datetime) -> RunStatus:
         row = tx.fetchone("SELECT run_id, root_run_id FROM lg_runs WHERE run_id = ?", (run_id,))
         if row is None:
             raise RunNotFound(run_id)
-        item_ids = [r["item_id"] for r in tx.fetchall("SELECT item_id FROM lg_items WHERE run_id = ?", (run_id,))]
-        linked = [UUID(r["run_id"]) for r in tx.fetchall(
-            "SELECT run_id FROM lg_runs WHERE root_run_id = ? AND run_id <> ?", (row["root_run_id"], run_id))]
+        item_ids = [
+            r["item_id"]
+            for r in tx.fetchall("SELECT item_id FROM lg_items WHERE run_id = ?", (run_id,))
+        ]
+        linked = [
+            UUID(r["run_id"])
+            for r in tx.fetchall(
+                "SELECT run_id FROM lg_runs WHERE root_run_id = ? AND run_id <> ?",
+                (row["root_run_id"], run_id),
+            )
+        ]
         events = read_streams(tx, [UUID(run_id)] + [item_stream_id(run_id, i) for i in item_ids])
-        events += [(p, e) for p, e in read_streams(tx, linked, first_only=True)
-                   if any(link["run_id"] == run_id for link in getattr(e, "links", ()))]
+        events += [
+            (p, e)
+            for p, e in read_streams(tx, linked, first_only=True)
+            if any(link["run_id"] == run_id for link in getattr(e, "links", ()))
+        ]
     events = sorted(((p, e) for p, e in events if e.timestamp <= at), key=lambda t: t[0])
     if not any(isinstance(e, Run.Submitted) and e.run_id == run_id for _p, e in events):
         err = RunNotFound(run_id)

@@ -77,11 +77,15 @@ class Problems:
         self.items: list[dict[str, Any]] = []
         self.dropped = 0
 
-    def add(self, kind: str, run_id: str | None, position: int | None, detail: str, **extra: Any) -> None:
+    def add(
+        self, kind: str, run_id: str | None, position: int | None, detail: str, **extra: Any
+    ) -> None:
         if len(self.items) >= MAX_PROBLEMS:
             self.dropped += 1
             return
-        self.items.append({"kind": kind, "run_id": run_id, "position": position, "detail": detail, **extra})
+        self.items.append(
+            {"kind": kind, "run_id": run_id, "position": position, "detail": detail, **extra}
+        )
 
     def extend(self, problems: list[dict[str, Any]]) -> None:
         for p in problems:
@@ -90,8 +94,14 @@ class Problems:
     def result(self) -> list[dict[str, Any]]:
         out = list(self.items)
         if self.dropped:
-            out.append({"kind": "truncated", "run_id": None, "position": None,
-                        "detail": f"{self.dropped} more problems not listed"})
+            out.append(
+                {
+                    "kind": "truncated",
+                    "run_id": None,
+                    "position": None,
+                    "detail": f"{self.dropped} more problems not listed",
+                }
+            )
         return out
 
 
@@ -177,10 +187,14 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
     for pos, stored in rows:
         try:
             events.append((pos, cast(DomainEvent, store.mapper.to_domain_event(stored))))
-        except Exception as exc:  # noqa: BLE001 - an edited row may no longer decode
-            problems.add("undecodable", _run_id_of_stored(store, stored), pos,
-                         f"event v{stored.originator_version} of stream {stored.originator_id} does not "
-                         f"decode: {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            problems.add(
+                "undecodable",
+                _run_id_of_stored(store, stored),
+                pos,
+                f"event v{stored.originator_version} of stream {stored.originator_id} does not "
+                f"decode: {type(exc).__name__}: {exc}",
+            )
     if events:
         _apply(tx, replayer, events, after, problems)
     return (rows[-1][0] if rows else after), len(rows)
@@ -189,8 +203,13 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
 _SAVEPOINT = "lg_verify_batch"
 
 
-def _apply(tx: Tx, replayer: Replayer, events: list[tuple[int, DomainEvent]], after: int,
-           problems: Problems) -> None:
+def _apply(
+    tx: Tx,
+    replayer: Replayer,
+    events: list[tuple[int, DomainEvent]],
+    after: int,
+    problems: Problems,
+) -> None:
     """Replay a batch as a rebuild does (events grouped), inside a savepoint. If an event
     does not apply (a damaged history: a missing or reordered event), the batch is rolled
     back to the savepoint and replayed event by event, reporting each event that does not
@@ -200,7 +219,7 @@ def _apply(tx: Tx, replayer: Replayer, events: list[tuple[int, DomainEvent]], af
     try:
         replayer.tolerant = False
         replayer.apply(tx, events, after)
-    except Exception:  # noqa: BLE001 - any event that does not apply: the careful replay reports it
+    except Exception:
         tx.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
         del problems.items[items:]  # the rules are checked again, event by event
         problems.dropped = dropped
@@ -227,47 +246,90 @@ class RuleChecker:
         agg = None if created else rp.streams.get(e.originator_id)
         add = self.problems.add
         if agg is not None and e.timestamp < agg.modified_on:
-            add("time_backwards", run_id, position,
+            add(
+                "time_backwards",
+                run_id,
+                position,
                 f"{type(e).__qualname__} v{e.originator_version} is stamped {e.timestamp.isoformat()}, before "
-                f"the previous event of its stream ({agg.modified_on.isoformat()})")
+                f"the previous event of its stream ({agg.modified_on.isoformat()})",
+            )
         if run is not None and S.is_terminal(run.state) and not created:
             if isinstance(e, (Run.Transitioned, Run.Amended)):
-                add("terminal_changed", run_id, position,
-                    f"run was {run.state} (terminal) and then recorded {_describe(e)}")
+                add(
+                    "terminal_changed",
+                    run_id,
+                    position,
+                    f"run was {run.state} (terminal) and then recorded {_describe(e)}",
+                )
             elif getattr(e, "item_id", None) is not None and not (
-                    run.state == S.CANCELED and getattr(e, "command", None) == "cancel_skip"):
-                add("terminal_changed", run_id, position,
-                    f"item {e.item_id!r} changed ({_describe(e)}) after its run was {run.state} (terminal)")  # type: ignore[attr-defined]
+                run.state == S.CANCELED and getattr(e, "command", None) == "cancel_skip"
+            ):
+                add(
+                    "terminal_changed",
+                    run_id,
+                    position,
+                    f"item {e.item_id!r} changed ({_describe(e)}) after its run was {run.state} (terminal)",
+                )  # type: ignore[attr-defined]
         if isinstance(e, Item.Transitioned) and e.command == "claim":
             item = rp.items.get((e.run_id, e.item_id))
             if (item is not None and item.state == S.IN_PROGRESS) or e.from_state == S.IN_PROGRESS:
-                add("two_leases", run_id, position,
+                add(
+                    "two_leases",
+                    run_id,
+                    position,
                     f"item {e.item_id!r} was claimed by {e.actor_id} while the lease of attempt "
-                    f"{item.attempts if item else '?'} ({item.lease_worker if item else '?'}) was live")
-        if getattr(e, "role", None) == S.RECONCILER and getattr(e, "to_state", None) in _SUCCESS_STATES:
-            add("reconciler_success", run_id, position,
+                    f"{item.attempts if item else '?'} ({item.lease_worker if item else '?'}) was live",
+                )
+        if (
+            getattr(e, "role", None) == S.RECONCILER
+            and getattr(e, "to_state", None) in _SUCCESS_STATES
+        ):
+            add(
+                "reconciler_success",
+                run_id,
+                position,
                 f"the reconciler {getattr(e, 'actor_id', '?')} recorded {_describe(e)}; only the party that "
-                "did the work may record success")
+                "did the work may record success",
+            )
         if isinstance(e, Run.Transitioned) and e.to_state in (S.SUCCEEDED, S.COMPLETED_WITH_ERRORS):
             self._check_success(tx, position, e, run, rp)
 
-    def _check_success(self, tx: Tx, position: int, e: Run.Transitioned, run: Run | None, rp: Replayer) -> None:
+    def _check_success(
+        self, tx: Tx, position: int, e: Run.Transitioned, run: Run | None, rp: Replayer
+    ) -> None:
         run_id = str(e.originator_id)
-        rp.flush(tx)  # the counts and item rows as of the previous event (grouped replay defers them)
+        rp.flush(
+            tx
+        )  # the counts and item rows as of the previous event (grouped replay defers them)
         if run is not None:
-            open_ = {s: run.counts[s] for s in (S.PENDING, S.IN_PROGRESS, S.RETRYABLE) if run.counts.get(s)}
+            open_ = {
+                s: run.counts[s]
+                for s in (S.PENDING, S.IN_PROGRESS, S.RETRYABLE)
+                if run.counts.get(s)
+            }
             if open_:
-                self.problems.add("success_unearned", run_id, position,
-                                  f"run recorded {e.to_state} with work still open: "
-                                  + ", ".join(f"{n} {s}" for s, n in open_.items()))
+                self.problems.add(
+                    "success_unearned",
+                    run_id,
+                    position,
+                    f"run recorded {e.to_state} with work still open: "
+                    + ", ".join(f"{n} {s}" for s, n in open_.items()),
+                )
         if e.to_state != S.SUCCEEDED:
             return
-        rows = tx.fetchall(f"SELECT item_id, state FROM {self.items_table} WHERE run_id = ? AND in_manifest = 1 "
-                           "AND required = 1 AND state <> 'accepted' ORDER BY seq LIMIT 5", (run_id,))
+        rows = tx.fetchall(
+            f"SELECT item_id, state FROM {self.items_table} WHERE run_id = ? AND in_manifest = 1 "
+            "AND required = 1 AND state <> 'accepted' ORDER BY seq LIMIT 5",
+            (run_id,),
+        )
         if rows:
-            self.problems.add("success_unearned", run_id, position,
-                              "run recorded succeeded but required items were not accepted: "
-                              + ", ".join(f"{r['item_id']} ({r['state']})" for r in rows))
+            self.problems.add(
+                "success_unearned",
+                run_id,
+                position,
+                "run recorded succeeded but required items were not accepted: "
+                + ", ".join(f"{r['item_id']} ({r['state']})" for r in rows),
+            )
 
 
 def _describe(e: DomainEvent) -> str:
@@ -298,13 +360,27 @@ def _compare(tx: Tx, suffix: str, problems: Problems) -> None:
             continue
         diffs = diff_rows(tx, name, "", suffix)
         if not diffs:
-            problems.add("projection", None, None, f"{name}: checksum {live[name]} differs from a rebuild's "
-                         f"{fresh[name]}", table=name)
+            problems.add(
+                "projection",
+                None,
+                None,
+                f"{name}: checksum {live[name]} differs from a rebuild's {fresh[name]}",
+                table=name,
+            )
         for d in diffs:
-            what = {"missing": "is not in a rebuild", "extra": "is missing (a rebuild has it)",
-                    "changed": "differs from a rebuild in " + ", ".join(d["columns"])}[d["change"]]
-            problems.add("projection", d["run_id"], d["key"].get("position"),
-                         f"{name} row {d['key']} {what}", table=name, key=d["key"])
+            what = {
+                "missing": "is not in a rebuild",
+                "extra": "is missing (a rebuild has it)",
+                "changed": "differs from a rebuild in " + ", ".join(d["columns"]),
+            }[d["change"]]
+            problems.add(
+                "projection",
+                d["run_id"],
+                d["key"].get("position"),
+                f"{name} row {d['key']} {what}",
+                table=name,
+                key=d["key"],
+            )
 
 
 # --------------------------------------------------------------------------
@@ -315,9 +391,11 @@ def _stream_rows(tx: Tx, upto: int) -> Iterator[dict[str, Any]]:
     store: Store = tx.store
     pos = position_column(store)
     ev = store.events_table()
-    select = (f"SELECT e.{pos} AS position, e.originator_id AS oid, e.originator_version AS version, e.topic, "
-              f"e.state, h.hash FROM {ev} e LEFT JOIN {HASH_TABLE} h ON h.originator_id = e.originator_id "
-              "AND h.originator_version = e.originator_version")
+    select = (
+        f"SELECT e.{pos} AS position, e.originator_id AS oid, e.originator_version AS version, e.topic, "
+        f"e.state, h.hash FROM {ev} e LEFT JOIN {HASH_TABLE} h ON h.originator_id = e.originator_id "
+        "AND h.originator_version = e.originator_version"
+    )
     order = " ORDER BY e.originator_id, e.originator_version LIMIT ?"
     last: tuple[Any, int] | None = None
     while True:
@@ -326,9 +404,11 @@ def _stream_rows(tx: Tx, upto: int) -> Iterator[dict[str, Any]]:
         else:
             # the page's lower bound on both tables: PostgreSQL merge-joins them, and without
             # it scanned the hashes from the first one on every page (quadratic)
-            rows = tx.fetchall(f"{select} AND (h.originator_id, h.originator_version) > (?, ?) "
-                               f"WHERE e.{pos} <= ? AND (e.originator_id, e.originator_version) > (?, ?){order}",
-                               (*last, upto, *last, PAGE))
+            rows = tx.fetchall(
+                f"{select} AND (h.originator_id, h.originator_version) > (?, ?) "
+                f"WHERE e.{pos} <= ? AND (e.originator_id, e.originator_version) > (?, ?){order}",
+                (*last, upto, *last, PAGE),
+            )
         yield from rows
         if len(rows) < PAGE:
             return
@@ -350,40 +430,71 @@ def _check_chains(tx: Tx, upto: int, problems: Problems) -> str:
                 heads.add(current, prev_version, chain)
             current, prev_version, prev_position, prev_recorded, chain = oid, 0, 0, GENESIS, GENESIS
         state, topic, recorded = bytes(r["state"]), r["topic"], r["hash"]
-        stored = StoredEvent(originator_id=oid, originator_version=version, topic=topic, state=state)
+        stored = StoredEvent(
+            originator_id=oid, originator_version=version, topic=topic, state=state
+        )
         where = {"stream": str(oid), "version": version}
         gap = version != prev_version + 1
         if gap:
-            problems.add("stream_gap", _run_id_of_stored(store, stored), position,
-                         f"stream {oid} jumps from version {prev_version} to {version}: "
-                         f"{version - prev_version - 1} event(s) deleted" if version > prev_version + 1
-                         else f"stream {oid} repeats version {version}", **where)
+            problems.add(
+                "stream_gap",
+                _run_id_of_stored(store, stored),
+                position,
+                f"stream {oid} jumps from version {prev_version} to {version}: "
+                f"{version - prev_version - 1} event(s) deleted"
+                if version > prev_version + 1
+                else f"stream {oid} repeats version {version}",
+                **where,
+            )
         if position <= prev_position:
-            problems.add("stream_order", _run_id_of_stored(store, stored), position,
-                         f"version {version} of stream {oid} is at position {position}, before version "
-                         f"{prev_version} at position {prev_position}: events were reordered", **where)
+            problems.add(
+                "stream_order",
+                _run_id_of_stored(store, stored),
+                position,
+                f"version {version} of stream {oid} is at position {position}, before version "
+                f"{prev_version} at position {prev_position}: events were reordered",
+                **where,
+            )
         chain = event_hash(chain, oid, version, topic, state)
         if recorded is None:
             if position > chain_from:
-                problems.add("hash_missing", _run_id_of_stored(store, stored), position,
-                             f"version {version} of stream {oid} has no recorded hash: it was written "
-                             "behind the ledger's back", **where)
+                problems.add(
+                    "hash_missing",
+                    _run_id_of_stored(store, stored),
+                    position,
+                    f"version {version} of stream {oid} has no recorded hash: it was written "
+                    "behind the ledger's back",
+                    **where,
+                )
             prev_recorded = GENESIS  # before the hash chain existed, or already reported
         else:
             # the hash recorded at write time chains this event's bytes to the recorded
             # hash of the event before it; a gap is reported above and cannot be checked
             if not gap and event_hash(prev_recorded, oid, version, topic, state) != recorded:
-                problems.add("hash_chain", _run_id_of_stored(store, stored), position,
-                             f"version {version} of stream {oid} does not match the hash recorded when it "
-                             "was written: its stored bytes were edited", **where)
+                problems.add(
+                    "hash_chain",
+                    _run_id_of_stored(store, stored),
+                    position,
+                    f"version {version} of stream {oid} does not match the hash recorded when it "
+                    "was written: its stored bytes were edited",
+                    **where,
+                )
             prev_recorded = recorded
         prev_version, prev_position = version, position
     if current is not None:
         heads.add(current, prev_version, chain)
-    for r in tx.fetchall(f"SELECT h.originator_id AS oid, h.originator_version AS version FROM {HASH_TABLE} h "
-                         f"LEFT JOIN {store.events_table()} e ON e.originator_id = h.originator_id AND "
-                         "e.originator_version = h.originator_version WHERE e.originator_id IS NULL LIMIT 100"):
-        problems.add("hash_orphan", None, None, f"a hash is recorded for version {r['version']} of stream "
-                     f"{as_uuid(r['oid'])} but the event is gone: it was deleted",
-                     stream=str(as_uuid(r["oid"])), version=int(r["version"]))
+    for r in tx.fetchall(
+        f"SELECT h.originator_id AS oid, h.originator_version AS version FROM {HASH_TABLE} h "
+        f"LEFT JOIN {store.events_table()} e ON e.originator_id = h.originator_id AND "
+        "e.originator_version = h.originator_version WHERE e.originator_id IS NULL LIMIT 100"
+    ):
+        problems.add(
+            "hash_orphan",
+            None,
+            None,
+            f"a hash is recorded for version {r['version']} of stream "
+            f"{as_uuid(r['oid'])} but the event is gone: it was deleted",
+            stream=str(as_uuid(r["oid"])),
+            version=int(r["version"]),
+        )
     return heads.hexdigest()

@@ -55,9 +55,7 @@ class Projector:
             f"INSERT INTO {self.items_table} (run_id, item_id, seq, required, payload, in_manifest, "
             "state, revision, attempts) VALUES (?, ?, ?, ?, ?, 1, 'pending', 0, 0)"
         )
-        self.replace_item = (
-            f"UPDATE {self.items_table} SET required = ?, payload = ? WHERE run_id = ? AND item_id = ?"
-        )
+        self.replace_item = f"UPDATE {self.items_table} SET required = ?, payload = ? WHERE run_id = ? AND item_id = ?"
         self.withdraw_item = (
             f"UPDATE {self.items_table} SET in_manifest = 0 WHERE run_id = ? AND item_id = ?"
         )
@@ -79,8 +77,13 @@ class Projector:
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
 
-    def project(self, cur: Cursor, events: Sequence[tuple[int, DomainEvent]],
-                runs: dict[str, Run], items: dict[tuple[str, str], Item]) -> None:
+    def project(
+        self,
+        cur: Cursor,
+        events: Sequence[tuple[int, DomainEvent]],
+        runs: dict[str, Run],
+        items: dict[tuple[str, str], Item],
+    ) -> None:
         """Write the rows for `events` (already applied to `runs` and `items`).
 
         `runs` must hold the run of every event and any run an event links to;
@@ -102,44 +105,111 @@ class Projector:
                 run.seq = position
                 touched_runs[e.run_id] = run
                 for seq, it in enumerate(e.manifest["items"]):
-                    item_inserts.append((e.run_id, it["item_id"], seq, int(it["required"]),
-                                         dumps(it.get("payload"))))
+                    item_inserts.append(
+                        (
+                            e.run_id,
+                            it["item_id"],
+                            seq,
+                            int(it["required"]),
+                            dumps(it.get("payload")),
+                        )
+                    )
                 for link in e.links:
                     original = runs.get(link["run_id"])
                     if original is not None and link["relation"] in REVERSE:
-                        original.links = [*original.links, {"relation": REVERSE[link["relation"]],
-                                                            "run_id": e.run_id}]
+                        original.links = [
+                            *original.links,
+                            {"relation": REVERSE[link["relation"]], "run_id": e.run_id},
+                        ]
                         touched_runs[original.run_id] = original
-                transitions.append((position, 0, e.run_id, None, e.command, NEW, QUEUED,
-                                    e.actor_id, e.role, e.reason,
-                                    dumps({"input_version": e.input_version, "links": e.links,
-                                           "items": len(e.manifest["items"])}),
-                                    at, e.originator_version))
+                transitions.append(
+                    (
+                        position,
+                        0,
+                        e.run_id,
+                        None,
+                        e.command,
+                        NEW,
+                        QUEUED,
+                        e.actor_id,
+                        e.role,
+                        e.reason,
+                        dumps(
+                            {
+                                "input_version": e.input_version,
+                                "links": e.links,
+                                "items": len(e.manifest["items"]),
+                            }
+                        ),
+                        at,
+                        e.originator_version,
+                    )
+                )
             elif isinstance(e, Run.Transitioned):
                 run = runs[str(e.originator_id)]
                 touched_runs[run.run_id] = run
-                transitions.append((position, 0, run.run_id, None, e.command, e.from_state,
-                                    e.to_state, e.actor_id, e.role, e.reason, dumps(e.evidence),
-                                    at, e.originator_version))
+                transitions.append(
+                    (
+                        position,
+                        0,
+                        run.run_id,
+                        None,
+                        e.command,
+                        e.from_state,
+                        e.to_state,
+                        e.actor_id,
+                        e.role,
+                        e.reason,
+                        dumps(e.evidence),
+                        at,
+                        e.originator_version,
+                    )
+                )
             elif isinstance(e, Run.Amended):
                 run = runs[str(e.originator_id)]
                 touched_runs[run.run_id] = run
                 first_seq = run.item_count - len(e.added)
                 for i, it in enumerate(e.added):
-                    item_inserts.append((run.run_id, it["item_id"], first_seq + i,
-                                         int(it["required"]), dumps(it.get("payload"))))
+                    item_inserts.append(
+                        (
+                            run.run_id,
+                            it["item_id"],
+                            first_seq + i,
+                            int(it["required"]),
+                            dumps(it.get("payload")),
+                        )
+                    )
                 for it in e.replaced:
-                    item_replaces.append((int(it["required"]), dumps(it.get("payload")),
-                                          run.run_id, it["item_id"]))
+                    item_replaces.append(
+                        (int(it["required"]), dumps(it.get("payload")), run.run_id, it["item_id"])
+                    )
                 for item_id in e.withdraw:
                     item_withdraws.append((run.run_id, item_id))
-                transitions.append((position, 0, run.run_id, None, "amend", e.state, e.state,
-                                    e.actor_id, e.role, e.reason,
-                                    dumps({"input_version": e.input_version,
-                                           "added": [it["item_id"] for it in e.added],
-                                           "replaced": [it["item_id"] for it in e.replaced],
-                                           "withdraw": e.withdraw, "policy": e.policy}),
-                                    at, e.originator_version))
+                transitions.append(
+                    (
+                        position,
+                        0,
+                        run.run_id,
+                        None,
+                        "amend",
+                        e.state,
+                        e.state,
+                        e.actor_id,
+                        e.role,
+                        e.reason,
+                        dumps(
+                            {
+                                "input_version": e.input_version,
+                                "added": [it["item_id"] for it in e.added],
+                                "replaced": [it["item_id"] for it in e.replaced],
+                                "withdraw": e.withdraw,
+                                "policy": e.policy,
+                            }
+                        ),
+                        at,
+                        e.originator_version,
+                    )
+                )
             elif isinstance(e, Item.Registered):
                 touched_items[(e.run_id, e.item_id)] = items[(e.run_id, e.item_id)]
             elif isinstance(e, Item.Transitioned):
@@ -152,21 +222,56 @@ class Projector:
                 touched_runs[e.run_id] = run
                 ev = e.evidence
                 if e.command == "claim":
-                    attempt_inserts.append((e.run_id, e.item_id, ev["attempt"], e.actor_id,
-                                            ev["lease_token"], at, ev["expires_at"]))
+                    attempt_inserts.append(
+                        (
+                            e.run_id,
+                            e.item_id,
+                            ev["attempt"],
+                            e.actor_id,
+                            ev["lease_token"],
+                            at,
+                            ev["expires_at"],
+                        )
+                    )
                 elif e.from_state == IN_PROGRESS:
-                    attempt_updates.append((self.finish_attempt, (
-                        at, ev.get("stage"), ev.get("outcome"), ev.get("error"),
-                        e.run_id, e.item_id, ev["attempt"])))
-                transitions.append((position, 0, e.run_id, e.item_id, e.command, e.from_state,
-                                    e.to_state, e.actor_id, e.role, e.reason, dumps(ev), at,
-                                    e.originator_version))
+                    attempt_updates.append(
+                        (
+                            self.finish_attempt,
+                            (
+                                at,
+                                ev.get("stage"),
+                                ev.get("outcome"),
+                                ev.get("error"),
+                                e.run_id,
+                                e.item_id,
+                                ev["attempt"],
+                            ),
+                        )
+                    )
+                transitions.append(
+                    (
+                        position,
+                        0,
+                        e.run_id,
+                        e.item_id,
+                        e.command,
+                        e.from_state,
+                        e.to_state,
+                        e.actor_id,
+                        e.role,
+                        e.reason,
+                        dumps(ev),
+                        at,
+                        e.originator_version,
+                    )
+                )
             elif isinstance(e, Item.LeaseExtended):
                 key = (e.run_id, e.item_id)
                 item = items[key]
                 touched_items[key] = item
-                attempt_updates.append((self.extend_attempt, (
-                    e.expires_at, e.run_id, e.item_id, item.attempts)))
+                attempt_updates.append(
+                    (self.extend_attempt, (e.expires_at, e.run_id, e.item_id, item.attempts))
+                )
 
         if item_inserts:
             cur.executemany(self.insert_item, item_inserts)
@@ -189,6 +294,7 @@ class Projector:
         if touched_runs:
             cur.executemany(self.upsert_run, [run_to_row(r) for r in touched_runs.values()])
         if touched_items:
-            cur.executemany(self.update_item, [
-                (*item_stream_values(it), it.run_id, it.item_id) for it in touched_items.values()
-            ])
+            cur.executemany(
+                self.update_item,
+                [(*item_stream_values(it), it.run_id, it.item_id) for it in touched_items.values()],
+            )

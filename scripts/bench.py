@@ -52,30 +52,49 @@ from bench_cases import (
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small sizes, about 30 seconds")
     size.add_argument("--full", action="store_true", help="cases 4 and 5 over 1,000,000 events")
-    parser.add_argument("--dsn", help="an existing PostgreSQL server (its user needs CREATEDB); "
-                                      "each case gets its own database there, dropped afterwards")
+    parser.add_argument(
+        "--dsn",
+        help="an existing PostgreSQL server (its user needs CREATEDB); "
+        "each case gets its own database there, dropped afterwards",
+    )
     parser.add_argument("--no-postgres", action="store_true", help="SQLite rows only")
-    parser.add_argument("--cases", default=",".join(ALL_CASES),
-                        help="comma-separated case numbers (default: all)")
+    parser.add_argument(
+        "--cases", default=",".join(ALL_CASES), help="comma-separated case numbers (default: all)"
+    )
     parser.add_argument("--json", metavar="PATH", help="also save the results as JSON")
-    parser.add_argument("--profile", metavar="DIR", help="cProfile the ledger side of 1, 2, 3, 4, 6")
+    parser.add_argument(
+        "--profile", metavar="DIR", help="cProfile the ledger side of 1, 2, 3, 4, 6"
+    )
     parser.add_argument("--worker-concurrency", type=int, help="Worker(concurrency=...) in case 1")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=N",
-                        help="override one size, e.g. --set throughput_items=5000 (see "
-                             "bench_cases/common.py Sizes); repeatable")
-    parser.add_argument("--tmp", metavar="DIR", help="where SQLite files and the server live "
-                                                     "(default: the system temp dir)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="override one size, e.g. --set throughput_items=5000 (see "
+        "bench_cases/common.py Sizes); repeatable",
+    )
+    parser.add_argument(
+        "--tmp",
+        metavar="DIR",
+        help="where SQLite files and the server live (default: the system temp dir)",
+    )
     parser.add_argument("--quiet", action="store_true", help="print only the table")
-    parser.add_argument("--snapshot", action="store_true",
-                        help="copy ledger/, projections/, scripts/ and tests/pgserver.py to a "
-                             "temporary directory first and run from there, so edits made to "
-                             "the working tree during a long run cannot break it")
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="copy ledger/, projections/, scripts/ and tests/pgserver.py to a "
+        "temporary directory first and run from there, so edits made to "
+        "the working tree during a long run cannot break it",
+    )
     args = parser.parse_args(argv)
     args.case_list = tuple(c.strip() for c in args.cases.split(",") if c.strip())
     unknown = set(args.case_list) - set(ALL_CASES)
@@ -106,7 +125,8 @@ def run_from_snapshot(argv: list[str]) -> int:
                 shutil.copy2(src, dst)
         env = dict(os.environ, **{SNAPSHOT_ENV: str(repo)})
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(snap), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+            [str(snap), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+        )
         args = [a for a in argv if a != "--snapshot"]
         return subprocess.call([sys.executable, str(snap / "scripts" / "bench.py"), *args], env=env)
     finally:
@@ -121,17 +141,28 @@ def code_origin() -> str:
     origin = os.environ.get(SNAPSHOT_ENV)
     repo = Path(origin) if origin else HERE.parent
     try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10, check=False).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--",
-                                "ledger", "projections"], capture_output=True, text=True,
-                               timeout=10, check=False).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--", "ledger", "projections"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         head, dirty = "?", ""
     where = Path(ledger.__file__).resolve().parent.parent
-    return (f"code: {'snapshot of ' if origin else ''}{repo} at git {head or '?'}"
-            f"{' + uncommitted changes in ledger/ or projections/' if dirty else ''}"
-            f" (ledger imported from {where})")
+    return (
+        f"code: {'snapshot of ' if origin else ''}{repo} at git {head or '?'}"
+        f"{' + uncommitted changes in ledger/ or projections/' if dirty else ''}"
+        f" (ledger imported from {where})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,8 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     for assignment in args.set:
         name, _, value = assignment.partition("=")
         if not hasattr(sizes, name.strip()) or not value.strip().isdigit():
-            print(f"--set {assignment!r}: expected NAME=N with NAME one of "
-                  f"{', '.join(sizes.__dataclass_fields__)}", file=sys.stderr)
+            print(
+                f"--set {assignment!r}: expected NAME=N with NAME one of "
+                f"{', '.join(sizes.__dataclass_fields__)}",
+                file=sys.stderr,
+            )
             return 2
         sizes = sizes.scaled(**{name.strip(): int(value)})
     profile = "quick" if args.quick else "full" if args.full else "default"
@@ -170,9 +204,14 @@ def main(argv: list[str] | None = None) -> int:
             server = PgServer(tmp_parent=tmp).start()  # settings=None: durable defaults
             pg = PgTarget(server.admin_dsn)
         header, settings = durable_header(pg)
-        config = BenchConfig(sizes=sizes, pg=pg, cases=args.case_list,
-                             profile_dir=Path(args.profile) if args.profile else None, tmp=tmp,
-                             say=say)
+        config = BenchConfig(
+            sizes=sizes,
+            pg=pg,
+            cases=args.case_list,
+            profile_dir=Path(args.profile) if args.profile else None,
+            tmp=tmp,
+            say=say,
+        )
         rows = run_all(config)
     finally:
         if server is not None:
@@ -184,19 +223,32 @@ def main(argv: list[str] | None = None) -> int:
         + ("  (PROFILED: timings inflated)" if args.profile else ""),
         code_origin(),
         *header,
-        (f"load average (1 min) {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end "
-         "(other processes on this machine skew the figures; ratios less so)"),
+        (
+            f"load average (1 min) {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end "
+            "(other processes on this machine skew the figures; ratios less so)"
+        ),
         "",
     ]
     print(format_table(rows, header), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "sizes": profile, "size_values": sizes.__dict__, "cases": args.case_list,
-            "total_seconds": total, "postgres": settings, "profiled": bool(args.profile),
-            "python": platform.python_version(), "cpus": os.cpu_count(),
-            "load_average": [load_before[0], os.getloadavg()[0]],
-            "rows": [r.to_dict() for r in rows],
-        }, indent=2, default=str))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "sizes": profile,
+                    "size_values": sizes.__dict__,
+                    "cases": args.case_list,
+                    "total_seconds": total,
+                    "postgres": settings,
+                    "profiled": bool(args.profile),
+                    "python": platform.python_version(),
+                    "cpus": os.cpu_count(),
+                    "load_average": [load_before[0], os.getloadavg()[0]],
+                    "rows": [r.to_dict() for r in rows],
+                },
+                indent=2,
+                default=str,
+            )
+        )
     return 1 if any(r.name.endswith("FAILED") for r in rows) else 0
 
 

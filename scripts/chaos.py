@@ -77,26 +77,40 @@ class LoggedLedger:
     def claim(self, run_id: str, worker: Actor, limit: int = 1, **kw: Any) -> list[Lease]:
         leases = self._lg.claim(run_id, worker, limit=limit, **kw)
         for le in leases:
-            self._log(cmd="claim", run=le.run_id, item=le.item_id, token=le.token, attempt=le.attempt)
+            self._log(
+                cmd="claim", run=le.run_id, item=le.item_id, token=le.token, attempt=le.attempt
+            )
         return leases
 
     def heartbeat(self, lease: Lease) -> Lease:
         new = self._lg.heartbeat(lease)
-        self._log(cmd="heartbeat", run=new.run_id, item=new.item_id, token=new.token,
-                  expires=new.expires_at.isoformat())
+        self._log(
+            cmd="heartbeat",
+            run=new.run_id,
+            item=new.item_id,
+            token=new.token,
+            expires=new.expires_at.isoformat(),
+        )
         return new
 
     def record(self, outcomes: list[Any]) -> list[Any]:
         results = self._lg.record(outcomes)
         for o, r in zip(outcomes, results, strict=True):
             if not isinstance(r, LedgerError):
-                self._log(cmd=o.kind, run=o.lease.run_id, item=o.lease.item_id, token=o.lease.token,
-                          state=r.state)
+                self._log(
+                    cmd=o.kind,
+                    run=o.lease.run_id,
+                    item=o.lease.item_id,
+                    token=o.lease.token,
+                    state=r.state,
+                )
         return results
 
     def _outcome(self, kind: str, lease: Lease, call: Any) -> Any:
         status = call()
-        self._log(cmd=kind, run=lease.run_id, item=lease.item_id, token=lease.token, state=status.state)
+        self._log(
+            cmd=kind, run=lease.run_id, item=lease.item_id, token=lease.token, state=status.state
+        )
         return status
 
     def accept(self, lease: Lease, *a: Any, **kw: Any) -> Any:
@@ -109,7 +123,9 @@ class LoggedLedger:
         return self._outcome("fail", lease, lambda: self._lg.fail_attempt(lease, *a, **kw))
 
 
-def worker_main(dsn: str, run_ids: list[str], worker_id: str, log_path: str, handler_ms: float) -> None:
+def worker_main(
+    dsn: str, run_ids: list[str], worker_id: str, log_path: str, handler_ms: float
+) -> None:
     """One worker process: work both runs until neither has anything left to claim."""
     rng = random.Random()
 
@@ -127,22 +143,37 @@ def worker_main(dsn: str, run_ids: list[str], worker_id: str, log_path: str, han
             busy = False
             for run_id in run_ids:
                 status = raw.status(run_id)
-                open_items = sum(status.counts.get(s, 0) for s in ("pending", "retryable", "in_progress"))
+                open_items = sum(
+                    status.counts.get(s, 0) for s in ("pending", "retryable", "in_progress")
+                )
                 if status.state != "running" or not open_items:
                     continue
                 busy = True
-                Worker(lg, run_id, handle, worker_id=worker_id, concurrency=4, poll_interval=0.2,  # type: ignore[arg-type]
-                       max_idle=5).run()
+                Worker(
+                    lg,
+                    run_id,
+                    handle,
+                    worker_id=worker_id,
+                    concurrency=4,
+                    poll_interval=0.2,  # type: ignore[arg-type]
+                    max_idle=5,
+                ).run()
             if not busy:
                 return
             time.sleep(0.2)  # the rest is leased by others (maybe dead): the reconciler frees it
 
 
-def _worker_entry(dsn: str, run_ids: list[str], worker_id: str, log_path: str, handler_ms: float) -> None:
+def _worker_entry(
+    dsn: str, run_ids: list[str], worker_id: str, log_path: str, handler_ms: float
+) -> None:
     try:
         worker_main(dsn, run_ids, worker_id, log_path, handler_ms)
-    except Exception as e:  # noqa: BLE001 - a lost connection or the like: the supervisor starts us again
-        print(f"chaos: worker {worker_id} stopped: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    except Exception as e:
+        print(
+            f"chaos: worker {worker_id} stopped: {type(e).__name__}: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(3)
 
 
@@ -161,20 +192,37 @@ def monitor_main(dsn: str, cancel_run: str, out_path: str, stop: Any) -> None:
             try:
                 if canceled is None:
                     st = lg.status(cancel_run)
-                    if st.counts.get("accepted", 0) * 10 >= sum(st.counts.values()) or st.state != "running":
+                    if (
+                        st.counts.get("accepted", 0) * 10 >= sum(st.counts.values())
+                        or st.state != "running"
+                    ):
                         out = lg.cancel(cancel_run, OPERATOR, "chaos: cancel mid-flight")
-                        canceled = {"state": out.state, "in_flight": out.in_flight, "already": out.already,
-                                    "accepted_before": st.counts.get("accepted", 0)}
+                        canceled = {
+                            "state": out.state,
+                            "in_flight": out.in_flight,
+                            "already": out.already,
+                            "accepted_before": st.counts.get("accepted", 0),
+                        }
                 with lg.store.read() as tx:
-                    rows = tx.fetchall("SELECT run_id, item_id FROM lg_attempts WHERE finished_at IS NULL "
-                                       "GROUP BY run_id, item_id HAVING COUNT(*) > 1")
+                    rows = tx.fetchall(
+                        "SELECT run_id, item_id FROM lg_attempts WHERE finished_at IS NULL "
+                        "GROUP BY run_id, item_id HAVING COUNT(*) > 1"
+                    )
                 seen.update((r["run_id"], r["item_id"]) for r in rows)
                 polls += 1
             except LedgerError:
                 errors += 1  # the server is restarting: look again
             stop.wait(0.25)
-    Path(out_path).write_text(json.dumps({"double_open_attempts": sorted(map(list, seen)), "polls": polls,
-                                          "cancel": canceled, "errors": errors}))
+    Path(out_path).write_text(
+        json.dumps(
+            {
+                "double_open_attempts": sorted(map(list, seen)),
+                "polls": polls,
+                "cancel": canceled,
+                "errors": errors,
+            }
+        )
+    )
 
 
 # --------------------------------------------------------------------------
@@ -234,8 +282,13 @@ def check(lg: Ledger, run_ids: list[str], acks: list[dict[str, Any]]) -> dict[st
         if not ok:
             lost.append(a)
     twice_accepted = sum(1 for tokens in accepted_by.values() if len(tokens) > 1)
-    return {"lost": lost, "claimed_while_leased": claimed_while_leased, "twice_accepted": twice_accepted,
-            "expired": expired, "acks": Counter(a["cmd"] for a in acks)}
+    return {
+        "lost": lost,
+        "claimed_while_leased": claimed_while_leased,
+        "twice_accepted": twice_accepted,
+        "expired": expired,
+        "acks": Counter(a["cmd"] for a in acks),
+    }
 
 
 # --------------------------------------------------------------------------
@@ -243,13 +296,23 @@ def check(lg: Ledger, run_ids: list[str], acks: list[dict[str, Any]]) -> dict[st
 # --------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--items", type=int, default=20_000, help="items in the big run (default 20000)")
+    ap.add_argument(
+        "--items", type=int, default=20_000, help="items in the big run (default 20000)"
+    )
     ap.add_argument("--workers", type=int, default=8, help="worker processes (default 8)")
-    ap.add_argument("--seconds", type=float, default=30.0, help="how long to kill workers (default 30)")
-    ap.add_argument("--kill-every", type=float, default=0.5, help="seconds between kills (default 0.5)")
+    ap.add_argument(
+        "--seconds", type=float, default=30.0, help="how long to kill workers (default 30)"
+    )
+    ap.add_argument(
+        "--kill-every", type=float, default=0.5, help="seconds between kills (default 0.5)"
+    )
     ap.add_argument("--lease-seconds", type=float, default=5.0, help="the runs' lease (default 5)")
-    ap.add_argument("--handler-ms", type=float, default=2.0, help="a handler call sleeps up to this (default 2)")
-    ap.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (default 900)")
+    ap.add_argument(
+        "--handler-ms", type=float, default=2.0, help="a handler call sleeps up to this (default 2)"
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=900.0, help="give up after this many seconds (default 900)"
+    )
     ap.add_argument("--seed", type=int, default=None, help="seed for which worker is killed when")
     ap.add_argument("--keep", action="store_true", help="keep the server directory and logs")
     args = ap.parse_args(argv)
@@ -271,12 +334,28 @@ def main(argv: list[str] | None = None) -> int:
         policy = {"max_attempts": 5, "lease_seconds": args.lease_seconds, "partial_delivery": True}
         cancel_items = max(args.items // 10, 10)
         with Ledger.open(dsn) as lg:
-            big = lg.submit({"source_version": "chaos", "config_version": "chaos-1", "scope": "chaos: big run",
-                             "items": [{"item_id": f"item-{k:06d}", "payload": {"k": k}} for k in range(args.items)],
-                             "policy": policy}, SUBMITTER).run_id
-            doomed = lg.submit({"source_version": "chaos", "config_version": "chaos-1", "scope": "chaos: canceled",
-                                "items": [{"item_id": f"c-{k:05d}"} for k in range(cancel_items)],
-                                "policy": policy}, SUBMITTER).run_id
+            big = lg.submit(
+                {
+                    "source_version": "chaos",
+                    "config_version": "chaos-1",
+                    "scope": "chaos: big run",
+                    "items": [
+                        {"item_id": f"item-{k:06d}", "payload": {"k": k}} for k in range(args.items)
+                    ],
+                    "policy": policy,
+                },
+                SUBMITTER,
+            ).run_id
+            doomed = lg.submit(
+                {
+                    "source_version": "chaos",
+                    "config_version": "chaos-1",
+                    "scope": "chaos: canceled",
+                    "items": [{"item_id": f"c-{k:05d}"} for k in range(cancel_items)],
+                    "policy": policy,
+                },
+                SUBMITTER,
+            ).run_id
             lg.start(doomed, CONTROLLER)
             lg.start(big, CONTROLLER)
         run_ids = [doomed, big]
@@ -285,8 +364,11 @@ def main(argv: list[str] | None = None) -> int:
         def spawn(slot: int) -> None:
             incarnation[slot] += 1
             wid = f"w{slot}-{incarnation[slot]}"
-            p = ctx.Process(target=_worker_entry, args=(dsn, run_ids, wid, str(logs / f"{wid}.jsonl"),
-                                                         args.handler_ms), name=wid)
+            p = ctx.Process(
+                target=_worker_entry,
+                args=(dsn, run_ids, wid, str(logs / f"{wid}.jsonl"), args.handler_ms),
+                name=wid,
+            )
             p.start()
             procs[slot] = p
 
@@ -294,12 +376,26 @@ def main(argv: list[str] | None = None) -> int:
         rec_log = open(base / "reconciler.jsonl", "ab")  # noqa: SIM115
 
         def start_reconciler() -> subprocess.Popen[bytes]:
-            return subprocess.Popen([sys.executable, "-c", "from ledger.cli import main; main()", "reconcile",
-                                     "--watch", "1", "--json"], env=env, stdout=rec_log, stderr=sys.stderr)
+            return subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "from ledger.cli import main; main()",
+                    "reconcile",
+                    "--watch",
+                    "1",
+                    "--json",
+                ],
+                env=env,
+                stdout=rec_log,
+                stderr=sys.stderr,
+            )
 
         started = time.monotonic()
         reconciler = start_reconciler()
-        monitor = ctx.Process(target=monitor_main, args=(dsn, doomed, str(base / "monitor.json"), stop))
+        monitor = ctx.Process(
+            target=monitor_main, args=(dsn, doomed, str(base / "monitor.json"), stop)
+        )
         monitor.start()
         for slot in range(args.workers):
             spawn(slot)
@@ -334,8 +430,11 @@ def main(argv: list[str] | None = None) -> int:
             if reconciler.poll() is not None:
                 reconciler_restarts += 1
                 reconciler = start_reconciler()
-            if now >= chaos_end and restarted_server and all(not p.is_alive() and p.exitcode == 0
-                                                              for p in procs.values()):
+            if (
+                now >= chaos_end
+                and restarted_server
+                and all(not p.is_alive() and p.exitcode == 0 for p in procs.values())
+            ):
                 break
             time.sleep(0.05)
         # the workers are done: wait for the reconciler to finish the cancel (expired leases)
@@ -357,7 +456,9 @@ def main(argv: list[str] | None = None) -> int:
             acks = read_acks(logs)
             result = check(lg, run_ids, acks)
             with lg.store.read() as tx:
-                row = tx.fetchone("SELECT COUNT(*) AS n FROM lg_attempts WHERE run_id IN (?, ?)", (big, doomed))
+                row = tx.fetchone(
+                    "SELECT COUNT(*) AS n FROM lg_attempts WHERE run_id IN (?, ?)", (big, doomed)
+                )
             attempts = int(row["n"]) if row else -1
             try:
                 report = lg.verify()
@@ -365,29 +466,43 @@ def main(argv: list[str] | None = None) -> int:
                 problems = list(report.problems)[:10]
             except (ImportError, NotImplementedError):
                 verify_problems, problems = "n/a(verify-is-not-there-yet)", []
-            except Exception as e:  # noqa: BLE001 - reported, and the run is not clean
+            except Exception as e:
                 verify_problems, problems = "error", [f"verify raised {type(e).__name__}: {e}"]
         mon = json.loads((base / "monitor.json").read_text())
-        reports = [json.loads(line) for line in (base / "reconciler.jsonl").read_text().splitlines()
-                   if line.startswith("{")]
-        double = result["claimed_while_leased"] + result["twice_accepted"] + len(mon["double_open_attempts"])
+        reports = [
+            json.loads(line)
+            for line in (base / "reconciler.jsonl").read_text().splitlines()
+            if line.startswith("{")
+        ]
+        double = (
+            result["claimed_while_leased"]
+            + result["twice_accepted"]
+            + len(mon["double_open_attempts"])
+        )
         lost = len(result["lost"])
-        print(f"chaos: items={args.items} attempts={attempts} killed_workers={kills} "
-              f"expired_leases={result['expired']} double_leases={double} lost_acknowledged_writes={lost} "
-              f"verify_problems={verify_problems} wall={wall:.1f}s | workers={args.workers} "
-              f"worker_restarts_after_errors={restarts_after_error} server_restarts={int(restarted_server)} "
-              f"reconciler_restarts={reconciler_restarts} "
-              f"reconciler_reported_expired={sum(r.get('expired_leases', 0) for r in reports)} "
-              f"acknowledged={sum(result['acks'].values())} canceled_run_items={cancel_items} "
-              f"cancel={mon['cancel'] and mon['cancel']['state']} states={states['big']}/{states['canceled_run']} "
-              f"monitor_polls={mon['polls']}", flush=True)
+        print(
+            f"chaos: items={args.items} attempts={attempts} killed_workers={kills} "
+            f"expired_leases={result['expired']} double_leases={double} lost_acknowledged_writes={lost} "
+            f"verify_problems={verify_problems} wall={wall:.1f}s | workers={args.workers} "
+            f"worker_restarts_after_errors={restarts_after_error} server_restarts={int(restarted_server)} "
+            f"reconciler_restarts={reconciler_restarts} "
+            f"reconciler_reported_expired={sum(r.get('expired_leases', 0) for r in reports)} "
+            f"acknowledged={sum(result['acks'].values())} canceled_run_items={cancel_items} "
+            f"cancel={mon['cancel'] and mon['cancel']['state']} states={states['big']}/{states['canceled_run']} "
+            f"monitor_polls={mon['polls']}",
+            flush=True,
+        )
         for a in result["lost"][:10]:
             print(f"chaos: lost acknowledged write: {a}", file=sys.stderr)
         for p in problems:
             print(f"chaos: verify: {p}", file=sys.stderr)
-        clean = (double == 0 and lost == 0 and verify_problems == 0
-                 and states["big"] in ("succeeded", "completed_with_errors")
-                 and states["canceled_run"] == "canceled")
+        clean = (
+            double == 0
+            and lost == 0
+            and verify_problems == 0
+            and states["big"] in ("succeeded", "completed_with_errors")
+            and states["canceled_run"] == "canceled"
+        )
         return 0 if clean else 1
     finally:
         stop.set()

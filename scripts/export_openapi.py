@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write the HTTP API's OpenAPI document to docs/openapi.json (a test checks it is current).
 
-    python scripts/export_openapi.py            # rewrite docs/openapi.json
-    python scripts/export_openapi.py --check    # exit 1 if docs/openapi.json is stale
+python scripts/export_openapi.py            # rewrite docs/openapi.json
+python scripts/export_openapi.py --check    # exit 1 if docs/openapi.json is stale
 """
 
 from __future__ import annotations
@@ -21,8 +21,12 @@ DEFAULT_OUTPUT = ROOT / "docs" / "openapi.json"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write (default: %(default)s)")
-    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the file differs")
+    parser.add_argument(
+        "--output", type=Path, default=DEFAULT_OUTPUT, help="where to write (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="only compare; exit 1 when the file differs"
+    )
     args = parser.parse_args(argv)
     text = openapi_text()
     if args.check:

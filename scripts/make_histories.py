@@ -45,10 +45,16 @@ RECONCILER = Actor("rec", "reconciler")
 
 
 def manifest(n: int, **policy: Any) -> dict[str, Any]:
-    return {"source_version": "exports/2026-11-28", "config_version": "cfg-1", "scope": "history",
-            "items": [{"item_id": f"i{k}", "payload": {"n": k}, "required": k != n - 1 or n == 1}
-                      for k in range(n)],
-            "policy": policy}
+    return {
+        "source_version": "exports/2026-11-28",
+        "config_version": "cfg-1",
+        "scope": "history",
+        "items": [
+            {"item_id": f"i{k}", "payload": {"n": k}, "required": k != n - 1 or n == 1}
+            for k in range(n)
+        ],
+        "policy": policy,
+    }
 
 
 def flaky_success(lg: Ledger, clock: ManualClock) -> None:
@@ -60,8 +66,13 @@ def flaky_success(lg: Ledger, clock: ManualClock) -> None:
     lg.heartbeat(leases[0])
     clock.advance(2)
     lg.fail_attempt(leases[1], "connection reset by postgresql://app:hunter2@db/x", stage="fetch")
-    lg.record([Outcome(leases[0], "accept", evidence={"rows": 12}, stage="done"),
-               Outcome(leases[2], "accept"), Outcome(leases[3], "accept")])
+    lg.record(
+        [
+            Outcome(leases[0], "accept", evidence={"rows": 12}, stage="done"),
+            Outcome(leases[2], "accept"),
+            Outcome(leases[3], "accept"),
+        ]
+    )
     clock.advance(10)
     [again] = lg.claim(run, WORKER2)
     lg.accept(again, evidence={"rows": 3})
@@ -82,15 +93,21 @@ def cancel_in_flight(lg: Ledger, clock: ManualClock) -> None:
 
 def review_and_amend(lg: Ledger, clock: ManualClock) -> None:
     """A review bound to an input version, an amendment while awaiting it, approval, success."""
-    run = lg.submit(manifest(3, review={"decision": "publish", "survives_amendment": False}), SUBMITTER).run_id
+    run = lg.submit(
+        manifest(3, review={"decision": "publish", "survives_amendment": False}), SUBMITTER
+    ).run_id
     lg.start(run, CONTROLLER)
     lg.accept(lg.claim(run, WORKER)[0])
     lg.request_review(run, CONTROLLER, "publish")
     old = lg.status(run).input_version
     clock.advance(60)
-    lg.amend(run, SUBMITTER, "late correction", items=[{"item_id": "i1", "payload": {"n": 100}},
-                                                       {"item_id": "i3", "payload": {"n": 3}}],
-             withdraw=["i2"])
+    lg.amend(
+        run,
+        SUBMITTER,
+        "late correction",
+        items=[{"item_id": "i1", "payload": {"n": 100}}, {"item_id": "i3", "payload": {"n": 3}}],
+        withdraw=["i2"],
+    )
     assert lg.status(run).input_version != old
     lg.decide(run, REVIEWER, lg.status(run).input_version, True, "checked the correction")
     for lease in lg.claim(run, WORKER, limit=3):
@@ -102,7 +119,9 @@ def review_and_amend(lg: Ledger, clock: ManualClock) -> None:
 def partial_delivery_and_repairs(lg: Ledger, clock: ManualClock) -> None:
     """Quarantine, reject, skip, completed_with_errors, then repair and compensate runs;
     a transient failure and its retry; pause and resume."""
-    run = lg.submit(manifest(5, partial_delivery=True, tolerated_failures=2, max_attempts=1), SUBMITTER).run_id
+    run = lg.submit(
+        manifest(5, partial_delivery=True, tolerated_failures=2, max_attempts=1), SUBMITTER
+    ).run_id
     lg.start(run, CONTROLLER)
     lg.pause(run, OPERATOR, "maintenance window")
     lg.resume(run, OPERATOR)
@@ -120,13 +139,17 @@ def partial_delivery_and_repairs(lg: Ledger, clock: ManualClock) -> None:
     lg.start(other, CONTROLLER)
     lg.claim(other, WORKER)
     clock.advance(5)
-    lg.fail(other, CONTROLLER, "source unavailable", transient=True, failure_reason="input_unavailable")
+    lg.fail(
+        other, CONTROLLER, "source unavailable", transient=True, failure_reason="input_unavailable"
+    )
     lg.retry(other, SUBMITTER)
 
 
 def reconciler(lg: Ledger, clock: ManualClock) -> None:
     """Expired leases become retryable or quarantined; a run past its deadline fails."""
-    run = lg.submit(manifest(3, lease_seconds=30, max_attempts=2, run_deadline_seconds=600), SUBMITTER).run_id
+    run = lg.submit(
+        manifest(3, lease_seconds=30, max_attempts=2, run_deadline_seconds=600), SUBMITTER
+    ).run_id
     lg.start(run, CONTROLLER)
     lg.claim(run, WORKER, limit=3)
     clock.advance(31)
@@ -166,14 +189,23 @@ def make(name: str) -> dict[str, Any]:
     with Ledger.open("memory://", clock=clock) as lg:
         SCENARIOS[name](lg, clock)
         events = [{"position": pos, **to_json(se)} for pos, se in stored_events(lg)]
-        return {"scenario": name, "doc": (SCENARIOS[name].__doc__ or "").strip(),
-                "made_by": "scripts/make_histories.py", "events": events, "runs": snapshot(lg)}
+        return {
+            "scenario": name,
+            "doc": (SCENARIOS[name].__doc__ or "").strip(),
+            "made_by": "scripts/make_histories.py",
+            "events": events,
+            "runs": snapshot(lg),
+        }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("names", nargs="*", help=f"scenarios (default: all): {', '.join(SCENARIOS)}")
-    parser.add_argument("--force", action="store_true", help="overwrite existing files (do not, see above)")
+    parser.add_argument(
+        "names", nargs="*", help=f"scenarios (default: all): {', '.join(SCENARIOS)}"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="overwrite existing files (do not, see above)"
+    )
     args = parser.parse_args(argv)
     for name in args.names or list(SCENARIOS):
         path = OUT / f"{name}.json"

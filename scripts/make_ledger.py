@@ -52,9 +52,17 @@ def event_count(lg: Ledger) -> int:
 def one_run(lg: Ledger, k: int, items: int, batch: int, rng: random.Random) -> str:
     """Submit, start and process one run; returns its final state."""
     manifest = {
-        "source_version": f"export/{k // 10}", "config_version": "cfg-7", "scope": f"batch {k}",
-        "items": [{"item_id": f"doc-{i:06d}", "required": i % 50 != 49,
-                   "payload": {"n": i, "uri": f"s3://inbox/{k}/{i}.pdf"}} for i in range(items)],
+        "source_version": f"export/{k // 10}",
+        "config_version": "cfg-7",
+        "scope": f"batch {k}",
+        "items": [
+            {
+                "item_id": f"doc-{i:06d}",
+                "required": i % 50 != 49,
+                "payload": {"n": i, "uri": f"s3://inbox/{k}/{i}.pdf"},
+            }
+            for i in range(items)
+        ],
         "policy": {"partial_delivery": True, "max_attempts": 3, "lease_seconds": 600},
     }
     run_id = lg.submit(manifest, SUBMITTER).run_id
@@ -69,11 +77,13 @@ def one_run(lg: Ledger, k: int, items: int, batch: int, rng: random.Random) -> s
             if roll < 0.08:
                 outcomes.append(Outcome(lease, "fail", error="timeout talking to OCR", stage="ocr"))
             elif roll < 0.10:
-                outcomes.append(Outcome(lease, "reject", rule="unreadable", detail="blank page",
-                                        stage="ocr"))
+                outcomes.append(
+                    Outcome(lease, "reject", rule="unreadable", detail="blank page", stage="ocr")
+                )
             else:
-                outcomes.append(Outcome(lease, "accept", evidence={"pages": 1 + lease.attempt},
-                                        stage="index"))
+                outcomes.append(
+                    Outcome(lease, "accept", evidence={"pages": 1 + lease.attempt}, stage="index")
+                )
         refused = [r for r in lg.record(outcomes) if isinstance(r, Exception)]
         if refused:
             raise RuntimeError(f"record refused {len(refused)} outcomes, first: {refused[0]!r}")
@@ -83,7 +93,9 @@ def one_run(lg: Ledger, k: int, items: int, batch: int, rng: random.Random) -> s
     return lg.complete(run_id, CONTROLLER).state
 
 
-def fill(dsn: str, target: int, items_per_run: int, batch: int, seed: int, quiet: bool = False) -> int:
+def fill(
+    dsn: str, target: int, items_per_run: int, batch: int, seed: int, quiet: bool = False
+) -> int:
     """Add runs until the ledger at `dsn` holds at least `target` events; the final count."""
     if not 1 <= batch <= MAX_CLAIM:
         raise SystemExit(f"--batch must be from 1 to {MAX_CLAIM}")
@@ -100,16 +112,23 @@ def fill(dsn: str, target: int, items_per_run: int, batch: int, seed: int, quiet
             k += 1
             if not quiet:
                 rate = (have - start) / max(1e-9, time.monotonic() - t0)
-                print(f"run {k}: {items} items, {state}; {have:,} events ({rate:,.0f} events/s)",
-                      flush=True)
+                print(
+                    f"run {k}: {items} items, {state}; {have:,} events ({rate:,.0f} events/s)",
+                    flush=True,
+                )
     return have
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--dsn", default=os.environ.get("LEDGER_DSN", "sqlite:///./ledger.db"),
-                        help="the ledger to fill [default: $LEDGER_DSN, else sqlite:///./ledger.db]")
-    parser.add_argument("--events", type=int, default=1_000_000, help="stop at this many events or more")
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get("LEDGER_DSN", "sqlite:///./ledger.db"),
+        help="the ledger to fill [default: $LEDGER_DSN, else sqlite:///./ledger.db]",
+    )
+    parser.add_argument(
+        "--events", type=int, default=1_000_000, help="stop at this many events or more"
+    )
     parser.add_argument("--items-per-run", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=MAX_CLAIM, help="items per claim")
     parser.add_argument("--seed", type=int, default=5)

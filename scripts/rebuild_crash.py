@@ -66,14 +66,27 @@ def generate(lg: Ledger, target: int, seed: int) -> None:
     started = time.monotonic()
     while have < target:
         with Ledger.open("memory://", clock=clock) as src:
-            run = src.submit({"source_version": "crash", "config_version": "c1", "scope": "rebuild crash",
-                              "items": [{"item_id": f"i{k}", "payload": {"k": k}} for k in range(ITEMS_PER_RUN)],
-                              "policy": {"max_attempts": 2}}, SUBMITTER).run_id
+            run = src.submit(
+                {
+                    "source_version": "crash",
+                    "config_version": "c1",
+                    "scope": "rebuild crash",
+                    "items": [
+                        {"item_id": f"i{k}", "payload": {"k": k}} for k in range(ITEMS_PER_RUN)
+                    ],
+                    "policy": {"max_attempts": 2},
+                },
+                SUBMITTER,
+            ).run_id
             src.start(run, CONTROLLER)
             while leases := src.claim(run, WORKER, limit=1000):
                 clock.advance(1)
-                src.record([Outcome(le, "fail" if rng.random() < 0.15 else "accept", error="flaky")
-                            for le in leases])
+                src.record(
+                    [
+                        Outcome(le, "fail" if rng.random() < 0.15 else "accept", error="flaky")
+                        for le in leases
+                    ]
+                )
             have += import_stored(lg, (se for _p, se in stored_events(src)))
         print(f"  {have:,} events ({time.monotonic() - started:.0f}s)", flush=True)
 
@@ -88,8 +101,9 @@ def child(dsn: str) -> int:
 
 
 def kill_one(dsn: str, delay: float) -> dict[str, Any]:
-    proc = subprocess.Popen([sys.executable, __file__, "--child", dsn], stdout=subprocess.PIPE, text=True,
-                            cwd=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", dsn], stdout=subprocess.PIPE, text=True, cwd=str(ROOT)
+    )
     assert proc.stdout is not None
     lines: list[str] = []
     started = threading.Event()
@@ -114,13 +128,18 @@ def kill_one(dsn: str, delay: float) -> dict[str, Any]:
     proc.wait()
     reader.join(timeout=10)
     progress = [ln for ln in lines if ln.startswith("progress")]
-    return {"finished": finished or "finished" in lines, "last": progress[-1] if progress else None,
-            "signal": -proc.returncode if proc.returncode and proc.returncode < 0 else None}
+    return {
+        "finished": finished or "finished" in lines,
+        "last": progress[-1] if progress else None,
+        "signal": -proc.returncode if proc.returncode and proc.returncode < 0 else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--dsn", help="a PostgreSQL database to use (default: start a throwaway server)")
+    parser.add_argument(
+        "--dsn", help="a PostgreSQL database to use (default: start a throwaway server)"
+    )
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--seed", type=int, default=None)
@@ -154,8 +173,11 @@ def run(dsn: str, events: int, kills: int, seed: int, rng: random.Random) -> int
         lg.rebuild_projections()
         clean_s = time.monotonic() - t0
         clean = live(lg)
-        print(f"clean rebuild: {total:,} events in {clean_s:.1f}s; rows: "
-              + ", ".join(f"{t}={c.split(':')[0]}" for t, c in clean.items()), flush=True)
+        print(
+            f"clean rebuild: {total:,} events in {clean_s:.1f}s; rows: "
+            + ", ".join(f"{t}={c.split(':')[0]}" for t, c in clean.items()),
+            flush=True,
+        )
         equal = killed = tries = 0
         estimate = clean_s  # how long a child's whole rebuild takes (the machine's load varies)
         while killed < kills and tries < 3 * kills:
@@ -180,13 +202,19 @@ def run(dsn: str, events: int, kills: int, seed: int, rng: random.Random) -> int
             else:
                 when = f"killed by SIGKILL at tracked position {position:,} (last report: {outcome['last']})"
             label = f"{k:2}/{kills}" if not outcome["finished"] else "  --"
-            print(f"{label}: after {delay:5.2f}s {when}; live tables intact: {'yes' if untouched else 'NO'}; "
-                  f"resumed from {firsts[0] if firsts else 0:,} of {total:,} events in {resumed_s:.1f}s; "
-                  f"equal to the clean rebuild: {'yes' if same else 'NO'}", flush=True)
+            print(
+                f"{label}: after {delay:5.2f}s {when}; live tables intact: {'yes' if untouched else 'NO'}; "
+                f"resumed from {firsts[0] if firsts else 0:,} of {total:,} events in {resumed_s:.1f}s; "
+                f"equal to the clean rebuild: {'yes' if same else 'NO'}",
+                flush=True,
+            )
             equal += same and not outcome["finished"]
             if not same:
-                print("    checksums differ: " + ", ".join(
-                    t for t in clean if live(lg).get(t) != clean[t]), flush=True)
+                print(
+                    "    checksums differ: "
+                    + ", ".join(t for t in clean if live(lg).get(t) != clean[t]),
+                    flush=True,
+                )
     print(f"{equal} of {killed} resumes after a SIGKILL ended equal to a clean rebuild", flush=True)
     return 0 if equal == killed == kills else 1
 

@@ -59,8 +59,9 @@ def submit(lg: Ledger, n: int = 2, **policy: Any) -> str:
     return lg.submit(manifest(n, **policy), SUBMITTER).run_id
 
 
-def run_in(lg: Ledger, state: str, n: int = 2, live_lease: bool | None = None,
-           **policy: Any) -> Driven:
+def run_in(
+    lg: Ledger, state: str, n: int = 2, live_lease: bool | None = None, **policy: Any
+) -> Driven:
     """A run in `state`. `live_lease=True` leaves one item leased where the state allows it
     (running, awaiting_review: on request; pausing and canceling always have one)."""
     if state == S.COMPLETED_WITH_ERRORS:
@@ -103,8 +104,15 @@ def run_in(lg: Ledger, state: str, n: int = 2, live_lease: bool | None = None,
 
 # Items named by the state they are driven into; `pending` last so claims in manifest
 # order never pick it.
-ITEM_ORDER = (S.SKIPPED, S.IN_PROGRESS, S.RETRYABLE, S.QUARANTINED, S.ACCEPTED, S.REJECTED,
-              S.PENDING)
+ITEM_ORDER = (
+    S.SKIPPED,
+    S.IN_PROGRESS,
+    S.RETRYABLE,
+    S.QUARANTINED,
+    S.ACCEPTED,
+    S.REJECTED,
+    S.PENDING,
+)
 
 
 @dataclass
@@ -123,7 +131,9 @@ def item_zoo(lg: Ledger, **policy: Any) -> ItemZoo:
     lg.start(run_id, CONTROLLER)
     lg.skip(run_id, S.SKIPPED, OPERATOR, "not needed")
     got = {le.item_id: le for le in lg.claim(run_id, WORKER, limit=5)}
-    assert sorted(got) == sorted([S.IN_PROGRESS, S.RETRYABLE, S.QUARANTINED, S.ACCEPTED, S.REJECTED])
+    assert sorted(got) == sorted(
+        [S.IN_PROGRESS, S.RETRYABLE, S.QUARANTINED, S.ACCEPTED, S.REJECTED]
+    )
     lg.fail_attempt(got[S.RETRYABLE], "timeout talking to upstream")
     lg.fail_attempt(got[S.QUARANTINED], "corrupt row", retryable=False)
     lg.accept(got[S.ACCEPTED])

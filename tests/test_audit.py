@@ -18,9 +18,25 @@ from tests.test_rebuild import PROGRAM, Program
 
 ACTORS = ["sam", "ctl", "w1", "w2", "olga", "rita", "rec", "ledger", "nobody"]
 ROLES = ["submitter", "controller", "worker", "reviewer", "operator", "reconciler"]
-STATES = ["queued", "running", "paused", "pausing", "canceled", "canceling", "failed", "succeeded",
-          "completed_with_errors", "awaiting_review", "pending", "in_progress", "retryable",
-          "quarantined", "accepted", "rejected", "skipped"]
+STATES = [
+    "queued",
+    "running",
+    "paused",
+    "pausing",
+    "canceled",
+    "canceling",
+    "failed",
+    "succeeded",
+    "completed_with_errors",
+    "awaiting_review",
+    "pending",
+    "in_progress",
+    "retryable",
+    "quarantined",
+    "accepted",
+    "rejected",
+    "skipped",
+]
 
 
 def everything(lg: Ledger) -> list[Transition]:
@@ -30,33 +46,43 @@ def everything(lg: Ledger) -> list[Transition]:
 
 
 def brute(all_: list[Transition], f: dict[str, Any]) -> list[Transition]:
-    out = [t for t in all_
-           if (f.get("run_id") is None or t.run_id == f["run_id"])
-           and (f.get("actor") is None or t.actor_id == f["actor"])
-           and (f.get("role") is None or t.role == f["role"])
-           and (f.get("state") is None or t.to_state == f["state"])
-           and (f.get("since") is None or t.at >= f["since"])
-           and (f.get("until") is None or t.at <= f["until"])]
+    out = [
+        t
+        for t in all_
+        if (f.get("run_id") is None or t.run_id == f["run_id"])
+        and (f.get("actor") is None or t.actor_id == f["actor"])
+        and (f.get("role") is None or t.role == f["role"])
+        and (f.get("state") is None or t.to_state == f["state"])
+        and (f.get("since") is None or t.at >= f["since"])
+        and (f.get("until") is None or t.at <= f["until"])
+    ]
     return out[::-1] if f.get("newest_first") else out
 
 
-FILTER = st.fixed_dictionaries({
-    "run": st.one_of(st.none(), st.integers(0, 20)),
-    "actor": st.one_of(st.none(), st.sampled_from(ACTORS)),
-    "role": st.one_of(st.none(), st.sampled_from(ROLES)),
-    "state": st.one_of(st.none(), st.sampled_from(STATES)),
-    "since": st.one_of(st.none(), st.integers(0, 400)),
-    "until": st.one_of(st.none(), st.integers(0, 400)),
-    "newest_first": st.booleans(),
-    "page_size": st.sampled_from([1, 2, 5, 1000]),
-})
+FILTER = st.fixed_dictionaries(
+    {
+        "run": st.one_of(st.none(), st.integers(0, 20)),
+        "actor": st.one_of(st.none(), st.sampled_from(ACTORS)),
+        "role": st.one_of(st.none(), st.sampled_from(ROLES)),
+        "state": st.one_of(st.none(), st.sampled_from(STATES)),
+        "since": st.one_of(st.none(), st.integers(0, 400)),
+        "until": st.one_of(st.none(), st.integers(0, 400)),
+        "newest_first": st.booleans(),
+        "page_size": st.sampled_from([1, 2, 5, 1000]),
+    }
+)
 
 
-@settings(max_examples=6, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=6,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(ops=PROGRAM, filters=st.lists(FILTER, min_size=8, max_size=8))
-def test_audit_filters_exactly_like_brute_force(lg: Ledger, clock: ManualClock, ops: list[tuple[Any, ...]],
-                                                filters: list[dict[str, Any]]) -> None:
+def test_audit_filters_exactly_like_brute_force(
+    lg: Ledger, clock: ManualClock, ops: list[tuple[Any, ...]], filters: list[dict[str, Any]]
+) -> None:
     start = clock()
     Program(lg, clock).run([("submit", 2, 0), ("start", 0), ("claim", 0), ("advance", 30), *ops])
     all_ = everything(lg)
@@ -65,7 +91,9 @@ def test_audit_filters_exactly_like_brute_force(lg: Ledger, clock: ManualClock, 
     for raw in filters:
         f: dict[str, Any] = {
             "run_id": None if raw["run"] is None else runs[raw["run"] % len(runs)],
-            "actor": raw["actor"], "role": raw["role"], "state": raw["state"],
+            "actor": raw["actor"],
+            "role": raw["role"],
+            "state": raw["state"],
             "since": None if raw["since"] is None else start + timedelta(seconds=raw["since"]),
             "until": None if raw["until"] is None else start + timedelta(seconds=raw["until"]),
             "newest_first": raw["newest_first"],
@@ -74,9 +102,24 @@ def test_audit_filters_exactly_like_brute_force(lg: Ledger, clock: ManualClock, 
 
 
 def test_keyset_paging_in_both_directions(lg: Ledger, clock: ManualClock) -> None:
-    Program(lg, clock).run([("submit", 4, 0), ("start", 0), ("claim", 0), ("claim", 0), ("accept", 0),
-                            ("advance", 30), ("fail", 1), ("submit", 3, 2), ("start", 1), ("claim", 1),
-                            ("accept", 2), ("cancel", 0), ("reject", 3), ("complete", 1)])
+    Program(lg, clock).run(
+        [
+            ("submit", 4, 0),
+            ("start", 0),
+            ("claim", 0),
+            ("claim", 0),
+            ("accept", 0),
+            ("advance", 30),
+            ("fail", 1),
+            ("submit", 3, 2),
+            ("start", 1),
+            ("claim", 1),
+            ("accept", 2),
+            ("cancel", 0),
+            ("reject", 3),
+            ("complete", 1),
+        ]
+    )
     full = list(lg.audit())
     assert len(full) > 15 and [t.position for t in full] == sorted({t.position for t in full})
     for newest_first, expected in ((False, full), (True, full[::-1])):
@@ -96,10 +139,12 @@ def test_keyset_paging_in_both_directions(lg: Ledger, clock: ManualClock) -> Non
     assert list(lg.audit(role="worker", after=worker_rows[1].position, limit=2)) == worker_rows[2:4]
 
 
-@pytest.mark.parametrize("store_dsn", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
-                         indirect=True)
-def test_filtered_audit_queries_use_an_index(lg: Ledger, clock: ManualClock,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "store_dsn", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_filtered_audit_queries_use_an_index(
+    lg: Ledger, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     big = lg.submit(manifest(1500), SUBMITTER).run_id
     lg.start(big, CONTROLLER)
     while leases := lg.claim(big, WORKER, limit=1000):
@@ -143,8 +188,10 @@ def test_filtered_audit_queries_use_an_index(lg: Ledger, clock: ManualClock,
         sql, params = seen[0]
         plan = explain(lg, sql, params)
         if lg.store.dialect == "postgres":
-            assert (f"Index Scan using {index} on lg_transitions" in plan
-                    or f"Bitmap Index Scan on {index}" in plan), (f, plan)
+            assert (
+                f"Index Scan using {index} on lg_transitions" in plan
+                or f"Bitmap Index Scan on {index}" in plan
+            ), (f, plan)
             assert "Seq Scan" not in plan, (f, plan)
         else:  # a search through the filter's index, not a scan of every row
             assert f"SEARCH lg_transitions USING INDEX {index} (" in plan, (f, plan)
@@ -158,6 +205,3 @@ def explain(lg: Ledger, sql: str, params: tuple[Any, ...]) -> str:
             return "\n".join(r["QUERY PLAN"] for r in rows)
         rows = tx.fetchall("EXPLAIN QUERY PLAN " + sql, params)
         return "\n".join(r["detail"] for r in rows)
-
-
-

@@ -27,8 +27,11 @@ from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, STORES, SUBMITTER, WORKER, manifest
 
 CORPUS = Path(__file__).parent / "bad_inputs"
-CASES = sorted(p.stem for p in CORPUS.glob("*.json") if p.name not in ("legal_strings.json", "deeply_nested.json",
-                                                                          "nan_lease.json"))
+CASES = sorted(
+    p.stem
+    for p in CORPUS.glob("*.json")
+    if p.name not in ("legal_strings.json", "deeply_nested.json", "nan_lease.json")
+)
 LEGAL = json.loads((CORPUS / "legal_strings.json").read_text())
 
 
@@ -40,7 +43,9 @@ class World:
 
 
 @pytest.fixture(scope="module", params=STORES)
-def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
     """One ledger per store for the whole corpus: refusals write nothing, so cases can share it."""
     kind = request.param
     cleanup = None
@@ -68,8 +73,11 @@ def generated_manifest(size: int) -> dict[str, Any]:
     """A manifest of about `size` bytes of JSON, every payload under the 64 KiB limit."""
     chunk = "x" * 60_000
     n = size // len(chunk) + 1
-    return {"source_version": "s", "config_version": "c",
-            "items": [{"item_id": f"i{k}", "payload": chunk} for k in range(n)]}
+    return {
+        "source_version": "s",
+        "config_version": "c",
+        "items": [{"item_id": f"i{k}", "payload": chunk} for k in range(n)],
+    }
 
 
 def expand(value: Any, world: World) -> Any:
@@ -147,11 +155,19 @@ def test_bad_input_is_refused_and_nothing_is_written(world: World, name: str) ->
 # --------------------------------------------------------------------------
 def test_legal_strings_are_stored_and_returned_byte_exact(lg: Ledger, clock: ManualClock) -> None:
     texts = [s["text"] for s in LEGAL["strings"]]
-    m = {"source_version": texts[1], "config_version": texts[2][:200], "scope": " | ".join(texts)[:2000],
-         "items": [{"item_id": t, "payload": {"text": t, "list": [t, {t: t}]}} for t in texts]}
+    m = {
+        "source_version": texts[1],
+        "config_version": texts[2][:200],
+        "scope": " | ".join(texts)[:2000],
+        "items": [{"item_id": t, "payload": {"text": t, "list": [t, {t: t}]}} for t in texts],
+    }
     run_id = lg.submit(m, SUBMITTER).run_id
     st = lg.status(run_id)
-    assert (st.source_version, st.config_version, st.scope) == (m["source_version"], m["config_version"], m["scope"])
+    assert (st.source_version, st.config_version, st.scope) == (
+        m["source_version"],
+        m["config_version"],
+        m["scope"],
+    )
     items = lg.items(run_id)
     assert [i.item_id for i in items] == texts
     assert [i.item_id.encode() for i in items] == [t.encode() for t in texts]
@@ -159,7 +175,9 @@ def test_legal_strings_are_stored_and_returned_byte_exact(lg: Ledger, clock: Man
 
     lg.start(run_id, CONTROLLER)
     leases = lg.claim(run_id, WORKER, limit=len(texts))
-    assert [(le.item_id, le.payload) for le in leases] == [(it["item_id"], it["payload"]) for it in m["items"]]
+    assert [(le.item_id, le.payload) for le in leases] == [
+        (it["item_id"], it["payload"]) for it in m["items"]
+    ]
     for k, (lease, t) in enumerate(zip(leases, texts, strict=True)):
         if k % 3 == 0:
             lg.accept(lease, evidence={"receipt": t, t: [t]}, stage=t)
@@ -200,9 +218,11 @@ def test_legal_strings_are_stored_and_returned_byte_exact(lg: Ledger, clock: Man
 # error text: bounded and scrubbed
 # --------------------------------------------------------------------------
 SECRETS = ["hunter2", "eyJhbGciOiJIUzI1NiJ9.payload.sig", "pw-123", "sk_live_ABCDEFGHIJKLMNOP"]
-NOISY = ("connect to postgresql://bob:hunter2@db.internal:5432/prod failed; "
-         "headers: Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.payload.sig; password=pw-123 "
-         "api_key=sk_live_ABCDEFGHIJKLMNOP; ")
+NOISY = (
+    "connect to postgresql://bob:hunter2@db.internal:5432/prod failed; "
+    "headers: Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.payload.sig; password=pw-123 "
+    "api_key=sk_live_ABCDEFGHIJKLMNOP; "
+)
 
 
 def test_attempt_errors_are_scrubbed_and_bounded(lg: Ledger) -> None:
@@ -211,8 +231,11 @@ def test_attempt_errors_are_scrubbed_and_bounded(lg: Ledger) -> None:
     (lease,) = lg.claim(run_id, WORKER)
     lg.fail_attempt(lease, NOISY + "\u00e9" * 5000)
     (attempt,) = lg.attempts(run_id)
-    stored = [attempt.error, lg.item(run_id, "i0").last_error,
-              next(t for t in lg.history(run_id) if t.command == "fail_attempt").evidence["error"]]
+    stored = [
+        attempt.error,
+        lg.item(run_id, "i0").last_error,
+        next(t for t in lg.history(run_id) if t.command == "fail_attempt").evidence["error"],
+    ]
     for text in stored:
         assert text is not None
         assert len(text.encode()) <= MAX_ERROR_BYTES
@@ -240,7 +263,9 @@ def test_error_messages_are_scrubbed_and_bounded(lg: Ledger) -> None:
         assert not [s for s in SECRETS if s in json.dumps(info.value.to_dict())]
     # a long refusal (NotComplete naming many long ids) stays bounded
     long_ids = [{"item_id": f"{k:03d}" + "\u00e9" * 190} for k in range(30)]
-    big = lg.submit({"source_version": "s", "config_version": "c", "items": long_ids}, SUBMITTER).run_id
+    big = lg.submit(
+        {"source_version": "s", "config_version": "c", "items": long_ids}, SUBMITTER
+    ).run_id
     lg.start(big, CONTROLLER)
     for it in long_ids:
         lg.skip(big, it["item_id"], OPERATOR, "not needed")

@@ -66,8 +66,18 @@ def test_postgres_cases(pg_dsn: str, tmp_path: Path) -> None:
 def test_table_and_json_shape() -> None:
     rows = [
         Row("1", "a", 10.0, "items/s", 5.0, "items/s", 2.0, "ratio >= 1", True, note="x"),
-        Row("4", "b", None, "events/s", 7.0, "events/s", None, "ratio >= 0.5", None,
-            note="n/a: not yet"),
+        Row(
+            "4",
+            "b",
+            None,
+            "events/s",
+            7.0,
+            "events/s",
+            None,
+            "ratio >= 0.5",
+            None,
+            note="n/a: not yet",
+        ),
     ]
     table = format_table(rows)
     assert "n/a" in table and "yes" in table and "[2] case 4: n/a: not yet" in table
@@ -78,7 +88,12 @@ def test_table_and_json_shape() -> None:
 def test_command_line_help() -> None:
     import subprocess
 
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "bench.py"), "--help"],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--quick" in proc.stdout and "--json" in proc.stdout

@@ -28,12 +28,33 @@ def figures(line: str) -> dict[str, str]:
 
 def test_chaos_run_is_clean() -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "chaos.py"), "--items", "1500", "--workers", "4",
-         "--seconds", "10", "--handler-ms", "6", "--lease-seconds", "3", "--timeout", "240"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "chaos.py"),
+            "--items",
+            "1500",
+            "--workers",
+            "4",
+            "--seconds",
+            "10",
+            "--handler-ms",
+            "6",
+            "--lease-seconds",
+            "3",
+            "--timeout",
+            "240",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("chaos: items=")]
-    assert lines, f"no figures (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert lines, (
+        f"no figures (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     f = figures(lines[-1])
     assert f["double_leases"] == "0", lines[-1]
     assert f["lost_acknowledged_writes"] == "0", (lines[-1], proc.stderr[-3000:])

@@ -22,8 +22,12 @@ from tests.conftest import CONTROLLER, WORKER, manifest
 runner = CliRunner()
 
 
-@pytest.fixture(params=[pytest.param("sqlite", id="sqlite"),
-                        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
 def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A store that outlives one command (memory:// would not)."""
     if request.param == "sqlite":
@@ -85,14 +89,14 @@ def assert_refused(result: Result, error_type: str, *words: str) -> None:
 # -- the happy path, through every read -----------------------------------------------
 
 
-HANDLER = '''
+HANDLER = """
 from ledger import Accepted, Rejected
 
 def handle(lease):
     if lease.payload["n"] == 2:
         return Rejected("n_is_two", detail="two is not allowed")
     return Accepted(evidence={"n": lease.payload["n"]}, stage="done")
-'''
+"""
 
 
 def test_submit_start_work_complete_and_every_read(
@@ -119,11 +123,17 @@ def test_submit_start_work_complete_and_every_read(
     assert doc(dsn, "runs", "--state", "queued") == []
     items = doc(dsn, "items", run)
     assert {i["item_id"]: i["state"] for i in items} == {
-        "i0": "accepted", "i1": "accepted", "i2": "rejected"}
+        "i0": "accepted",
+        "i1": "accepted",
+        "i2": "rejected",
+    }
     assert [i["item_id"] for i in doc(dsn, "items", run, "--state", "rejected")] == ["i2"]
     attempts = doc(dsn, "attempts", run)
     assert sorted((a["item_id"], a["outcome"]) for a in attempts) == [
-        ("i0", "accepted"), ("i1", "accepted"), ("i2", "rejected")]
+        ("i0", "accepted"),
+        ("i1", "accepted"),
+        ("i2", "rejected"),
+    ]
     assert len(doc(dsn, "attempts", run, "--item", "i0")) == 1
 
     history = doc(dsn, "history", run)
@@ -191,11 +201,21 @@ def test_default_roles_and_as(dsn: str, tmp_path: Path) -> None:
         (json.dumps(manifest(1, max_attempts=0)), "ManifestInvalid", ("policy.max_attempts",)),
         (json.dumps({**manifest(1), "itemz": []}), "ManifestInvalid", ("itemz",)),
         (json.dumps({**manifest(1), "items": []}), "ManifestInvalid", ("items",)),
-        (json.dumps(manifest(1, tolerated_failures=2)), "ManifestInvalid",
-         ("tolerated_failures", "partial_delivery")),
+        (
+            json.dumps(manifest(1, tolerated_failures=2)),
+            "ManifestInvalid",
+            ("tolerated_failures", "partial_delivery"),
+        ),
     ],
-    ids=["missing-file", "invalid-json", "not-an-object", "bad-max-attempts", "unknown-key",
-         "no-items", "tolerated-without-partial"],
+    ids=[
+        "missing-file",
+        "invalid-json",
+        "not-an-object",
+        "bad-max-attempts",
+        "unknown-key",
+        "no-items",
+        "tolerated-without-partial",
+    ],
 )
 def test_bad_manifests_are_refused_and_nothing_is_written(
     dsn: str, tmp_path: Path, content: str | None, error_type: str, words: tuple[str, ...]
@@ -221,8 +241,9 @@ def test_unknown_runs_illegal_transitions_and_stale_reviews_write_nothing(
     assert_refused(cli(dsn, "complete", run), "IllegalTransition", "queued", "running")
     assert_refused(cli(dsn, "resume", run), "IllegalTransition", "queued")
     assert_refused(cli(dsn, "skip", run, "nope", "--reason", "x"), "ItemNotFound", "nope")
-    assert_refused(cli(dsn, "fail", run, "--reason", "x", "--failure-reason", "bored"),
-                   "InvalidInput", "bored")
+    assert_refused(
+        cli(dsn, "fail", run, "--reason", "x", "--failure-reason", "bored"), "InvalidInput", "bored"
+    )
     assert_refused(cli(dsn, "runs", "--state", "sleeping"), "InvalidInput", "sleeping")
     assert snapshot(dsn) == before
 
@@ -233,11 +254,14 @@ def test_unknown_runs_illegal_transitions_and_stale_reviews_write_nothing(
     before = snapshot(dsn)
     assert_refused(
         cli(dsn, "review", run, "--approve", "--input-version", version, "--reason", "ok"),
-        "StaleReview", version)
+        "StaleReview",
+        version,
+    )
     bad_part = write_json(tmp_path / "bad.json", {"itemz": []})
     assert_refused(cli(dsn, "amend", run, bad_part, "--reason", "x"), "ManifestInvalid", "itemz")
-    assert_refused(cli(dsn, "work", run, "--handler", "nothing_here"), "InvalidInput",
-                   "module:function")
+    assert_refused(
+        cli(dsn, "work", run, "--handler", "nothing_here"), "InvalidInput", "module:function"
+    )
     assert snapshot(dsn) == before
 
     current = doc(dsn, "status", run)["input_version"]
@@ -246,8 +270,9 @@ def test_unknown_runs_illegal_transitions_and_stale_reviews_write_nothing(
     assert approved["state"] == "running"
 
 
-def test_terminal_runs_refuse_and_cancel_reports_completion_won(dsn: str, lg: Ledger,
-                                                                tmp_path: Path) -> None:
+def test_terminal_runs_refuse_and_cancel_reports_completion_won(
+    dsn: str, lg: Ledger, tmp_path: Path
+) -> None:
     run = submitted(dsn, tmp_path, n=1)
     lg.start(run, CONTROLLER)
     (lease,) = lg.claim(run, WORKER)
@@ -277,8 +302,16 @@ def test_an_unreachable_store_is_one_line_not_a_traceback(tmp_path: Path) -> Non
         ["audit", "--json", "--jsonl"],
         ["--as"],
     ],
-    ids=["unknown-command", "missing-run", "missing-reason", "missing-decision", "bad-time",
-         "zero-workers", "json-and-jsonl", "as-without-value"],
+    ids=[
+        "unknown-command",
+        "missing-run",
+        "missing-reason",
+        "missing-decision",
+        "bad-time",
+        "zero-workers",
+        "json-and-jsonl",
+        "as-without-value",
+    ],
 )
 def test_usage_errors_exit_2(dsn: str, args: list[str]) -> None:
     result = cli(dsn, *args)
@@ -310,8 +343,9 @@ def test_item_commands_on_quarantined_items(dsn: str, lg: Ledger, tmp_path: Path
         lg.fail_attempt(lease, "broken", retryable=False)
     assert doc(dsn, "release", run, "i0", "--reason", "fixed upstream")["state"] == "retryable"
     assert doc(dsn, "skip", run, "i1", "--reason", "not needed")["state"] == "skipped"
-    rejected = doc(dsn, "reject-item", run, "i2", "--reason", "totals differ", "--rule",
-                   "totals_match")
+    rejected = doc(
+        dsn, "reject-item", run, "i2", "--reason", "totals differ", "--rule", "totals_match"
+    )
     assert rejected["state"] == "rejected"
     history = doc(dsn, "history", run)
     roles = {(t["item_id"], t["to_state"]): t["role"] for t in history}
@@ -321,14 +355,22 @@ def test_item_commands_on_quarantined_items(dsn: str, lg: Ledger, tmp_path: Path
     assert "skipped" in ok(dsn, "skip", run, "i0", "--reason", "enough").stdout
 
 
-def test_fail_retry_repair_compensate_make_linked_runs(dsn: str, lg: Ledger,
-                                                      tmp_path: Path) -> None:
+def test_fail_retry_repair_compensate_make_linked_runs(
+    dsn: str, lg: Ledger, tmp_path: Path
+) -> None:
     run = submitted(dsn, tmp_path, n=2)
     lg.start(run, CONTROLLER)
     (lease, _) = lg.claim(run, WORKER, limit=2)
     lg.accept(lease)
-    failed = doc(dsn, "fail", run, "--reason", "source export vanished", "--failure-reason",
-                 "input_unavailable")
+    failed = doc(
+        dsn,
+        "fail",
+        run,
+        "--reason",
+        "source export vanished",
+        "--failure-reason",
+        "input_unavailable",
+    )
     assert (failed["state"], failed["failure_kind"]) == ("failed", "transient")
 
     retried = doc(dsn, "retry", run)
@@ -340,7 +382,11 @@ def test_fail_retry_repair_compensate_make_linked_runs(dsn: str, lg: Ledger,
     assert undo["links"] == [{"relation": "compensates", "run_id": run}]
     lineage = [r["run_id"] for r in doc(dsn, "lineage", retried["run_id"])]
     assert lineage[0] == run and set(lineage) == {
-        run, retried["run_id"], repaired["run_id"], undo["run_id"]}
+        run,
+        retried["run_id"],
+        repaired["run_id"],
+        undo["run_id"],
+    }
     assert doc(dsn, "status", run)["state"] == "failed"  # the original stays as it was
 
     permanent = submitted(dsn, tmp_path, n=1)
@@ -352,8 +398,7 @@ def test_fail_retry_repair_compensate_make_linked_runs(dsn: str, lg: Ledger,
 
 def test_reconcile(dsn: str, tmp_path: Path) -> None:
     report = doc(dsn, "reconcile")
-    assert set(report) >= {"expired_leases", "finished_cancels", "finished_pauses",
-                           "failed_runs"}
+    assert set(report) >= {"expired_leases", "finished_cancels", "finished_pauses", "failed_runs"}
     assert "reconciled:" in ok(dsn, "reconcile").stdout
 
 
@@ -371,8 +416,11 @@ def test_verify_exits_1_when_it_finds_problems(dsn: str, monkeypatch: pytest.Mon
     from ledger import VerifyReport
 
     problem = {"kind": "hash_chain", "run_id": "r-1", "position": 7, "detail": "edited"}
-    monkeypatch.setattr(Ledger, "verify",
-                        lambda self, progress=None: VerifyReport(ok=False, problems=[problem], events=9))
+    monkeypatch.setattr(
+        Ledger,
+        "verify",
+        lambda self, progress=None: VerifyReport(ok=False, problems=[problem], events=9),
+    )
     human = cli(dsn, "verify")
     assert human.exit_code == 1 and "1 problem(s)" in human.stdout and "hash_chain" in human.stdout
     as_json = cli(dsn, "verify", "--json")
@@ -405,13 +453,14 @@ def test_verify_and_rebuild(dsn: str, tmp_path: Path) -> None:
         assert sums["lg_items"].startswith("2:")
         assert "lg_items" in ok(dsn, "projections", "checksums").stdout
         result = ok(dsn, "projections", "rebuild")
-        assert doc(dsn, "projections", "checksums") == sums  # the rebuilt tables equal the live ones
+        assert (
+            doc(dsn, "projections", "checksums") == sums
+        )  # the rebuilt tables equal the live ones
         assert "projections rebuilt from" in result.stdout
         assert "rebuilding projections:" in result.stderr
         assert "events (100%)" in result.stderr.splitlines()[-1]
         assert "rebuilding" not in ok(dsn, "projections", "rebuild", "--no-progress").stderr
     assert snapshot(dsn) == before
-
 
 
 def test_rebuild_progress_lines_show_done_total_rate_and_eta() -> None:
@@ -457,13 +506,15 @@ def test_verify_progress_lines_name_each_stage() -> None:
         "verify: checking the hash chains",
     ]
 
+
 def test_status_at_a_past_time(dsn: str, tmp_path: Path) -> None:
     run = submitted(dsn, tmp_path)
     ok(dsn, "start", run)
     submit, start = doc(dsn, "history", run)[:2]
     if not _core_has("projections.timetravel"):
-        assert_refused(cli(dsn, "status", run, "--at", submit["at"]), "NotImplementedError",
-                       "status --at")
+        assert_refused(
+            cli(dsn, "status", run, "--at", submit["at"]), "NotImplementedError", "status --at"
+        )
         return
     assert doc(dsn, "status", run, "--at", submit["at"])["state"] == "queued"
     assert doc(dsn, "status", run, "--at", start["at"])["state"] == "running"
@@ -477,16 +528,27 @@ def test_the_process_entry_point(dsn: str, tmp_path: Path) -> None:
     command = [sys.executable, "-m", "ledger.cli"]
     if shutil.which("ledger"):
         command = [shutil.which("ledger") or "ledger"]
-    done = subprocess.run([*command, "--dsn", dsn, "status", run, "--json"],
-                          check=False, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*command, "--dsn", dsn, "status", run, "--json"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["run_id"] == run
-    missing = subprocess.run([*command, "--dsn", dsn, "status", str(uuid.uuid4())],
-                             check=False, capture_output=True, text=True, timeout=60)
+    missing = subprocess.run(
+        [*command, "--dsn", dsn, "status", str(uuid.uuid4())],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert missing.returncode == 1
     assert missing.stderr.startswith("error: RunNotFound: ") and missing.stderr.count("\n") == 1
-    usage = subprocess.run([*command, "nonsense"], check=False, capture_output=True, text=True,
-                           timeout=60)
+    usage = subprocess.run(
+        [*command, "nonsense"], check=False, capture_output=True, text=True, timeout=60
+    )
     assert usage.returncode == 2
 
 
@@ -501,28 +563,53 @@ def test_status_json_imports_only_what_it_needs(dsn: str, tmp_path: Path) -> Non
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy)\n"
         "print(rc, loaded, file=sys.stderr)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "0 []"
 
 
-def test_an_idempotency_key_makes_a_repeated_command_answer_from_the_record(dsn: str, tmp_path: Path) -> None:
+def test_an_idempotency_key_makes_a_repeated_command_answer_from_the_record(
+    dsn: str, tmp_path: Path
+) -> None:
     m = write_json(tmp_path / "m.json", manifest(2))
-    first = json.loads(ok(dsn, "--idempotency-key", "nightly-2026-11-29", "submit", m, "--json").stdout)
-    again = json.loads(ok(dsn, "submit", m, "--json", "--idempotency-key", "nightly-2026-11-29").stdout)
+    first = json.loads(
+        ok(dsn, "--idempotency-key", "nightly-2026-11-29", "submit", m, "--json").stdout
+    )
+    again = json.loads(
+        ok(dsn, "submit", m, "--json", "--idempotency-key", "nightly-2026-11-29").stdout
+    )
     assert again == first
     assert [r["run_id"] for r in doc(dsn, "runs")] == [first["run_id"]]
     before = snapshot(dsn)
     # another command, or other arguments, under the same key: refused, nothing written
-    assert_refused(cli(dsn, "--idempotency-key", "nightly-2026-11-29", "start", first["run_id"]),
-                   "InvalidInput", "idempotency_key")
-    assert_refused(cli(dsn, "--idempotency-key", "nightly-2026-11-29", "submit",
-                       write_json(tmp_path / "m3.json", manifest(3))), "InvalidInput")
+    assert_refused(
+        cli(dsn, "--idempotency-key", "nightly-2026-11-29", "start", first["run_id"]),
+        "InvalidInput",
+        "idempotency_key",
+    )
+    assert_refused(
+        cli(
+            dsn,
+            "--idempotency-key",
+            "nightly-2026-11-29",
+            "submit",
+            write_json(tmp_path / "m3.json", manifest(3)),
+        ),
+        "InvalidInput",
+    )
     # where one invocation makes many commands, the key is refused before anything is done
-    assert_refused(cli(dsn, "--idempotency-key", "w-1", "work", first["run_id"], "--handler", "json:dumps"),
-                   "InvalidInput", "one command")
-    assert_refused(cli(dsn, "--idempotency-key", "r-1", "reconcile", "--watch", "1"), "InvalidInput", "one command")
+    assert_refused(
+        cli(dsn, "--idempotency-key", "w-1", "work", first["run_id"], "--handler", "json:dumps"),
+        "InvalidInput",
+        "one command",
+    )
+    assert_refused(
+        cli(dsn, "--idempotency-key", "r-1", "reconcile", "--watch", "1"),
+        "InvalidInput",
+        "one command",
+    )
     assert_refused(cli(dsn, "--idempotency-key", "\n", "start", first["run_id"]), "InvalidInput")
     assert snapshot(dsn) == before
 
@@ -530,10 +617,17 @@ def test_an_idempotency_key_makes_a_repeated_command_answer_from_the_record(dsn:
 def test_keys_prune(dsn: str, tmp_path: Path) -> None:
     m = write_json(tmp_path / "m.json", manifest(1))
     first = json.loads(ok(dsn, "--idempotency-key", "k-1", "submit", m, "--json").stdout)
-    assert json.loads(ok(dsn, "keys", "prune", "--older-than", "1", "--json").stdout) == {"removed": 0}
-    assert "1 idempotency key(s) older than 0 day(s) forgotten" in ok(dsn, "keys", "prune", "--older-than", "0").stdout
+    assert json.loads(ok(dsn, "keys", "prune", "--older-than", "1", "--json").stdout) == {
+        "removed": 0
+    }
+    assert (
+        "1 idempotency key(s) older than 0 day(s) forgotten"
+        in ok(dsn, "keys", "prune", "--older-than", "0").stdout
+    )
     again = json.loads(ok(dsn, "--idempotency-key", "k-1", "submit", m, "--json").stdout)
     assert again["run_id"] != first["run_id"]  # forgotten: a new command
-    assert_refused(cli(dsn, "--idempotency-key", "k-2", "keys", "prune", "--older-than", "1"), "InvalidInput")
+    assert_refused(
+        cli(dsn, "--idempotency-key", "k-2", "keys", "prune", "--older-than", "1"), "InvalidInput"
+    )
     for bad in ("-1", "abc", "nan", "inf", "1e308"):
         assert cli(dsn, "keys", "prune", "--older-than", bad).exit_code == 2, bad

@@ -78,8 +78,9 @@ def test_backwards_clock_never_moves_a_stream_backwards(lg: Ledger, clock: Manua
     assert st.state == S.RUNNING
 
 
-def test_backwards_clock_keeps_revisions_and_status_monotonic(lg: Ledger,
-                                                              clock: ManualClock) -> None:
+def test_backwards_clock_keeps_revisions_and_status_monotonic(
+    lg: Ledger, clock: ManualClock
+) -> None:
     rid = submit(lg, 1)
     lg.start(rid, CONTROLLER)
     seen = [lg.status(rid)]
@@ -126,7 +127,8 @@ def test_reconcile_now_argument_overrides_the_clock(lg: Ledger, clock: ManualClo
 
 
 def test_a_heartbeat_after_a_backwards_jump_does_not_shorten_the_lease(
-        lg: Ledger, clock: ManualClock) -> None:
+    lg: Ledger, clock: ManualClock
+) -> None:
     rid = submit(lg, 1, lease_seconds=30)
     lg.start(rid, CONTROLLER)
     clock.advance(1000)

@@ -19,8 +19,21 @@ ITEMS, WORKERS = 8, 3
 
 
 def demo(dsn: str, seed: int) -> dict[str, Any]:
-    result = runner.invoke(app, ["--dsn", dsn, "demo", "--items", str(ITEMS), "--workers",
-                                 str(WORKERS), "--seed", str(seed), "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "--dsn",
+            dsn,
+            "demo",
+            "--items",
+            str(ITEMS),
+            "--workers",
+            str(WORKERS),
+            "--seed",
+            str(seed),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, (result.stdout, result.stderr)
     data: dict[str, Any] = json.loads(result.stdout)
     return data
@@ -28,12 +41,24 @@ def demo(dsn: str, seed: int) -> dict[str, Any]:
 
 def outcome(data: dict[str, Any]) -> list[tuple[Any, ...]]:
     """What a seed must fix: states, counts, attempts and link relations per scenario."""
-    return [(s["name"], s["state"], s["counts"], s["attempts"],
-             [link["relation"] for link in s["links"]]) for s in data["scenarios"]]
+    return [
+        (
+            s["name"],
+            s["state"],
+            s["counts"],
+            s["attempts"],
+            [link["relation"] for link in s["links"]],
+        )
+        for s in data["scenarios"]
+    ]
 
 
-@pytest.fixture(params=[pytest.param("sqlite", id="sqlite"),
-                        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
 def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/demo.db"
@@ -79,8 +104,10 @@ def test_each_scenario_ends_as_designed(dsn: str) -> None:
 def per_item_attempts(dsn: str, data: dict[str, Any]) -> dict[str, dict[str, int]]:
     """Which items needed how many attempts, per scenario: what the seed decides."""
     with Ledger.open(dsn) as lg:
-        return {s["name"]: {i.item_id: i.attempts for i in lg.items(s["run_id"])}
-                for s in data["scenarios"]}
+        return {
+            s["name"]: {i.item_id: i.attempts for i in lg.items(s["run_id"])}
+            for s in data["scenarios"]
+        }
 
 
 def test_a_seed_fixes_the_outcome_and_reruns_on_one_file_are_safe(tmp_path: Path) -> None:
@@ -89,10 +116,14 @@ def test_a_seed_fixes_the_outcome_and_reruns_on_one_file_are_safe(tmp_path: Path
     again = demo(one, seed=5)  # same file: new runs, same outcome
     elsewhere = demo(two, seed=5)
     assert outcome(first) == outcome(again) == outcome(elsewhere)
-    assert per_item_attempts(one, first) == per_item_attempts(one, again) == per_item_attempts(
-        two, elsewhere)
+    assert (
+        per_item_attempts(one, first)
+        == per_item_attempts(one, again)
+        == per_item_attempts(two, elsewhere)
+    )
     assert {s["run_id"] for s in first["scenarios"]}.isdisjoint(
-        s["run_id"] for s in again["scenarios"])
+        s["run_id"] for s in again["scenarios"]
+    )
     with Ledger.open(one) as lg:
         assert len(lg.runs()) == 10
     # the seed, not chance, picks the flaky items: another seed picks others
@@ -103,9 +134,24 @@ def test_a_seed_fixes_the_outcome_and_reruns_on_one_file_are_safe(tmp_path: Path
 
 def test_human_output_names_real_runs_and_next_commands(tmp_path: Path) -> None:
     dsn = f"sqlite:///{tmp_path}/demo.db"
-    done = subprocess.run([sys.executable, "-m", "ledger.cli", "--dsn", dsn, "demo", "--items",
-                           "6", "--workers", "2"], check=False, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ledger.cli",
+            "--dsn",
+            dsn,
+            "demo",
+            "--items",
+            "6",
+            "--workers",
+            "2",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     with Ledger.open(dsn) as lg:
@@ -113,8 +159,14 @@ def test_human_output_names_real_runs_and_next_commands(tmp_path: Path) -> None:
     assert len(runs) == 5
     for run in runs:
         assert run.run_id in out
-    for phrase in ("StaleReview", "completed_with_errors", "repair_of", "Try next:",
-                   f"ledger --dsn {dsn} history", f"ledger --dsn {dsn} audit --run"):
+    for phrase in (
+        "StaleReview",
+        "completed_with_errors",
+        "repair_of",
+        "Try next:",
+        f"ledger --dsn {dsn} history",
+        f"ledger --dsn {dsn} audit --run",
+    ):
         assert phrase in out, phrase
 
 

@@ -43,7 +43,9 @@ def raises(lg: Ledger, exc: type[LedgerError], fn: Callable[[], Any]) -> LedgerE
     before = event_count(lg)
     with pytest.raises(LedgerError) as info:
         fn()
-    assert type(info.value) is exc, f"expected {exc.__name__}, got {type(info.value).__name__}: {info.value}"
+    assert type(info.value) is exc, (
+        f"expected {exc.__name__}, got {type(info.value).__name__}: {info.value}"
+    )
     assert event_count(lg) == before
     return info.value
 
@@ -92,8 +94,13 @@ def test_every_error_type_is_raised(lg: Ledger) -> None:
     e = check(AlreadyTerminal, lambda: lg.start(rid, CONTROLLER))
     assert isinstance(e, AlreadyTerminal) and e.state == S.FAILED
     # LedgerError is the base of all of them, never raised bare here
-    names = {n for n in ledger.__all__ if isinstance(getattr(ledger, n), type)
-             and issubclass(getattr(ledger, n), LedgerError) and n != "LedgerError"}
+    names = {
+        n
+        for n in ledger.__all__
+        if isinstance(getattr(ledger, n), type)
+        and issubclass(getattr(ledger, n), LedgerError)
+        and n != "LedgerError"
+    }
     assert {c.__name__ for c in seen} == names
 
 
@@ -106,8 +113,11 @@ def test_validation_before_existence(lg: Ledger) -> None:
     raises(lg, InvalidInput, lambda: lg.pause(GHOST, OPERATOR, "x" * 10_000))
     raises(lg, InvalidInput, lambda: lg.claim(GHOST, WORKER, limit=0))
     raises(lg, InvalidInput, lambda: lg.skip(GHOST, "", OPERATOR, "why"))
-    raises(lg, InvalidInput, lambda: lg.fail(GHOST, CONTROLLER, "x", transient=True,
-                                            failure_reason="bad"))
+    raises(
+        lg,
+        InvalidInput,
+        lambda: lg.fail(GHOST, CONTROLLER, "x", transient=True, failure_reason="bad"),
+    )
     raises(lg, InvalidInput, lambda: lg.decide(GHOST, REVIEWER, "v", 1, "r"))  # type: ignore[arg-type]
     raises(lg, ManifestInvalid, lambda: lg.amend(GHOST, SUBMITTER, "r", items=[{"id": 1}]))
     raises(lg, ManifestInvalid, lambda: lg.submit({"items": []}, BAD_ROLE))
@@ -139,11 +149,17 @@ def test_role_before_revision(lg: Ledger) -> None:
     rid = submit(lg, 2)
     raises(lg, NotAuthorized, lambda: lg.start(rid, WORKER, expected_revision=99))
     raises(lg, NotAuthorized, lambda: lg.claim(rid, SUBMITTER, expected_revision=99))
-    raises(lg, NotAuthorized, lambda: lg.amend(rid, WORKER, "r", items=[{"item_id": "n"}],
-                                              expected_revision=99))
+    raises(
+        lg,
+        NotAuthorized,
+        lambda: lg.amend(rid, WORKER, "r", items=[{"item_id": "n"}], expected_revision=99),
+    )
     raises(lg, NotAuthorized, lambda: lg.cancel(rid, WORKER, "stop", expected_revision=99))
-    raises(lg, NotAuthorized, lambda: lg.fail(rid, OPERATOR, "x", transient=False,
-                                             expected_revision=99))
+    raises(
+        lg,
+        NotAuthorized,
+        lambda: lg.fail(rid, OPERATOR, "x", transient=False, expected_revision=99),
+    )
     raises(lg, NotAuthorized, lambda: lg.skip(rid, "i0", WORKER, "why", expected_revision=99))
 
 
@@ -161,8 +177,13 @@ def test_revision_before_state(lg: Ledger) -> None:
     raises(lg, Conflict, lambda: lg.pause(done, OPERATOR, "x", expected_revision=stale_done))
     zoo = item_zoo(lg)
     item = {i.item_id: i for i in lg.items(zoo.run_id)}[S.ACCEPTED]
-    raises(lg, Conflict, lambda: lg.skip(zoo.run_id, S.ACCEPTED, OPERATOR, "why",
-                                        expected_revision=item.revision + 1))
+    raises(
+        lg,
+        Conflict,
+        lambda: lg.skip(
+            zoo.run_id, S.ACCEPTED, OPERATOR, "why", expected_revision=item.revision + 1
+        ),
+    )
 
 
 def test_state_before_preconditions(lg: Ledger) -> None:
@@ -195,8 +216,12 @@ def test_one_call_wrong_in_every_way(lg: Ledger) -> None:
     lg.request_review(rid, CONTROLLER, DECISION)
     rev = lg.status(rid).revision
     raises(lg, StaleReview, lambda: decide(REVIEWER, rid, rev))
-    assert lg.decide(rid, REVIEWER, lg.status(rid).input_version, True, "r",
-                     expected_revision=rev).state == S.RUNNING
+    assert (
+        lg.decide(
+            rid, REVIEWER, lg.status(rid).input_version, True, "r", expected_revision=rev
+        ).state
+        == S.RUNNING
+    )
 
 
 def test_lease_call_wrong_in_every_way(lg: Ledger) -> None:
@@ -215,8 +240,12 @@ def test_lease_call_wrong_in_every_way(lg: Ledger) -> None:
 def test_refusals_leave_the_run_unchanged(lg: Ledger) -> None:
     """After a burst of refused calls the run's status, items and history are as before."""
     zoo = item_zoo(lg)
-    before = (lg.status(zoo.run_id), lg.items(zoo.run_id), lg.history(zoo.run_id),
-              lg.attempts(zoo.run_id))
+    before = (
+        lg.status(zoo.run_id),
+        lg.items(zoo.run_id),
+        lg.history(zoo.run_id),
+        lg.attempts(zoo.run_id),
+    )
     calls: list[Callable[[], Any]] = [
         lambda: lg.start(zoo.run_id, CONTROLLER),
         lambda: lg.complete(zoo.run_id, CONTROLLER),
@@ -234,8 +263,12 @@ def test_refusals_leave_the_run_unchanged(lg: Ledger) -> None:
     for fn in calls:
         with pytest.raises(LedgerError):
             fn()
-    after = (lg.status(zoo.run_id), lg.items(zoo.run_id), lg.history(zoo.run_id),
-             lg.attempts(zoo.run_id))
+    after = (
+        lg.status(zoo.run_id),
+        lg.items(zoo.run_id),
+        lg.history(zoo.run_id),
+        lg.attempts(zoo.run_id),
+    )
     assert after == before
 
 

@@ -89,16 +89,23 @@ def test_repeat_returns_the_first_result_even_after_later_changes(lg: Ledger) ->
         lg.accept(leases[0], evidence={"receipt": "r1"})
 
 
-@pytest.mark.parametrize("command", ["cancel", "amend", "record", "fail_attempt", "pause", "reconcile"])
-def test_more_commands_answer_a_repeat_from_the_record(lg: Ledger, clock: ManualClock, command: str) -> None:
+@pytest.mark.parametrize(
+    "command", ["cancel", "amend", "record", "fail_attempt", "pause", "reconcile"]
+)
+def test_more_commands_answer_a_repeat_from_the_record(
+    lg: Ledger, clock: ManualClock, command: str
+) -> None:
     run_id = running(lg, 3, lease_seconds=30)
     leases = lg.claim(run_id, WORKER, limit=2)
     calls = {
         "cancel": lambda: lg.cancel(run_id, OPERATOR, "stop", idempotency_key="k"),
-        "amend": lambda: lg.amend(run_id, SUBMITTER, "one more", items=[{"item_id": "new"}],
-                                  idempotency_key="k"),
-        "record": lambda: lg.record([Outcome(leases[0], "accept"), Outcome(leases[1], "fail", error="x")],
-                                    idempotency_key="k"),
+        "amend": lambda: lg.amend(
+            run_id, SUBMITTER, "one more", items=[{"item_id": "new"}], idempotency_key="k"
+        ),
+        "record": lambda: lg.record(
+            [Outcome(leases[0], "accept"), Outcome(leases[1], "fail", error="x")],
+            idempotency_key="k",
+        ),
         "fail_attempt": lambda: lg.fail_attempt(leases[0], "boom", idempotency_key="k"),
         "pause": lambda: lg.pause(run_id, OPERATOR, "hold", idempotency_key="k"),
         "reconcile": lambda: lg.reconcile(idempotency_key="k"),
@@ -168,7 +175,7 @@ def test_concurrent_repeats_of_one_key_write_once(lg: Ledger) -> None:
         try:
             barrier.wait(WAIT)
             results.append(lg.claim(run_id, WORKER, limit=10, idempotency_key="claim-once"))
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=claim) for _ in range(4)]
@@ -189,8 +196,14 @@ def test_responses_round_trip() -> None:
     with Ledger.open("memory://") as lg:
         run_id = running(lg, 2)
         leases = lg.claim(run_id, WORKER, limit=2)
-        values = [lg.status(run_id), leases, lg.items(run_id), lg.cancel(run_id, OPERATOR, "x"),
-                  lg.reconcile(), lg.heartbeat(leases[0])]
+        values = [
+            lg.status(run_id),
+            leases,
+            lg.items(run_id),
+            lg.cancel(run_id, OPERATOR, "x"),
+            lg.reconcile(),
+            lg.heartbeat(leases[0]),
+        ]
     for v in values:
         assert decode(encode(v)) == v
     lost = decode(encode([LeaseLost("gone"), ItemNotFound("r", "i")]))
@@ -204,7 +217,9 @@ def test_responses_round_trip() -> None:
 def _backend_waiting_on_lock(admin: psycopg.Connection[Any], pattern: str) -> int | None:
     row = admin.execute(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
-        "AND wait_event_type = 'Lock' AND query ILIKE %s", (pattern,)).fetchone()
+        "AND wait_event_type = 'Lock' AND query ILIKE %s",
+        (pattern,),
+    ).fetchone()
     return None if row is None else int(row[0])
 
 
@@ -221,7 +236,7 @@ def test_connection_killed_mid_command_is_retried_and_applied_once(pg_dsn: str, 
         def claim() -> None:
             try:
                 result["leases"] = lg.claim(run_id, WORKER, limit=2)
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:
                 result["error"] = e
 
         with psycopg.connect(pg_dsn, autocommit=True) as admin, psycopg.connect(pg_dsn) as locker:
@@ -234,17 +249,25 @@ def test_connection_killed_mid_command_is_retried_and_applied_once(pg_dsn: str, 
                 pattern = "%LOCK TABLE%"
             worker = threading.Thread(target=claim)
             worker.start()
-            pid = wait_until(lambda: _backend_waiting_on_lock(admin, pattern), "the claim to wait on the lock")
+            pid = wait_until(
+                lambda: _backend_waiting_on_lock(admin, pattern), "the claim to wait on the lock"
+            )
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            wait_until(lambda: admin.execute("SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)",
-                                             (pid,)).fetchone()[0], "the backend to go")  # type: ignore[index]
+            wait_until(
+                lambda: admin.execute(
+                    "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)", (pid,)
+                ).fetchone()[0],
+                "the backend to go",
+            )  # type: ignore[index]
             locker.rollback()
             worker.join(WAIT)
         assert "error" not in result, result.get("error")
         leases = result["leases"]
         assert [le.item_id for le in leases] == ["i0", "i1"]
         claims = [t for t in lg.history(run_id) if t.command == "claim"]
-        assert [(t.item_id, t.evidence["lease_token"]) for t in claims] == [(le.item_id, le.token) for le in leases]
+        assert [(t.item_id, t.evidence["lease_token"]) for t in claims] == [
+            (le.item_id, le.token) for le in leases
+        ]
         assert event_count(lg) == before + 2 * 2  # per item: its stream begins, and the claim
         for le in leases:
             assert lg.accept(le).state == "accepted"
@@ -265,7 +288,7 @@ def test_reconcile_retries_one_run_without_losing_the_others(pg_dsn: str) -> Non
         def reconcile() -> None:
             try:
                 result["report"] = lg.reconcile()
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:
                 result["error"] = e
 
         lockers = {r: psycopg.connect(pg_dsn) for r in run_ids}
@@ -288,8 +311,10 @@ def test_reconcile_retries_one_run_without_losing_the_others(pg_dsn: str) -> Non
 
                 _, first = wait_until(blocked_on, "the reconciler to wait on a run")
                 lockers.pop(first).rollback()  # let the first run through: it commits
-                pid, _ = wait_until(lambda: (b := blocked_on()) and b[1] != first and b,
-                                         "the reconciler to wait on the next run")
+                pid, _ = wait_until(
+                    lambda: (b := blocked_on()) and b[1] != first and b,
+                    "the reconciler to wait on the next run",
+                )
                 assert lg.item(first, "i0").state == "retryable"  # the first run's pass committed
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
                 for conn in lockers.values():
@@ -351,8 +376,12 @@ class CommitCutter:
                 self._socks += [client, server]
             cut = threading.Event()
             waiting_reply = threading.Event()
-            threading.Thread(target=self._up, args=(client, server, cut, waiting_reply), daemon=True).start()
-            threading.Thread(target=self._down, args=(client, server, cut, waiting_reply), daemon=True).start()
+            threading.Thread(
+                target=self._up, args=(client, server, cut, waiting_reply), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._down, args=(client, server, cut, waiting_reply), daemon=True
+            ).start()
 
     @staticmethod
     def _cut(*socks: socket.socket) -> None:
@@ -363,8 +392,13 @@ class CommitCutter:
                 pass
             s.close()
 
-    def _up(self, client: socket.socket, server: socket.socket, cut: threading.Event,
-            waiting_reply: threading.Event) -> None:
+    def _up(
+        self,
+        client: socket.socket,
+        server: socket.socket,
+        cut: threading.Event,
+        waiting_reply: threading.Event,
+    ) -> None:
         try:
             while data := client.recv(65536):
                 if any(q in data for q in COMMIT_QUERIES) and self.mode is not None:
@@ -380,8 +414,13 @@ class CommitCutter:
         except OSError:
             pass
 
-    def _down(self, client: socket.socket, server: socket.socket, cut: threading.Event,
-              waiting_reply: threading.Event) -> None:
+    def _down(
+        self,
+        client: socket.socket,
+        server: socket.socket,
+        cut: threading.Event,
+        waiting_reply: threading.Event,
+    ) -> None:
         buffered = b""
         try:
             while data := server.recv(65536):
@@ -419,7 +458,9 @@ def cutter(pg_dsn: str) -> Iterator[tuple[CommitCutter, str]]:
 
 
 @pytest.mark.postgres
-def test_lost_commit_reply_without_a_key_is_reported_as_uncertain(cutter: tuple[CommitCutter, str]) -> None:
+def test_lost_commit_reply_without_a_key_is_reported_as_uncertain(
+    cutter: tuple[CommitCutter, str],
+) -> None:
     proxy, dsn = cutter
     with Ledger.open(dsn) as lg:
         run_id = lg.submit(manifest(2), SUBMITTER).run_id
@@ -433,7 +474,9 @@ def test_lost_commit_reply_without_a_key_is_reported_as_uncertain(cutter: tuple[
 
 
 @pytest.mark.postgres
-def test_lost_commit_reply_with_a_key_is_answered_from_the_record(cutter: tuple[CommitCutter, str]) -> None:
+def test_lost_commit_reply_with_a_key_is_answered_from_the_record(
+    cutter: tuple[CommitCutter, str],
+) -> None:
     proxy, dsn = cutter
     with Ledger.open(dsn) as lg:
         submitted = lg.submit(manifest(3), SUBMITTER)
@@ -483,7 +526,8 @@ def test_lost_commit_with_a_key_is_applied_once(cutter: tuple[CommitCutter, str]
 @pytest.mark.postgres
 @pytest.mark.parametrize("mode", ["lose_reply", "lose_commit"])
 def test_a_worker_whose_outcome_commit_is_in_doubt_reads_the_store_and_goes_on(
-        cutter: tuple[CommitCutter, str], mode: str) -> None:
+    cutter: tuple[CommitCutter, str], mode: str
+) -> None:
     from ledger import Accepted, Lease, Worker
 
     proxy, dsn = cutter
@@ -501,13 +545,16 @@ def test_a_worker_whose_outcome_commit_is_in_doubt_reads_the_store_and_goes_on(
         assert proxy.tripped.is_set()
         assert (summary.accepted, summary.lease_lost, summary.errors) == (4, 0, [])
         assert lg.status(run_id).counts["accepted"] == 4
-        assert Counter(t.command for t in lg.history(run_id) if t.item_id) == Counter(claim=4, accept=4)
+        assert Counter(t.command for t in lg.history(run_id) if t.item_id) == Counter(
+            claim=4, accept=4
+        )
 
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("mode", ["lose_reply", "lose_commit"])
 def test_a_worker_whose_claim_commit_is_in_doubt_says_so_and_goes_on(
-        cutter: tuple[CommitCutter, str], mode: str) -> None:
+    cutter: tuple[CommitCutter, str], mode: str
+) -> None:
     from ledger import Accepted, Worker
 
     proxy, dsn = cutter
@@ -564,7 +611,7 @@ def test_server_restart_during_keyed_commands(own_server: PgServer) -> None:
                     progress["claimed"] += 1
                     lg.accept(lease, evidence={"k": k}, idempotency_key=f"accept-{k}")
                     progress["accepted"] += 1
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:
                 errors.append(e)
             finally:
                 done.set()
@@ -587,7 +634,9 @@ def test_server_restart_during_keyed_commands(own_server: PgServer) -> None:
 
 
 @pytest.mark.postgres
-def test_unreachable_server_surfaces_store_unavailable(own_server: PgServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_server_surfaces_store_unavailable(
+    own_server: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ledger import idempotency
 
     monkeypatch.setattr(idempotency, "RETRY_DELAYS", (0.01, 0.01))
@@ -605,8 +654,9 @@ def test_unreachable_server_surfaces_store_unavailable(own_server: PgServer, mon
         assert lg.start(run_id, CONTROLLER).state == "running"
 
 
-def test_pruning_forgets_only_keys_older_than_asked(lg: Ledger, clock: ManualClock,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pruning_forgets_only_keys_older_than_asked(
+    lg: Ledger, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from datetime import timedelta
 
     from ledger import idempotency

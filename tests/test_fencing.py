@@ -71,7 +71,9 @@ def test_paused_worker_cannot_write_after_its_lease_expired(lg: Ledger, clock: M
     assert attempt.outcome == "lease_expired" and attempt.lease_token == lease.token
 
 
-def test_lease_is_live_up_to_its_expiry_and_heartbeats_extend_it(lg: Ledger, clock: ManualClock) -> None:
+def test_lease_is_live_up_to_its_expiry_and_heartbeats_extend_it(
+    lg: Ledger, clock: ManualClock
+) -> None:
     run_id = running(lg, 2, lease_seconds=30)
     first, second = lg.claim(run_id, WORKER_A, limit=2)
     clock.advance(20)
@@ -83,7 +85,9 @@ def test_lease_is_live_up_to_its_expiry_and_heartbeats_extend_it(lg: Ledger, clo
     assert lg.accept(second).state == "accepted"
 
 
-def test_stale_worker_cannot_write_after_the_item_was_reclaimed(lg: Ledger, clock: ManualClock) -> None:
+def test_stale_worker_cannot_write_after_the_item_was_reclaimed(
+    lg: Ledger, clock: ManualClock
+) -> None:
     run_id = running(lg, lease_seconds=10, max_attempts=5)
     (stale,) = lg.claim(run_id, WORKER_A)
     clock.advance(11)
@@ -93,18 +97,24 @@ def test_stale_worker_cannot_write_after_the_item_was_reclaimed(lg: Ledger, cloc
 
     assert_fenced(lg, stale)
     item = lg.item(run_id, "i0")
-    assert item.state == "in_progress" and item.lease is not None and item.lease.token == fresh.token
+    assert (
+        item.state == "in_progress" and item.lease is not None and item.lease.token == fresh.token
+    )
 
     # the new holder is unaffected by the stale worker's attempts
     assert lg.heartbeat(fresh).token == fresh.token
     assert lg.accept(fresh, evidence={"by": "b"}).state == "accepted"
     assert [(a.attempt, a.worker_id, a.outcome) for a in lg.attempts(run_id, "i0")] == [
-        (1, "worker-a", "lease_expired"), (2, "worker-b", "accepted")]
+        (1, "worker-a", "lease_expired"),
+        (2, "worker-b", "accepted"),
+    ]
     # and after the item is final the stale lease is still dead
     assert_fenced(lg, stale)
 
 
-def test_stale_lease_is_not_revived_by_a_token_for_an_older_attempt(lg: Ledger, clock: ManualClock) -> None:
+def test_stale_lease_is_not_revived_by_a_token_for_an_older_attempt(
+    lg: Ledger, clock: ManualClock
+) -> None:
     run_id = running(lg, lease_seconds=10, max_attempts=5)
     (a1,) = lg.claim(run_id, WORKER_A)
     clock.advance(11)
@@ -118,7 +128,8 @@ def test_stale_lease_is_not_revived_by_a_token_for_an_older_attempt(lg: Ledger, 
 
 
 def test_expired_lease_cannot_write_even_if_not_yet_reclaimed_while_run_is_canceling(
-        lg: Ledger, clock: ManualClock) -> None:
+    lg: Ledger, clock: ManualClock
+) -> None:
     run_id = running(lg, 2, lease_seconds=10)
     (lease, other) = lg.claim(run_id, WORKER_A, limit=2)
     assert lg.cancel(run_id, OPERATOR, "stop").state == "canceling"
@@ -134,7 +145,9 @@ def test_expired_lease_cannot_write_even_if_not_yet_reclaimed_while_run_is_cance
 def test_failed_run_fences_live_leases(lg: Ledger, clock: ManualClock) -> None:
     run_id = running(lg, 1, lease_seconds=60)
     (lease,) = lg.claim(run_id, WORKER_A)
-    lg.fail(run_id, CONTROLLER, "source vanished", transient=True, failure_reason="input_unavailable")
+    lg.fail(
+        run_id, CONTROLLER, "source vanished", transient=True, failure_reason="input_unavailable"
+    )
     (attempt,) = lg.attempts(run_id, "i0")
     assert attempt.outcome == "abandoned"
     before = event_count(lg)
@@ -144,7 +157,9 @@ def test_failed_run_fences_live_leases(lg: Ledger, clock: ManualClock) -> None:
     assert event_count(lg) == before
 
 
-def test_reconciler_with_a_late_clock_does_not_expire_a_live_lease(lg: Ledger, clock: ManualClock) -> None:
+def test_reconciler_with_a_late_clock_does_not_expire_a_live_lease(
+    lg: Ledger, clock: ManualClock
+) -> None:
     run_id = running(lg, lease_seconds=30)
     (lease,) = lg.claim(run_id, WORKER_A)
     # a reconciler passing an explicit time before expiry changes nothing

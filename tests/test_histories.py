@@ -52,8 +52,13 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 def test_there_are_saved_histories() -> None:
     assert len(HISTORIES) >= 5
     names = {p.stem for p in HISTORIES}
-    assert {"flaky_success", "cancel_in_flight", "review_and_amend", "partial_delivery_and_repairs",
-            "reconciler"} <= names
+    assert {
+        "flaky_success",
+        "cancel_in_flight",
+        "review_and_amend",
+        "partial_delivery_and_repairs",
+        "reconciler",
+    } <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
@@ -109,15 +114,33 @@ def test_an_upcaster_loads_an_old_version_event(lg: Ledger) -> None:
     with lg.store.write() as tx:
         tx.append([created])
         # a version-1 Flagged event as older code stored it: no severity, no class_version
-        v1_state = json.dumps({"timestamp": {"_type_": "datetime_iso",
-                                             "_data_": created.timestamp.isoformat()},
-                               "text": "old style"}, separators=(",", ":")).encode()
-        tx.insert_stored_events([StoredEvent(originator_id=note.id, originator_version=2,
-                                             topic=get_topic(Note.Flagged), state=v1_state)])
+        v1_state = json.dumps(
+            {
+                "timestamp": {"_type_": "datetime_iso", "_data_": created.timestamp.isoformat()},
+                "text": "old style",
+            },
+            separators=(",", ":"),
+        ).encode()
+        tx.insert_stored_events(
+            [
+                StoredEvent(
+                    originator_id=note.id,
+                    originator_version=2,
+                    topic=get_topic(Note.Flagged),
+                    state=v1_state,
+                )
+            ]
+        )
     with lg.store.write() as tx:
         stored_v2 = lg.store.mapper.to_stored_event(
-            Note.Flagged(originator_id=note.id, originator_version=3, timestamp=flagged_v2.timestamp,
-                         text="new style", severity="warning"))
+            Note.Flagged(
+                originator_id=note.id,
+                originator_version=3,
+                timestamp=flagged_v2.timestamp,
+                text="new style",
+                severity="warning",
+            )
+        )
         tx.insert_stored_events([stored_v2])
     assert json.loads(stored_v2.state)["class_version"] == 2
     events = [e for _p, e in lg.store.read_events(0, 100) if e.originator_id == note.id]
@@ -127,6 +150,8 @@ def test_an_upcaster_loads_an_old_version_event(lg: Ledger) -> None:
     rebuilt: Note | None = None
     for e in events:
         rebuilt = e.mutate(rebuilt)  # type: ignore[attr-defined]
-    assert rebuilt is not None and rebuilt.flags == [("old style", "info"), ("new style", "warning")]
+    assert rebuilt is not None and rebuilt.flags == [
+        ("old style", "info"),
+        ("new style", "warning"),
+    ]
     assert rebuilt.version == 3 and rebuilt.text == "hello"
-

@@ -108,7 +108,9 @@ class Api:
 
 
 @pytest.fixture
-def make_api(ledger: Ledger, tokens_file: Path, tokens: dict[str, str]) -> Iterator[Callable[..., Api]]:
+def make_api(
+    ledger: Ledger, tokens_file: Path, tokens: dict[str, str]
+) -> Iterator[Callable[..., Api]]:
     clients: list[TestClient] = []
 
     def make(public_reads: bool = False) -> Api:
@@ -145,9 +147,21 @@ def test_run_lifecycle_every_read_and_command(api: Api, ledger: Ledger) -> None:
     assert submitted["state"] == "queued" and submitted["waiting_on"] == "controller"
     assert api.get(f"/runs/{run_id}").json() == ledger.status(run_id).to_dict()
 
-    assert api.post(f"/runs/{run_id}/start", "controller", json={"expected_revision": submitted["revision"]}).json()["state"] == "running"
-    amended = api.post(f"/runs/{run_id}/amend", "submitter", json={
-        "reason": "one more", "items": [{"item_id": "extra", "payload": {"x": 1}}], "withdraw": ["i3"]})
+    assert (
+        api.post(
+            f"/runs/{run_id}/start", "controller", json={"expected_revision": submitted["revision"]}
+        ).json()["state"]
+        == "running"
+    )
+    amended = api.post(
+        f"/runs/{run_id}/amend",
+        "submitter",
+        json={
+            "reason": "one more",
+            "items": [{"item_id": "extra", "payload": {"x": 1}}],
+            "withdraw": ["i3"],
+        },
+    )
     assert amended.status_code == 200, amended.text
     assert amended.json()["input_version"] != submitted["input_version"]
 
@@ -158,11 +172,21 @@ def test_run_lifecycle_every_read_and_command(api: Api, ledger: Ledger) -> None:
 
     hb = api.post("/leases/heartbeat", "worker", json=by_item["i0"])
     assert hb.status_code == 200 and hb.json()["token"] == by_item["i0"]["token"]
-    acc = api.post("/leases/accept", "worker", json={**by_item["i0"], "evidence": {"rows": 3}, "stage": "load"})
+    acc = api.post(
+        "/leases/accept", "worker", json={**by_item["i0"], "evidence": {"rows": 3}, "stage": "load"}
+    )
     assert acc.json()["state"] == "accepted"
-    rej = api.post("/leases/reject", "worker", json={**by_item["i1"], "rule": "bad-total", "detail": "sum differs"})
+    rej = api.post(
+        "/leases/reject",
+        "worker",
+        json={**by_item["i1"], "rule": "bad-total", "detail": "sum differs"},
+    )
     assert rej.json()["state"] == "rejected"
-    failed = api.post("/leases/fail_attempt", "worker", json={**by_item["i2"], "error": "timeout", "retryable": False})
+    failed = api.post(
+        "/leases/fail_attempt",
+        "worker",
+        json={**by_item["i2"], "error": "timeout", "retryable": False},
+    )
     assert failed.json()["state"] == "quarantined"
     assert api.post("/leases/accept", "worker", json=by_item["extra"]).json()["state"] == "accepted"
 
@@ -173,13 +197,26 @@ def test_run_lifecycle_every_read_and_command(api: Api, ledger: Ledger) -> None:
     (again,) = api.claim(run_id)
     assert again["attempt"] == 2
     api.post("/leases/fail_attempt", "worker", json={**again, "error": "timeout again"})
-    assert api.get(f"/runs/{run_id}/items", params={"state": "quarantined"}).json()[0]["item_id"] == "i2"
-    assert api.post(f"/runs/{run_id}/items/i2/reject_item", "reviewer", json={"rule": "unfixable"}).json()["state"] == "rejected"
+    assert (
+        api.get(f"/runs/{run_id}/items", params={"state": "quarantined"}).json()[0]["item_id"]
+        == "i2"
+    )
+    assert (
+        api.post(
+            f"/runs/{run_id}/items/i2/reject_item", "reviewer", json={"rule": "unfixable"}
+        ).json()["state"]
+        == "rejected"
+    )
 
-    review = api.post(f"/runs/{run_id}/request_review", "controller", json={"decision": "sign-off"}).json()
+    review = api.post(
+        f"/runs/{run_id}/request_review", "controller", json={"decision": "sign-off"}
+    ).json()
     assert review["state"] == "awaiting_review" and review["waiting_on"] == "reviewer"
-    decided = api.post(f"/runs/{run_id}/decide", "reviewer", json={
-        "input_version": review["input_version"], "approve": True, "reason": "looks right"})
+    decided = api.post(
+        f"/runs/{run_id}/decide",
+        "reviewer",
+        json={"input_version": review["input_version"], "approve": True, "reason": "looks right"},
+    )
     assert decided.json()["state"] == "running"
     done = api.post(f"/runs/{run_id}/complete", "controller").json()
     assert done["state"] == "completed_with_errors" and done["waiting_on"] == "nobody"
@@ -188,7 +225,9 @@ def test_run_lifecycle_every_read_and_command(api: Api, ledger: Ledger) -> None:
     assert [i["item_id"] for i in items] == [i.item_id for i in ledger.items(run_id)]
     attempts = api.get(f"/runs/{run_id}/attempts").json()
     assert len(attempts) == 5
-    assert [a["outcome"] for a in api.get(f"/runs/{run_id}/attempts", params={"item_id": "i2"}).json()] == ["failed", "failed"]
+    assert [
+        a["outcome"] for a in api.get(f"/runs/{run_id}/attempts", params={"item_id": "i2"}).json()
+    ] == ["failed", "failed"]
     history = api.get(f"/runs/{run_id}/history").json()
     assert history == [t.to_dict() for t in ledger.history(run_id)]
     assert history[0]["to_state"] == "queued" and history[-1]["to_state"] == "completed_with_errors"
@@ -199,12 +238,16 @@ def test_run_lifecycle_every_read_and_command(api: Api, ledger: Ledger) -> None:
     assert repair.json()["links"] == [{"relation": "repair_of", "run_id": run_id}]
     lineage = api.get(f"/runs/{repair_id}/lineage").json()
     assert [r["run_id"] for r in lineage] == [run_id, repair_id]
-    comp = api.post(f"/runs/{run_id}/compensate", "operator", json={"reason": "undo i0", "items": ["i0"]})
+    comp = api.post(
+        f"/runs/{run_id}/compensate", "operator", json={"reason": "undo i0", "items": ["i0"]}
+    )
     assert comp.status_code == 201 and comp.json()["links"][0]["relation"] == "compensates"
 
     runs = api.get("/runs").json()
     assert [r["run_id"] for r in runs][:3] == [comp.json()["run_id"], repair_id, run_id]
-    assert [r["run_id"] for r in api.get("/runs", params={"state": "completed_with_errors"}).json()] == [run_id]
+    assert [
+        r["run_id"] for r in api.get("/runs", params={"state": "completed_with_errors"}).json()
+    ] == [run_id]
     assert len(api.get("/runs", params={"limit": 1}).json()) == 1
 
 
@@ -221,14 +264,30 @@ def test_pause_resume_cancel_fail_retry_reconcile(api: Api, clock: ManualClock) 
     error_of(lost, 409, "LeaseLost")
     assert api.post(f"/runs/{run_id}/resume", "operator").json()["state"] == "running"
 
-    failed = api.post(f"/runs/{run_id}/fail", "controller", json={
-        "reason": "source gone", "transient": True, "failure_reason": "input_unavailable"}).json()
-    assert (failed["state"], failed["failure_kind"], failed["failure_reason"]) == ("failed", "transient", "input_unavailable")
+    failed = api.post(
+        f"/runs/{run_id}/fail",
+        "controller",
+        json={"reason": "source gone", "transient": True, "failure_reason": "input_unavailable"},
+    ).json()
+    assert (failed["state"], failed["failure_kind"], failed["failure_reason"]) == (
+        "failed",
+        "transient",
+        "input_unavailable",
+    )
     retry = api.post(f"/runs/{run_id}/retry", "submitter")
-    assert retry.status_code == 201 and retry.json()["links"] == [{"relation": "retry_of", "run_id": run_id}]
+    assert retry.status_code == 201 and retry.json()["links"] == [
+        {"relation": "retry_of", "run_id": run_id}
+    ]
 
-    canceled = api.post(f"/runs/{retry.json()['run_id']}/cancel", "submitter", json={"reason": "not needed"})
-    assert canceled.json() == {"run_id": retry.json()["run_id"], "state": "canceled", "in_flight": 0, "already": False}
+    canceled = api.post(
+        f"/runs/{retry.json()['run_id']}/cancel", "submitter", json={"reason": "not needed"}
+    )
+    assert canceled.json() == {
+        "run_id": retry.json()["run_id"],
+        "state": "canceled",
+        "in_flight": 0,
+        "already": False,
+    }
     again = api.post(f"/runs/{retry.json()['run_id']}/cancel", "operator", json={})
     assert again.json()["already"] is True
 
@@ -279,15 +338,24 @@ def test_audit_filters_and_keyset_paging(api: Api, ledger: Ledger) -> None:
     assert seen == everything
 
     newest = api.get("/audit", params={"newest_first": "true", "limit": 2}).json()
-    assert [t["position"] for t in newest] == sorted((t["position"] for t in everything), reverse=True)[:2]
-    older = api.get("/audit", params={"newest_first": "true", "after": newest[-1]["position"], "limit": 1}).json()
+    assert [t["position"] for t in newest] == sorted(
+        (t["position"] for t in everything), reverse=True
+    )[:2]
+    older = api.get(
+        "/audit", params={"newest_first": "true", "after": newest[-1]["position"], "limit": 1}
+    ).json()
     assert older[0]["position"] < newest[-1]["position"]
 
     assert {t["run_id"] for t in api.get("/audit", params={"run_id": first}).json()} == {first}
     by_role = api.get("/audit", params={"role": "controller"}).json()
     assert {t["to_state"] for t in by_role} == {"running"} and len(by_role) == 2
-    assert {t["actor_id"] for t in api.get("/audit", params={"actor": actor_id("submitter")}).json()} == {actor_id("submitter")}
-    assert [t["run_id"] for t in api.get("/audit", params={"state": "running"}).json()] == [first, second]
+    assert {
+        t["actor_id"] for t in api.get("/audit", params={"actor": actor_id("submitter")}).json()
+    } == {actor_id("submitter")}
+    assert [t["run_id"] for t in api.get("/audit", params={"state": "running"}).json()] == [
+        first,
+        second,
+    ]
     at = everything[-1]["at"]
     assert api.get("/audit", params={"since": at}).json()[-1] == everything[-1]
     assert api.get("/audit", params={"until": "2000-01-01T00:00:00Z"}).json() == []
@@ -298,8 +366,13 @@ def test_audit_filters_and_keyset_paging(api: Api, ledger: Ledger) -> None:
 
 def test_commands_need_a_known_bearer_token(api: Api) -> None:
     run_id = api.submit()["run_id"]
-    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic dXNlcjpwYXNz"},
-                    {"Authorization": "Bearer"}, {"Authorization": "Bearer " + "x" * 5000}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer nope"},
+        {"Authorization": "Basic dXNlcjpwYXNz"},
+        {"Authorization": "Bearer"},
+        {"Authorization": "Bearer " + "x" * 5000},
+    ):
         r = api.client.post(f"/runs/{run_id}/start", headers=headers)
         body = error_of(r, 401, "Unauthenticated")
         assert r.headers["WWW-Authenticate"].startswith("Bearer")
@@ -310,11 +383,22 @@ def test_commands_need_a_known_bearer_token(api: Api) -> None:
 def test_reads_need_a_token_unless_public(make_api: Callable[..., Api]) -> None:
     private = make_api()
     run_id = private.submit()["run_id"]
-    reads = ["/runs", f"/runs/{run_id}", f"/runs/{run_id}/items", f"/runs/{run_id}/attempts",
-             f"/runs/{run_id}/history", f"/runs/{run_id}/lineage", "/audit"]
+    reads = [
+        "/runs",
+        f"/runs/{run_id}",
+        f"/runs/{run_id}/items",
+        f"/runs/{run_id}/attempts",
+        f"/runs/{run_id}/history",
+        f"/runs/{run_id}/lineage",
+        "/audit",
+    ]
     for path in reads:
         error_of(private.get(path, as_=None), 401, "Unauthenticated")
-        error_of(private.get(path, as_=None, headers={"Authorization": "Bearer unknown"}), 401, "Unauthenticated")
+        error_of(
+            private.get(path, as_=None, headers={"Authorization": "Bearer unknown"}),
+            401,
+            "Unauthenticated",
+        )
         assert private.get(path, as_="worker").status_code == 200
     page = private.client.get("/")
     assert page.status_code == 401 and "text/html" in page.headers["content-type"]
@@ -325,7 +409,11 @@ def test_reads_need_a_token_unless_public(make_api: Callable[..., Api]) -> None:
     assert public.client.get("/").status_code == 200
     # public reads never open commands, and an unknown token is still refused
     error_of(public.post(f"/runs/{run_id}/start", None), 401, "Unauthenticated")
-    error_of(public.get("/runs", as_=None, headers={"Authorization": "Bearer unknown"}), 401, "Unauthenticated")
+    error_of(
+        public.get("/runs", as_=None, headers={"Authorization": "Bearer unknown"}),
+        401,
+        "Unauthenticated",
+    )
 
 
 def test_page_session_cookie_reads_but_never_commands(api: Api) -> None:
@@ -337,9 +425,14 @@ def test_page_session_cookie_reads_but_never_commands(api: Api) -> None:
     assert "httponly" in cookie and "samesite=strict" in cookie
     assert api.client.get("/").status_code == 200
     assert api.client.get("/runs").status_code == 200
-    assert api.client.get("/session").json() == {"actor_id": actor_id("reviewer"), "role": "reviewer"}
+    assert api.client.get("/session").json() == {
+        "actor_id": actor_id("reviewer"),
+        "role": "reviewer",
+    }
     # the cookie alone must not make a command (a page on another site could send it)
-    error_of(api.client.post(f"/runs/{run_id}/cancel", json={"reason": "csrf"}), 401, "Unauthenticated")
+    error_of(
+        api.client.post(f"/runs/{run_id}/cancel", json={"reason": "csrf"}), 401, "Unauthenticated"
+    )
     assert api.client.delete("/session").status_code == 204
     api.client.cookies.clear()
     assert api.client.get("/runs").status_code == 401
@@ -372,7 +465,9 @@ def test_add_token(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         add_token("", "operator", path)
 
 
-def test_add_token_uses_the_environment_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_add_token_uses_the_environment_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LEDGER_TOKENS", str(tmp_path / "env-tokens"))
     add_token("alice", "reviewer")
     assert (tmp_path / "env-tokens").read_text().endswith(" alice reviewer\n")
@@ -395,8 +490,16 @@ RUN_COMMANDS: dict[str, tuple[frozenset[str], str, dict[str, Any]]] = {
     "start": (run_rule("start").roles, "/runs/{run}/start", {}),
     "amend": (RUN_COMMAND_ROLES["amend"], "/runs/{run}/amend", {"reason": "r", "withdraw": ["i1"]}),
     "claim": (RUN_COMMAND_ROLES["claim"], "/runs/{run}/claim", {"limit": 1}),
-    "request_review": (run_rule("request_review").roles, "/runs/{run}/request_review", {"decision": "d"}),
-    "decide": (run_rule("decide").roles, "/runs/{run}/decide", {"input_version": "v", "approve": True, "reason": "r"}),
+    "request_review": (
+        run_rule("request_review").roles,
+        "/runs/{run}/request_review",
+        {"decision": "d"},
+    ),
+    "decide": (
+        run_rule("decide").roles,
+        "/runs/{run}/decide",
+        {"input_version": "v", "approve": True, "reason": "r"},
+    ),
     "pause": (run_rule("pause").roles, "/runs/{run}/pause", {"reason": "r"}),
     "resume": (run_rule("resume").roles, "/runs/{run}/resume", {}),
     "cancel": (run_rule("cancel").roles, "/runs/{run}/cancel", {"reason": "r"}),
@@ -407,11 +510,18 @@ RUN_COMMANDS: dict[str, tuple[frozenset[str], str, dict[str, Any]]] = {
     "compensate": (run_rule("compensate").roles, "/runs/{run}/compensate", {"reason": "r"}),
     "skip": (item_rule("skip").roles, "/runs/{run}/items/i1/skip", {"reason": "r"}),
     "release": (item_rule("release").roles, "/runs/{run}/items/i1/release", {"reason": "r"}),
-    "reject_item": (item_rule("reject_item").roles, "/runs/{run}/items/i1/reject_item", {"rule": "r"}),
+    "reject_item": (
+        item_rule("reject_item").roles,
+        "/runs/{run}/items/i1/reject_item",
+        {"rule": "r"},
+    ),
     "reconcile": (RUN_COMMAND_ROLES["reconcile"], "/reconcile", {}),
 }
 LEASE_COMMANDS = {
-    "heartbeat": {}, "accept": {}, "reject": {"rule": "r"}, "fail_attempt": {"error": "e"},
+    "heartbeat": {},
+    "accept": {},
+    "reject": {"rule": "r"},
+    "fail_attempt": {"error": "e"},
 }
 
 
@@ -449,7 +559,9 @@ def test_every_command_refuses_every_role_it_does_not_allow(api: Api, ledger: Le
         for role in sorted(set(ROLES) - allowed):
             r = api.post(path.format(run=run_id), role, json=body)
             refused = error_of(r, 403, "NotAuthorized")
-            assert refused["message"] == _direct_refusal(ledger, command, run_id, Actor(actor_id(role), role)), command
+            assert refused["message"] == _direct_refusal(
+                ledger, command, run_id, Actor(actor_id(role), role)
+            ), command
             checked += 1
     (lease,) = api.claim(run_id)
     for command, extra in LEASE_COMMANDS.items():
@@ -458,13 +570,20 @@ def test_every_command_refuses_every_role_it_does_not_allow(api: Api, ledger: Le
             r = api.post(f"/leases/{command}", role, json={**lease, **extra})
             refused = error_of(r, 403, "NotAuthorized")
             assert refused["message"] == (
-                f"role {role!r} may not {command}; allowed roles: {', '.join(sorted(allowed))}")
+                f"role {role!r} may not {command}; allowed roles: {', '.join(sorted(allowed))}"
+            )
             checked += 1
         # another worker may not act on this worker's lease, even with its token
-        error_of(api.post(f"/leases/{command}", "worker-2", json={**lease, **extra}), 403, "NotAuthorized")
+        error_of(
+            api.post(f"/leases/{command}", "worker-2", json={**lease, **extra}),
+            403,
+            "NotAuthorized",
+        )
     assert checked > 40
     after = api.get(f"/runs/{run_id}/history").json()
-    assert after[: len(before)] == before and len(after) == len(before) + 1  # only the claim was written
+    assert (
+        after[: len(before)] == before and len(after) == len(before) + 1
+    )  # only the claim was written
 
 
 def test_operator_may_not_record_a_permanent_failure(api: Api) -> None:
@@ -478,22 +597,38 @@ def test_operator_may_not_record_a_permanent_failure(api: Api) -> None:
 
 def test_not_found_maps_to_404(api: Api) -> None:
     missing = str(uuid.uuid4())
-    for path in (f"/runs/{missing}", f"/runs/{missing}/items", f"/runs/{missing}/attempts",
-                 f"/runs/{missing}/history", f"/runs/{missing}/lineage", "/runs/not-a-uuid"):
+    for path in (
+        f"/runs/{missing}",
+        f"/runs/{missing}/items",
+        f"/runs/{missing}/attempts",
+        f"/runs/{missing}/history",
+        f"/runs/{missing}/lineage",
+        "/runs/not-a-uuid",
+    ):
         body = error_of(api.get(path), 404, "RunNotFound")
         assert missing in body["message"] or "not-a-uuid" in body["message"]
     error_of(api.post(f"/runs/{missing}/start", "controller"), 404, "RunNotFound")
     run_id = api.running()
-    error_of(api.post(f"/runs/{run_id}/items/nope/skip", "operator", json={"reason": "r"}), 404, "ItemNotFound")
+    error_of(
+        api.post(f"/runs/{run_id}/items/nope/skip", "operator", json={"reason": "r"}),
+        404,
+        "ItemNotFound",
+    )
     error_of(api.get(f"/runs/{run_id}/attempts", params={"item_id": "nope"}), 404, "ItemNotFound")
     (lease,) = api.claim(run_id)
-    error_of(api.post("/leases/accept", "worker", json={**lease, "item_id": "nope"}), 404, "ItemNotFound")
+    error_of(
+        api.post("/leases/accept", "worker", json={**lease, "item_id": "nope"}), 404, "ItemNotFound"
+    )
     error_of(api.get("/no/such/path"), 404, "NotFound")
 
 
 def test_conflict_maps_to_409_with_current_revision(api: Api) -> None:
     submitted = api.submit()
-    r = api.post(f"/runs/{submitted['run_id']}/start", "controller", json={"expected_revision": submitted["revision"] + 5})
+    r = api.post(
+        f"/runs/{submitted['run_id']}/start",
+        "controller",
+        json={"expected_revision": submitted["revision"] + 5},
+    )
     body = error_of(r, 409, "Conflict")
     assert body["current_revision"] == submitted["revision"] and body["current_state"] == "queued"
 
@@ -504,34 +639,68 @@ def test_state_errors_map_to_409(api: Api) -> None:
     assert body["state"] == "running" and body["allowed"] == ["queued"]
     body = error_of(api.post(f"/runs/{run_id}/complete", "controller"), 409, "NotComplete")
     assert body["state"] == "running"
-    review = api.post(f"/runs/{run_id}/request_review", "controller", json={"decision": "ok"}).json()
-    stale = api.post(f"/runs/{run_id}/decide", "reviewer", json={"input_version": "sha256:old", "approve": True, "reason": "r"})
+    review = api.post(
+        f"/runs/{run_id}/request_review", "controller", json={"decision": "ok"}
+    ).json()
+    stale = api.post(
+        f"/runs/{run_id}/decide",
+        "reviewer",
+        json={"input_version": "sha256:old", "approve": True, "reason": "r"},
+    )
     assert error_of(stale, 409, "StaleReview")["expected_version"] == review["input_version"]
     api.post(f"/runs/{run_id}/cancel", "operator", json={"reason": "stop"})
-    body = error_of(api.post(f"/runs/{run_id}/pause", "operator", json={"reason": "r"}), 409, "AlreadyTerminal")
+    body = error_of(
+        api.post(f"/runs/{run_id}/pause", "operator", json={"reason": "r"}), 409, "AlreadyTerminal"
+    )
     assert body["state"] == "canceled"
 
 
 def test_lease_lost_maps_to_409(api: Api) -> None:
     run_id = api.running()
     (lease,) = api.claim(run_id)
-    error_of(api.post("/leases/heartbeat", "worker", json={**lease, "token": "f" * 32}), 409, "LeaseLost")
+    error_of(
+        api.post("/leases/heartbeat", "worker", json={**lease, "token": "f" * 32}), 409, "LeaseLost"
+    )
     api.post("/leases/accept", "worker", json=lease)
     error_of(api.post("/leases/accept", "worker", json=lease), 409, "LeaseLost")
 
 
 def test_invalid_input_maps_to_422(api: Api) -> None:
-    body = error_of(api.post("/runs", "submitter", json={"source_version": "s", "items": []}), 422, "ManifestInvalid")
+    body = error_of(
+        api.post("/runs", "submitter", json={"source_version": "s", "items": []}),
+        422,
+        "ManifestInvalid",
+    )
     assert "config_version" in body["message"] or "items" in body["message"]
-    body = error_of(api.post("/runs", "submitter", json={**manifest(1), "colour": "red"}), 422, "ManifestInvalid")
+    body = error_of(
+        api.post("/runs", "submitter", json={**manifest(1), "colour": "red"}),
+        422,
+        "ManifestInvalid",
+    )
     assert "colour" in body["message"]
     error_of(api.get("/runs", params={"state": "exploded"}), 422, "InvalidInput")
     error_of(api.get("/audit", params={"role": "king"}), 422, "InvalidInput")
     run_id = api.running()
     revision = api.get(f"/runs/{run_id}").json()["revision"]
-    error_of(api.post(f"/runs/{run_id}/fail", "controller", json={"reason": "r", "failure_reason": "gremlins"}), 422, "InvalidInput")
-    error_of(api.post(f"/runs/{run_id}/amend", "submitter", json={"reason": "r", "items": [{"item_id": ""}]}), 422, "ManifestInvalid")
-    error_of(api.post(f"/runs/{run_id}/pause", "operator", json={"reason": "x" * 100_000}), 422, "InvalidInput")
+    error_of(
+        api.post(
+            f"/runs/{run_id}/fail", "controller", json={"reason": "r", "failure_reason": "gremlins"}
+        ),
+        422,
+        "InvalidInput",
+    )
+    error_of(
+        api.post(
+            f"/runs/{run_id}/amend", "submitter", json={"reason": "r", "items": [{"item_id": ""}]}
+        ),
+        422,
+        "ManifestInvalid",
+    )
+    error_of(
+        api.post(f"/runs/{run_id}/pause", "operator", json={"reason": "x" * 100_000}),
+        422,
+        "InvalidInput",
+    )
     assert api.get(f"/runs/{run_id}").json()["revision"] == revision  # nothing written
 
 
@@ -563,20 +732,34 @@ def test_malformed_bodies_are_refused_not_crashed(api: Api, content: bytes, stat
     run_id = api.running()
     r = api.post(f"/runs/{run_id}/skip_nothing", "operator", content=content)
     assert r.status_code == 404  # unknown path first
-    r = api.post(f"/runs/{run_id}/items/i0/skip", "operator", content=content,
-                 headers={"Content-Type": "application/json"})
+    r = api.post(
+        f"/runs/{run_id}/items/i0/skip",
+        "operator",
+        content=content,
+        headers={"Content-Type": "application/json"},
+    )
     error_of(r, status, "InvalidInput")
     assert api.get(f"/runs/{run_id}/items", params={"state": "skipped"}).json() == []
 
 
 @pytest.mark.parametrize(
     "content",
-    [b"{not json", b"\xff\xfe", b"[" * 100_000, b'{"a": 1' + b"0" * 5000 + b"}", b"", b"[1, 2]", b'"x"',
-     json.dumps(manifest(1) | {"scope": "\ud800"}).encode(),
-     json.dumps(manifest(1) | {"items": [{"item_id": "a", "payload": "\udfff"}]}).encode()],
+    [
+        b"{not json",
+        b"\xff\xfe",
+        b"[" * 100_000,
+        b'{"a": 1' + b"0" * 5000 + b"}",
+        b"",
+        b"[1, 2]",
+        b'"x"',
+        json.dumps(manifest(1) | {"scope": "\ud800"}).encode(),
+        json.dumps(manifest(1) | {"items": [{"item_id": "a", "payload": "\udfff"}]}).encode(),
+    ],
 )
 def test_malformed_manifests_are_refused_not_crashed(api: Api, content: bytes) -> None:
-    r = api.post("/runs", "submitter", content=content, headers={"Content-Type": "application/json"})
+    r = api.post(
+        "/runs", "submitter", content=content, headers={"Content-Type": "application/json"}
+    )
     assert r.status_code in (400, 422), r.text
     assert r.json()["error"] in ("InvalidInput", "ManifestInvalid")
     assert api.get("/runs").json() == []
@@ -591,17 +774,26 @@ def test_huge_numbers_in_a_payload_round_trip(api: Api) -> None:
 
 
 def test_oversized_body_is_413(api: Api) -> None:
-    r = api.post("/runs", "submitter", content=b" " * (17 * 1024 * 1024),
-                 headers={"Content-Type": "application/json"})
+    r = api.post(
+        "/runs",
+        "submitter",
+        content=b" " * (17 * 1024 * 1024),
+        headers={"Content-Type": "application/json"},
+    )
     error_of(r, 413, "PayloadTooLarge")
 
 
 @pytest.mark.parametrize(
     ("path", "params"),
     [
-        ("/runs", {"limit": "0"}), ("/runs", {"limit": "10" * 30}), ("/runs", {"limit": "x"}),
-        ("/audit", {"after": "-1"}), ("/audit", {"after": "9" * 40}), ("/audit", {"since": "yesterday"}),
-        ("/audit", {"since": "99999-01-01T00:00:00"}), ("/audit", {"newest_first": "perhaps"}),
+        ("/runs", {"limit": "0"}),
+        ("/runs", {"limit": "10" * 30}),
+        ("/runs", {"limit": "x"}),
+        ("/audit", {"after": "-1"}),
+        ("/audit", {"after": "9" * 40}),
+        ("/audit", {"since": "yesterday"}),
+        ("/audit", {"since": "99999-01-01T00:00:00"}),
+        ("/audit", {"newest_first": "perhaps"}),
         ("/audit", {"limit": "100000"}),
     ],
 )
@@ -609,10 +801,15 @@ def test_bad_query_parameters_are_422(api: Api, path: str, params: dict[str, str
     error_of(api.get(path, params=params), 422, "InvalidInput")
 
 
-@pytest.mark.parametrize("run_id", ["%00", "a%00b", "%FF%FE", "x" * 300, "%E2%80%AE", "..%2F..%2Fetc"])
+@pytest.mark.parametrize(
+    "run_id", ["%00", "a%00b", "%FF%FE", "x" * 300, "%E2%80%AE", "..%2F..%2Fetc"]
+)
 def test_strange_run_ids_are_refused_not_crashed(api: Api, run_id: str) -> None:
-    for r in (api.get(f"/runs/{run_id}"), api.get(f"/runs/{run_id}/history"),
-              api.post(f"/runs/{run_id}/start", "controller")):
+    for r in (
+        api.get(f"/runs/{run_id}"),
+        api.get(f"/runs/{run_id}/history"),
+        api.post(f"/runs/{run_id}/start", "controller"),
+    ):
         assert r.status_code in (404, 422), (run_id, r.status_code, r.text)
         assert r.json()["error"] in ("RunNotFound", "InvalidInput", "NotFound")
 
@@ -621,12 +818,24 @@ def test_strange_strings_in_bodies_are_refused_or_kept(api: Api) -> None:
     run_id = api.running()
     for reason in ("nul\x00byte", "\ud800", "bell\x07", "é" * 10, "emoji 🙂", "\u202e"):
         for path in (f"/runs/{run_id}/items/i0/skip", f"/runs/{run_id}/pause"):
-            r = api.post(path, "operator", content=json.dumps({"reason": reason}).encode(),
-                         headers={"Content-Type": "application/json"})
+            r = api.post(
+                path,
+                "operator",
+                content=json.dumps({"reason": reason}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             assert r.status_code in (200, 409, 422), (reason, r.text)
     lone = json.dumps({"reason": "\ud800"}).encode()
-    error_of(api.post(f"/runs/{run_id}/resume", "operator", content=lone,
-                      headers={"Content-Type": "application/json"}), 422, "InvalidInput")
+    error_of(
+        api.post(
+            f"/runs/{run_id}/resume",
+            "operator",
+            content=lone,
+            headers={"Content-Type": "application/json"},
+        ),
+        422,
+        "InvalidInput",
+    )
 
 
 # --- the OpenAPI document -----------------------------------------------------------------
@@ -640,25 +849,55 @@ def test_openapi_document_is_served_and_current(api: Api) -> None:
 
 def test_openapi_covers_every_read_and_command(api: Api) -> None:
     paths = api.client.get("/openapi.json").json()["paths"]
-    for read in ("/runs", "/runs/{run_id}", "/runs/{run_id}/items", "/runs/{run_id}/attempts",
-                 "/runs/{run_id}/history", "/runs/{run_id}/lineage", "/audit"):
+    for read in (
+        "/runs",
+        "/runs/{run_id}",
+        "/runs/{run_id}/items",
+        "/runs/{run_id}/attempts",
+        "/runs/{run_id}/history",
+        "/runs/{run_id}/lineage",
+        "/audit",
+    ):
         assert "get" in paths[read], read
     posts = {p for p, ops in paths.items() if "post" in ops}
-    for command in ("start", "amend", "claim", "request_review", "decide", "pause", "resume", "cancel",
-                    "complete", "fail", "retry", "repair", "compensate"):
+    for command in (
+        "start",
+        "amend",
+        "claim",
+        "request_review",
+        "decide",
+        "pause",
+        "resume",
+        "cancel",
+        "complete",
+        "fail",
+        "retry",
+        "repair",
+        "compensate",
+    ):
         assert f"/runs/{{run_id}}/{command}" in posts, command
     for command in ("skip", "release", "reject_item"):
         assert f"/runs/{{run_id}}/items/{{item_id}}/{command}" in posts, command
     for command in ("heartbeat", "accept", "reject", "fail_attempt"):
         assert f"/leases/{command}" in posts, command
     assert {"/runs", "/reconcile"} <= posts
-    assert "bearer" in json.dumps(api.client.get("/openapi.json").json()["components"]["securitySchemes"]).lower()
+    assert (
+        "bearer"
+        in json.dumps(
+            api.client.get("/openapi.json").json()["components"]["securitySchemes"]
+        ).lower()
+    )
 
 
 def test_export_script_writes_the_served_document(tmp_path: Path) -> None:
     out = tmp_path / "openapi.json"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "export_openapi.py"), "--output", str(out)],
-                   check=True, cwd=ROOT, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "export_openapi.py"), "--output", str(out)],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+    )
     assert out.read_text() == (ROOT / "docs" / "openapi.json").read_text()
 
 
@@ -697,16 +936,27 @@ def _role_for(path: str) -> str:
 
 @fuzz_schema.parametrize()
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
-def test_schemathesis_finds_no_server_error(case: Any, fuzz_app: tuple[Any, dict[str, str], str]) -> None:
+def test_schemathesis_finds_no_server_error(
+    case: Any, fuzz_app: tuple[Any, dict[str, str], str]
+) -> None:
     _app, made, run_id = fuzz_app
     if case.path_parameters and len(str(case.path_parameters.get("run_id", ""))) % 2:
         case.path_parameters["run_id"] = run_id  # about half the cases reach a real run
     headers = {"Authorization": f"Bearer {made[_role_for(case.path)]}"}
     response = case.call(headers=headers)
-    assert response.status_code < 500, (case.method, case.formatted_path, response.status_code, response.text[:500])
+    assert response.status_code < 500, (
+        case.method,
+        case.formatted_path,
+        response.status_code,
+        response.text[:500],
+    )
     if response.status_code >= 400:
         body = response.json()
-        assert isinstance(body, dict) and isinstance(body.get("error"), str) and isinstance(body.get("message"), str)
+        assert (
+            isinstance(body, dict)
+            and isinstance(body.get("error"), str)
+            and isinstance(body.get("message"), str)
+        )
 
 
 # --- serve(): a real uvicorn process; tokens never reach its log ---------------------------
@@ -725,12 +975,24 @@ def test_serve_runs_uvicorn_and_never_logs_tokens(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = tmp_path / "serve.log"
-    code = ("import sys; from ledger.http.serve import serve; "
-            "serve(sys.argv[1], '127.0.0.1', int(sys.argv[2]), sys.argv[3], False)")
+    code = (
+        "import sys; from ledger.http.serve import serve; "
+        "serve(sys.argv[1], '127.0.0.1', int(sys.argv[2]), sys.argv[3], False)"
+    )
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, f"sqlite:///{tmp_path}/serve.db", str(port), str(tokens_path)],
-            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            [
+                sys.executable,
+                "-c",
+                code,
+                f"sqlite:///{tmp_path}/serve.db",
+                str(port),
+                str(tokens_path),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     try:
         base = f"http://127.0.0.1:{port}"
@@ -745,15 +1007,20 @@ def test_serve_runs_uvicorn_and_never_logs_tokens(tmp_path: Path) -> None:
                 pytest.fail("server did not start: " + log.read_text())
             r = client.post("/runs", json=manifest(1), headers={"Authorization": f"Bearer {sub}"})
             assert r.status_code == 201, r.text
-            assert client.get("/runs", headers={"Authorization": f"Bearer {token}"}).status_code == 200
-            assert client.get("/runs", headers={"Authorization": f"Bearer {token}x"}).status_code == 401
+            assert (
+                client.get("/runs", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+            )
+            assert (
+                client.get("/runs", headers={"Authorization": f"Bearer {token}x"}).status_code
+                == 401
+            )
             assert client.post("/session", json={"token": token}).status_code == 204
     finally:
         proc.terminate()
         proc.wait(timeout=20)
     text = log.read_text()
     assert "GET /runs" in text  # the access log is on
-    for secret in (token, sub, token[len("ledger_"):][:20]):
+    for secret in (token, sub, token[len("ledger_") :][:20]):
         assert secret not in text
     assert not re.search(r"Traceback", text), text
 
@@ -768,15 +1035,25 @@ def test_an_idempotency_key_header_makes_a_repeat_answer_from_the_record(api: Ap
     assert [r["run_id"] for r in api.get("/runs").json()] == [first.json()["run_id"]]
     run_id = first.json()["run_id"]
     # the same key on another command, or with other arguments, is refused and writes nothing
-    error_of(api.post(f"/runs/{run_id}/start", "controller", headers={"Idempotency-Key": "submit-5d1c"}),
-             422, "InvalidInput")
+    error_of(
+        api.post(f"/runs/{run_id}/start", "controller", headers={"Idempotency-Key": "submit-5d1c"}),
+        422,
+        "InvalidInput",
+    )
     other = json.dumps(manifest(3)).encode()
     error_of(api.post("/runs", "submitter", content=other, headers=key), 422, "InvalidInput")
-    assert api.get(f"/runs/{run_id}").json()["state"] == "queued" and len(api.get("/runs").json()) == 1
+    assert (
+        api.get(f"/runs/{run_id}").json()["state"] == "queued" and len(api.get("/runs").json()) == 1
+    )
     # a key that is not an identifier is refused before anything is read
-    error_of(api.post(f"/runs/{run_id}/start", "controller", headers={"Idempotency-Key": "x" * 201}),
-             422, "InvalidInput")
-    started = api.post(f"/runs/{run_id}/start", "controller", headers={"Idempotency-Key": "start-1"})
+    error_of(
+        api.post(f"/runs/{run_id}/start", "controller", headers={"Idempotency-Key": "x" * 201}),
+        422,
+        "InvalidInput",
+    )
+    started = api.post(
+        f"/runs/{run_id}/start", "controller", headers={"Idempotency-Key": "start-1"}
+    )
     repeat = api.post(f"/runs/{run_id}/start", "controller", headers={"Idempotency-Key": "start-1"})
     assert started.status_code == repeat.status_code == 200 and repeat.json() == started.json()
     assert [t["command"] for t in api.get(f"/runs/{run_id}/history").json()] == ["submit", "start"]

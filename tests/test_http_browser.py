@@ -11,7 +11,6 @@ screenshots to docs/. Skipped only when chromium is not installed.
 from __future__ import annotations
 
 import os
-
 import shutil
 import socket
 import threading
@@ -51,6 +50,7 @@ def free_port() -> int:
 
 def populate(lg: Ledger) -> dict[str, str]:
     """Runs waiting on each party, one finished run and a repair linked to it."""
+
     def started(n: int, scope: str, **policy: Any) -> str:
         m = manifest(n, **policy)
         m["scope"] = scope
@@ -82,7 +82,13 @@ def populate(lg: Ledger) -> dict[str, str]:
     runs["failed"] = started(3, "bank statement import")
     (lease,) = lg.claim(runs["failed"], WORKER)
     lg.accept(lease)
-    lg.fail(runs["failed"], CONTROLLER, "statement file missing", transient=True, failure_reason="input_unavailable")
+    lg.fail(
+        runs["failed"],
+        CONTROLLER,
+        "statement file missing",
+        transient=True,
+        failure_reason="input_unavailable",
+    )
     runs["retry"] = lg.retry(runs["failed"], OPERATOR).run_id
     return runs
 
@@ -110,8 +116,9 @@ def live_server(tmp_path: Path) -> Iterator[tuple[str, str, Ledger, dict[str, st
         lg.close()
 
 
-def test_operator_page_shows_who_each_run_waits_on(live_server: tuple[str, str, Ledger, dict[str, str]],
-                                                  tmp_path: Path) -> None:
+def test_operator_page_shows_who_each_run_waits_on(
+    live_server: tuple[str, str, Ledger, dict[str, str]], tmp_path: Path
+) -> None:
     # screenshots go to tmp_path; LEDGER_UPDATE_SCREENSHOTS=1 refreshes the README's copies in docs/
     shots = ROOT / "docs" if os.environ.get("LEDGER_UPDATE_SCREENSHOTS") else tmp_path
     from playwright.sync_api import expect, sync_playwright
@@ -137,8 +144,13 @@ def test_operator_page_shows_who_each_run_waits_on(live_server: tuple[str, str, 
             expect(review_row).to_be_visible(timeout=10_000)
             expect(review_row.locator(".waiting")).to_have_text("waiting on: reviewer")
             expect(review_row).to_have_attribute("data-state", "awaiting_review")
-            expected = {"queued": "controller", "workers": "workers", "paused": "operator",
-                        "failed": "nobody", "retry": "controller"}
+            expected = {
+                "queued": "controller",
+                "workers": "workers",
+                "paused": "operator",
+                "failed": "nobody",
+                "retry": "controller",
+            }
             for name, who in expected.items():
                 row = page.locator(f"tr[data-run-id='{runs[name]}']")
                 expect(row).to_have_attribute("data-waiting-on", who)
@@ -161,8 +173,12 @@ def test_operator_page_shows_who_each_run_waits_on(live_server: tuple[str, str, 
 
             # The page refreshes on its own: approve, and the badge changes without a reload.
             status = lg.status(runs["review"])
-            lg.decide(runs["review"], REVIEWER, status.input_version, True, "figures match the ledger")
-            expect(page.locator(".run-head .waiting.big")).to_have_text("waiting on: controller", timeout=15_000)
+            lg.decide(
+                runs["review"], REVIEWER, status.input_version, True, "figures match the ledger"
+            )
+            expect(page.locator(".run-head .waiting.big")).to_have_text(
+                "waiting on: controller", timeout=15_000
+            )
 
             # Lineage: the retry links back to the failed original.
             page.goto(f"{base}/#/runs/{runs['retry']}")

@@ -24,8 +24,12 @@ def test_make_ledger_fills_to_the_target_with_a_history_that_verifies(tmp_path: 
         assert "canceled" in states
         assert states <= {"succeeded", "completed_with_errors", "canceled"}
         kinds = {(t.command, t.to_state) for r in runs for t in lg.history(r.run_id)}
-        assert {("claim", "in_progress"), ("accept", "accepted"), ("fail_attempt", "retryable"),
-                ("reject", "rejected")} <= kinds
+        assert {
+            ("claim", "in_progress"),
+            ("accept", "accepted"),
+            ("fail_attempt", "retryable"),
+            ("reject", "rejected"),
+        } <= kinds
         report = lg.verify()
         assert report.ok, report.problems
         assert report.events == n

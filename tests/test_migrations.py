@@ -63,8 +63,10 @@ def pg_catalog(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
     """Tables, columns with types, constraints, indexes, sequences, types, functions,
     triggers and the ledger_meta rows of the `public` schema."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return {name: [tuple(r) for r in conn.execute(q).fetchall()]  # type: ignore[arg-type]
-                for name, q in PG_CATALOG_QUERIES.items()}
+        return {
+            name: [tuple(r) for r in conn.execute(q).fetchall()]  # type: ignore[arg-type]
+            for name, q in PG_CATALOG_QUERIES.items()
+        }
 
 
 def sqlite_catalog(path: Path) -> dict[str, list[tuple[Any, ...]]]:
@@ -72,11 +74,23 @@ def sqlite_catalog(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     conn = sqlite3.connect(path)
     try:
         # (ALTER TABLE ... RENAME rewrites a table's SQL with its new name quoted)
-        master = [(t, n, tbl, " ".join((sql or "").split()).replace(f'CREATE TABLE "{n}"', f"CREATE TABLE {n}"))
-                  for t, n, tbl, sql in conn.execute(
-                      "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name")]
-        columns = [(name, *col) for kind, name, _, _ in master if kind == "table"
-                   for col in conn.execute("SELECT * FROM pragma_table_info(?)", (name,))]
+        master = [
+            (
+                t,
+                n,
+                tbl,
+                " ".join((sql or "").split()).replace(f'CREATE TABLE "{n}"', f"CREATE TABLE {n}"),
+            )
+            for t, n, tbl, sql in conn.execute(
+                "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+            )
+        ]
+        columns = [
+            (name, *col)
+            for kind, name, _, _ in master
+            if kind == "table"
+            for col in conn.execute("SELECT * FROM pragma_table_info(?)", (name,))
+        ]
         meta = list(conn.execute("SELECT key, value FROM ledger_meta ORDER BY key"))
         return {"master": master, "columns": columns, "meta": meta}
     finally:
@@ -165,7 +179,8 @@ def test_pg_template_schema_is_a_fresh_schema(empty_pg: Callable[[], str], pg_ds
 @pytest.mark.postgres
 @pytest.mark.parametrize("path", upgrade_paths(SCHEMA_VERSION), ids=lambda p: "-".join(map(str, p)))
 def test_pg_every_upgrade_path_ends_in_the_fresh_schema(
-        path: tuple[int, ...], empty_pg: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    path: tuple[int, ...], empty_pg: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     fresh = empty_pg()
     Ledger.open(fresh).close()
     want = pg_catalog(fresh)
@@ -181,7 +196,9 @@ def test_pg_every_upgrade_path_ends_in_the_fresh_schema(
 
 
 @pytest.mark.postgres
-def test_pg_catalog_notices_a_difference(empty_pg: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pg_catalog_notices_a_difference(
+    empty_pg: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The comparison can fail: a schema one migration short is a different catalog."""
     if SCHEMA_VERSION == 1:
         pytest.skip("only one migration")
@@ -193,7 +210,8 @@ def test_pg_catalog_notices_a_difference(empty_pg: Callable[[], str], monkeypatc
 
 @pytest.mark.parametrize("path", upgrade_paths(SCHEMA_VERSION), ids=lambda p: "-".join(map(str, p)))
 def test_sqlite_every_upgrade_path_ends_in_the_fresh_schema(
-        path: tuple[int, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path: tuple[int, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fresh = tmp_path / "fresh.db"
     Ledger.open(f"sqlite:///{fresh}").close()
     want = sqlite_catalog(fresh)
@@ -211,8 +229,10 @@ def test_sqlite_every_upgrade_path_ends_in_the_fresh_schema(
 @pytest.mark.postgres
 def test_pg_a_database_newer_than_the_code_is_refused(pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE ledger_meta SET value = %s WHERE key = 'schema_version'",
-                     (str(SCHEMA_VERSION + 1),))
+        conn.execute(
+            "UPDATE ledger_meta SET value = %s WHERE key = 'schema_version'",
+            (str(SCHEMA_VERSION + 1),),
+        )
     before = pg_catalog(pg_dsn)
     with pytest.raises(RuntimeError, match=f"version {SCHEMA_VERSION + 1}, newer"):
         Ledger.open(pg_dsn)
@@ -223,7 +243,10 @@ def test_sqlite_a_database_newer_than_the_code_is_refused(tmp_path: Path) -> Non
     db = tmp_path / "newer.db"
     Ledger.open(f"sqlite:///{db}").close()
     with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE ledger_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+        conn.execute(
+            "UPDATE ledger_meta SET value = ? WHERE key = 'schema_version'",
+            (str(SCHEMA_VERSION + 1),),
+        )
     before = sqlite_catalog(db)
     with pytest.raises(RuntimeError, match=f"version {SCHEMA_VERSION + 1}, newer"):
         Ledger.open(f"sqlite:///{db}")

@@ -45,12 +45,13 @@ ENDING = {"accepted", "rejected", "retryable", "quarantined", "skipped"}
 def _report(out: Any, name: str, body: Callable[[], Any]) -> None:
     try:
         out.put((name, "ok", body()))
-    except BaseException:  # noqa: BLE001 - the parent re-raises it with the child's traceback
+    except BaseException:
         out.put((name, "error", traceback.format_exc()))
 
 
-def _claim_until_stopped(lg: Ledger, run_id: str, worker: Actor, limit: int,
-                         fail_first_of: int) -> dict[str, Any]:
+def _claim_until_stopped(
+    lg: Ledger, run_id: str, worker: Actor, limit: int, fail_first_of: int
+) -> dict[str, Any]:
     """claim(limit) then record the outcomes, until the run refuses claims or is drained.
 
     The first attempt of every `fail_first_of`-th item fails (retryable), so items
@@ -73,7 +74,10 @@ def _claim_until_stopped(lg: Ledger, run_id: str, worker: Actor, limit: int,
         claims += 1
         if not leases:
             counts = lg.status(run_id).counts
-            if counts.get("pending", 0) + counts.get("retryable", 0) + counts.get("in_progress", 0) == 0:
+            if (
+                counts.get("pending", 0) + counts.get("retryable", 0) + counts.get("in_progress", 0)
+                == 0
+            ):
                 break
             time.sleep(0.005)  # others still hold leases that may come back as retryable
             continue
@@ -88,15 +92,23 @@ def _claim_until_stopped(lg: Ledger, run_id: str, worker: Actor, limit: int,
         results = lg.record(outcomes)
         bad = [r for r in results if isinstance(r, Exception)]
         assert not bad, bad  # our leases are live (long lease_seconds), so every outcome counts
-    return {"claims": claims, "leases": leases_total, "stopped_by": stopped_by, "conflicts": conflicts}
+    return {
+        "claims": claims,
+        "leases": leases_total,
+        "stopped_by": stopped_by,
+        "conflicts": conflicts,
+    }
 
 
-def _claimer(dsn: str, run_id: str, worker_id: str, limit: int, fail_first_of: int,
-             go: Any, out: Any) -> None:
+def _claimer(
+    dsn: str, run_id: str, worker_id: str, limit: int, fail_first_of: int, go: Any, out: Any
+) -> None:
     def body() -> dict[str, Any]:
         with Ledger.open(dsn) as lg:
             go.wait(WAIT)
-            done = _claim_until_stopped(lg, run_id, Actor(worker_id, "worker"), limit, fail_first_of)
+            done = _claim_until_stopped(
+                lg, run_id, Actor(worker_id, "worker"), limit, fail_first_of
+            )
             pool = lg.store.datastore.pool  # type: ignore[attr-defined]
             return {**done, "pool_max": pool.max_size, "pool_size": pool.get_stats()["pool_size"]}
 
@@ -232,7 +244,8 @@ def assert_one_live_lease_at_a_time(history: Sequence[Transition]) -> dict[str, 
             assert t.command == "claim", t
             assert t.item_id not in live, (
                 f"item {t.item_id} claimed at position {t.position} while lease "
-                f"{live[t.item_id][:8]} was live")
+                f"{live[t.item_id][:8]} was live"
+            )
             live[t.item_id] = t.evidence["lease_token"]
             claims[t.item_id] += 1
         elif t.from_state == "in_progress" and t.to_state in ENDING:
@@ -256,13 +269,16 @@ def assert_attempts_consistent(lg: Ledger, run_id: str, claims: dict[str, int]) 
         assert sum(a.finished_at is None for a in attempts) <= 1, item_id
         assert all(a.finished_at is not None for a in attempts[:-1]), item_id
         for before, after in itertools.pairwise(attempts):
-            assert before.finished_at is not None and before.finished_at <= after.started_at, item_id
+            assert before.finished_at is not None and before.finished_at <= after.started_at, (
+                item_id
+            )
         assert len({a.lease_token for a in attempts}) == len(attempts), item_id
 
 
 def positions(history: Sequence[Transition], command: str, run_level: bool) -> list[int]:
-    return [t.position for t in history
-            if t.command == command and (t.item_id is None) == run_level]
+    return [
+        t.position for t in history if t.command == command and (t.item_id is None) == run_level
+    ]
 
 
 # --------------------------------------------------------------------------
@@ -282,7 +298,8 @@ class ConnectionWatch:
             while not self._stop.is_set():
                 row = conn.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchone()
+                    "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+                ).fetchone()
                 self.peak = max(self.peak, row[0] if row else 0)
                 self._stop.wait(0.02)
 
@@ -359,8 +376,11 @@ def test_a_fifth_process_cancels_midway_and_no_claim_follows_it(pg_dsn: str) -> 
         claims = assert_one_live_lease_at_a_time(history)
         assert_attempts_consistent(lg, run_id, claims)
         # in-flight attempts finished and were kept; the rest was skipped as canceled
-        finished_late = [t for t in history if t.item_id and t.position > cancel_at
-                         and t.from_state == "in_progress"]
+        finished_late = [
+            t
+            for t in history
+            if t.item_id and t.position > cancel_at and t.from_state == "in_progress"
+        ]
         assert len(finished_late) == cancel["in_flight"]
         assert all(t.to_state == "accepted" for t in finished_late)
         st = lg.status(run_id)
@@ -396,7 +416,9 @@ def test_claims_racing_a_cancel_or_pause_never_commit_after_it(pg_dsn: str) -> N
                     assert kind == "round", (name, kind, value)
                     reports.append((name, value))
                 stops = {v["stopped_by"] for name, v in reports if name != "stopper"}
-                expected = {"canceling", "canceled"} if command == "cancel" else {"pausing", "paused"}
+                expected = (
+                    {"canceling", "canceled"} if command == "cancel" else {"pausing", "paused"}
+                )
                 assert stops <= expected, (command, reports)
 
                 history = lg.history(run_id)
@@ -404,7 +426,8 @@ def test_claims_racing_a_cancel_or_pause_never_commit_after_it(pg_dsn: str) -> N
                 claim_at = positions(history, "claim", run_level=False)
                 assert claim_at, "no claims happened before the stop: the race was not exercised"
                 assert max(claim_at) < stop_at, (
-                    f"round {r}: a claim committed at {max(claim_at)}, after the {command} at {stop_at}")
+                    f"round {r}: a claim committed at {max(claim_at)}, after the {command} at {stop_at}"
+                )
                 assert_one_live_lease_at_a_time(history)
                 st = lg.status(run_id)
                 assert st.state in ({"canceled"} if command == "cancel" else {"paused"}), st.state

@@ -68,7 +68,9 @@ def backends(dsn: str, where: str = "TRUE") -> int:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND backend_type = 'client backend' AND application_name <> %s "
-            f"AND {where}", (MONITOR,)).fetchone()
+            f"AND {where}",
+            (MONITOR,),
+        ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -98,7 +100,10 @@ def skewed_process_clock(monkeypatch: pytest.MonkeyPatch) -> type[SkewedDatetime
     """Every ledger and projections module sees a process clock `skew` away from the truth."""
     patched = 0
     for name, module in list(sys.modules.items()):
-        if name.split(".")[0] in ("ledger", "projections") and getattr(module, "datetime", None) is datetime:
+        if (
+            name.split(".")[0] in ("ledger", "projections")
+            and getattr(module, "datetime", None) is datetime
+        ):
             monkeypatch.setattr(module, "datetime", SkewedDatetime)
             patched += 1
     assert patched, "no ledger module imports datetime: nothing to skew"
@@ -117,7 +122,8 @@ def db_clock_ledger(pg_dsn: str) -> Iterator[Ledger]:
 # PostgreSQL's clock
 # --------------------------------------------------------------------------
 def test_event_times_come_from_the_server_clock(
-        db_clock_ledger: Ledger, pg_dsn: str, skewed_process_clock: type[SkewedDatetime]) -> None:
+    db_clock_ledger: Ledger, pg_dsn: str, skewed_process_clock: type[SkewedDatetime]
+) -> None:
     lg = db_clock_ledger
     skewed_process_clock.skew = timedelta(days=-1)
     assert abs(datetime.now(UTC) - server_now(pg_dsn)) < timedelta(hours=1)  # same machine
@@ -144,7 +150,8 @@ def test_event_times_come_from_the_server_clock(
 
 
 def test_leases_expire_by_the_server_clock_not_the_process_clock(
-        db_clock_ledger: Ledger, pg_dsn: str, skewed_process_clock: type[SkewedDatetime]) -> None:
+    db_clock_ledger: Ledger, pg_dsn: str, skewed_process_clock: type[SkewedDatetime]
+) -> None:
     lg = db_clock_ledger
     run_id = running_run(lg, 2, lease_seconds=0.5)
     live, other = lg.claim(run_id, WORKER, limit=2)
@@ -172,7 +179,7 @@ def test_leases_expire_by_the_server_clock_not_the_process_clock(
 def test_a_server_in_another_time_zone_records_the_same_instants(pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         db = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
-        conn.execute(f'ALTER DATABASE "{db}" SET timezone TO \'Pacific/Chatham\'')  # +12:45/+13:45
+        conn.execute(f"ALTER DATABASE \"{db}\" SET timezone TO 'Pacific/Chatham'")  # +12:45/+13:45
     with Ledger.open(pg_dsn) as lg:
         before = server_now(pg_dsn)
         assert before.utcoffset() != timedelta(0)  # sessions really are in that zone
@@ -186,7 +193,8 @@ def test_a_server_in_another_time_zone_records_the_same_instants(pg_dsn: str) ->
 
 
 def test_a_command_waiting_for_the_run_lock_reads_the_clock_after_the_wait(
-        db_clock_ledger: Ledger, pg_dsn: str) -> None:
+    db_clock_ledger: Ledger, pg_dsn: str
+) -> None:
     """A worker whose lease expires while its outcome waits for the run's row lock has
     lost it: the clock that judges the lease is read once the lock is granted."""
     lg = db_clock_ledger
@@ -197,7 +205,7 @@ def test_a_command_waiting_for_the_run_lock_reads_the_clock_after_the_wait(
     def accept() -> None:
         try:
             outcome.append(lg.accept(le))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             outcome.append(e)
 
     with psycopg.connect(pg_dsn) as holder:  # another transaction holding the run's row
@@ -240,7 +248,7 @@ class HeldInTransaction:
         def run() -> None:
             try:
                 self.result.append(command())
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self.result.append(e)
 
         self.thread = threading.Thread(target=run)
@@ -259,7 +267,7 @@ def start_thread(command: Callable[[], Any], into: list[Any]) -> threading.Threa
     def run() -> None:
         try:
             into.append(command())
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             into.append(e)
 
     t = threading.Thread(target=run)
@@ -275,7 +283,8 @@ STOPS: dict[str, tuple[Callable[[Ledger, str], Any], str]] = {
 
 @pytest.mark.parametrize("stop", sorted(STOPS))
 def test_a_stop_waits_for_a_claim_holding_the_run_and_then_sees_its_leases(
-        stop: str, pg_dsn: str) -> None:
+    stop: str, pg_dsn: str
+) -> None:
     command, state_with_leases = STOPS[stop]
     with Ledger.open(pg_dsn) as claimer, Ledger.open(pg_dsn) as stopper:
         run_id = running_run(claimer, 5)
@@ -358,8 +367,10 @@ def test_twelve_connections_at_most_and_the_thirteenth_caller_waits(pg_dsn: str)
             assert backends(pg_dsn) == POOL_MAX
             got: list[Any] = []
             t = start_thread(lambda: lg.status(run_id).state, got)
-            wait_until(lambda: pool.get_stats().get("requests_waiting", 0) == 1,
-                       "the 13th caller to queue for a connection")
+            wait_until(
+                lambda: pool.get_stats().get("requests_waiting", 0) == 1,
+                "the 13th caller to queue for a connection",
+            )
             assert got == [] and backends(pg_dsn) == POOL_MAX
         t.join(WAIT)
         assert got == ["running"]
@@ -379,7 +390,7 @@ def test_many_threads_on_one_ledger_stay_within_the_pool(pg_dsn: str) -> None:
                     for le in lg.claim(run_id, WORKER, limit=2):
                         lg.accept(le)
                     lg.status(run_id)
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:
                 errors.append(e)
 
         def watch() -> None:
@@ -432,7 +443,9 @@ def with_params(dsn: str, params: str) -> str:
 
 
 def test_every_dsn_parameter_reaches_the_server(pg_dsn: str) -> None:
-    dsn = with_params(pg_dsn, "application_name=ledger-dsn-test&options=-c%20statement_timeout%3D4321")
+    dsn = with_params(
+        pg_dsn, "application_name=ledger-dsn-test&options=-c%20statement_timeout%3D4321"
+    )
     with Ledger.open(dsn) as lg:
         run_id = running_run(lg, 1)
         with lg.store.read() as tx:
@@ -443,7 +456,8 @@ def test_every_dsn_parameter_reaches_the_server(pg_dsn: str) -> None:
 
 
 def test_a_dsn_without_host_port_or_user_uses_the_libpq_environment(
-        pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     info = conninfo_to_dict(pg_dsn)
     monkeypatch.setenv("PGHOST", str(info["host"]))
     monkeypatch.setenv("PGPORT", str(info["port"]))
@@ -475,8 +489,9 @@ def test_a_missing_database_is_named(pg_server: Any) -> None:
 def login_role(pg_dsn: str) -> Iterator[str]:
     """A new login role with no privileges in the test database (dropped afterwards)."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        can = conn.execute("SELECT rolcreaterole OR rolsuper FROM pg_roles "
-                           "WHERE rolname = current_user").fetchone()
+        can = conn.execute(
+            "SELECT rolcreaterole OR rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
         if not (can and can[0]):
             pytest.skip("the test server's user may not create roles")
         role = f"ledger_app_{secrets.token_hex(4)}"
@@ -496,11 +511,16 @@ def as_role(dsn: str, role: str) -> str:
 
 
 def test_a_role_with_table_privileges_only_can_use_a_migrated_database(
-        pg_dsn: str, login_role: str) -> None:
+    pg_dsn: str, login_role: str
+) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{login_role}"')
+        conn.execute(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{login_role}"'
+        )
         conn.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{login_role}"')
-        row = conn.execute("SELECT has_schema_privilege(%s, 'public', 'CREATE')", (login_role,)).fetchone()
+        row = conn.execute(
+            "SELECT has_schema_privilege(%s, 'public', 'CREATE')", (login_role,)
+        ).fetchone()
         assert row == (False,)
     before = server_now(pg_dsn)
     with Ledger.open(as_role(pg_dsn, login_role)) as lg:
@@ -512,7 +532,8 @@ def test_a_role_with_table_privileges_only_can_use_a_migrated_database(
 
 
 def test_a_role_that_may_not_create_tables_cannot_set_up_an_empty_database(
-        pg_server: Any, login_role: str) -> None:
+    pg_server: Any, login_role: str
+) -> None:
     name = f"ledger_noschema_{secrets.token_hex(3)}"
     create_database(pg_server.admin_dsn, name)
     try:
@@ -542,7 +563,9 @@ def test_a_manifest_of_100000_items_is_submitted_in_one_transaction(pg_dsn: str)
 
 
 @pytest.mark.timeout(120)
-def test_a_statement_larger_than_the_socket_buffers_is_sent_whole_in_a_pipeline(pg_dsn: str) -> None:
+def test_a_statement_larger_than_the_socket_buffers_is_sent_whole_in_a_pipeline(
+    pg_dsn: str,
+) -> None:
     with Ledger.open(pg_dsn) as lg:
         with lg.store.write() as tx:
             tx.execute("CREATE TEMP TABLE big (t TEXT)")
@@ -561,30 +584,47 @@ def test_the_recorder_stores_every_state_byte_for_byte(pg_dsn: str) -> None:
     with Ledger.open(pg_dsn) as lg:
         rec = lg.store.recorder
         oid = uuid.uuid4()
-        states = [b'{"a":"\\u0000 \xc3\xa9 \xf0\x9f\x98\x80 \\"q\\" \\\\"}', b"\xff\xfe not utf-8",
-                  b"nul \x00 inside", "tab\tnewline\n é".encode()]
+        states = [
+            b'{"a":"\\u0000 \xc3\xa9 \xf0\x9f\x98\x80 \\"q\\" \\\\"}',
+            b"\xff\xfe not utf-8",
+            b"nul \x00 inside",
+            "tab\tnewline\n é".encode(),
+        ]
         for batch in ([states[0], states[3]], [states[1]], [states[2], states[0]]):
             start = rec.max_notification_id() or 0
             version = len(rec.select_events(oid))
-            ids = rec.insert_events([StoredEvent(oid, version + k + 1, "t", st) for k, st in enumerate(batch)])
+            ids = rec.insert_events(
+                [StoredEvent(oid, version + k + 1, "t", st) for k, st in enumerate(batch)]
+            )
             assert ids == sorted(ids) and ids[0] > start
         stored = rec.select_events(oid)
-        assert [se.state for se in stored] == [states[0], states[3], states[1], states[2], states[0]]
+        assert [se.state for se in stored] == [
+            states[0],
+            states[3],
+            states[1],
+            states[2],
+            states[0],
+        ]
         with psycopg.connect(pg_dsn) as conn:  # which insert each kind of state takes
-            assert [_events_json(conn, [StoredEvent(oid, 1, "t", st)]) is not None for st in states] == [
-                True, False, False, True]
+            assert [
+                _events_json(conn, [StoredEvent(oid, 1, "t", st)]) is not None for st in states
+            ] == [True, False, False, True]
         assert [se.originator_version for se in stored] == [1, 2, 3, 4, 5]
 
 
-def test_a_lock_timeout_is_named_as_such_and_writes_nothing(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lock_timeout_is_named_as_such_and_writes_nothing(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ledger import idempotency
     from ledger.errors import StoreUnavailable
 
     monkeypatch.setattr(idempotency, "RETRY_DELAYS", (0.01, 0.01))
     with Ledger.open(pg_dsn) as lg:
         run_id = lg.submit(manifest(1), SUBMITTER).run_id
-    with psycopg.connect(pg_dsn) as holder, \
-            Ledger.open(with_params(pg_dsn, "options=-c%20lock_timeout%3D50")) as lg:
+    with (
+        psycopg.connect(pg_dsn) as holder,
+        Ledger.open(with_params(pg_dsn, "options=-c%20lock_timeout%3D50")) as lg,
+    ):
         holder.execute("LOCK TABLE lg_runs IN ACCESS EXCLUSIVE MODE")  # held until rollback
         with pytest.raises(StoreUnavailable) as refused:
             lg.start(run_id, CONTROLLER)

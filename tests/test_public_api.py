@@ -16,25 +16,53 @@ import ledger
 # Names API.md tells users to import from `ledger`.
 API_NAMES = {
     # opening a ledger, actors
-    "Ledger", "Actor",
+    "Ledger",
+    "Actor",
     # values the commands and reads return
-    "RunStatus", "ItemStatus", "Lease", "Attempt", "Transition", "CancelOutcome",
-    "ReconcileReport", "VerifyReport",
+    "RunStatus",
+    "ItemStatus",
+    "Lease",
+    "Attempt",
+    "Transition",
+    "CancelOutcome",
+    "ReconcileReport",
+    "VerifyReport",
     # errors ("all subclass ledger.LedgerError, all importable from ledger")
-    "LedgerError", "InvalidInput", "ManifestInvalid", "RunNotFound", "ItemNotFound",
-    "NotAuthorized", "Conflict", "IllegalTransition", "AlreadyTerminal", "NotComplete",
-    "LeaseLost", "StaleReview",
+    "LedgerError",
+    "InvalidInput",
+    "ManifestInvalid",
+    "RunNotFound",
+    "ItemNotFound",
+    "NotAuthorized",
+    "Conflict",
+    "IllegalTransition",
+    "AlreadyTerminal",
+    "NotComplete",
+    "LeaseLost",
+    "StaleReview",
     # worker helper
-    "Worker", "Accepted", "Rejected", "Quarantine",
+    "Worker",
+    "Accepted",
+    "Rejected",
+    "Quarantine",
 }
 # Extras the package also exports: the manifest models API.md describes ("validated by
 # pydantic") and the `links` entry type of RunStatus.
 EXTRA_NAMES = {"Manifest", "Policy", "Link"}
 
 ERROR_NAMES = {
-    "LedgerError", "InvalidInput", "ManifestInvalid", "RunNotFound", "ItemNotFound",
-    "NotAuthorized", "Conflict", "IllegalTransition", "AlreadyTerminal", "NotComplete",
-    "LeaseLost", "StaleReview",
+    "LedgerError",
+    "InvalidInput",
+    "ManifestInvalid",
+    "RunNotFound",
+    "ItemNotFound",
+    "NotAuthorized",
+    "Conflict",
+    "IllegalTransition",
+    "AlreadyTerminal",
+    "NotComplete",
+    "LeaseLost",
+    "StaleReview",
 }
 
 
@@ -54,14 +82,14 @@ def test_name_is_importable_from_ledger(name: str) -> None:
     obj = getattr(module, name)
     assert obj is not None
     namespace: dict[str, object] = {}
-    exec(f"from ledger import {name}", namespace)  # noqa: S102 - the exact import users write
+    exec(f"from ledger import {name}", namespace)
     assert namespace[name] is obj
     assert inspect.getdoc(obj), f"{name} has no docstring"
 
 
 def test_star_import_gives_exactly_all() -> None:
     namespace: dict[str, object] = {}
-    exec("from ledger import *", namespace)  # noqa: S102
+    exec("from ledger import *", namespace)
     exported = {k for k in namespace if not k.startswith("__")}
     assert exported == set(ledger.__all__)
 
@@ -95,22 +123,91 @@ def test_view_fields_match_api() -> None:
     def fields(cls: type) -> set[str]:
         return {f.name for f in dataclasses.fields(cls)}
 
-    assert {"run_id", "item_id", "token", "worker_id", "attempt", "expires_at",
-            "payload"} <= fields(ledger.Lease)
+    assert {
+        "run_id",
+        "item_id",
+        "token",
+        "worker_id",
+        "attempt",
+        "expires_at",
+        "payload",
+    } <= fields(ledger.Lease)
     assert {"run_id", "state", "in_flight", "already"} <= fields(ledger.CancelOutcome)
-    assert {"run_id", "state", "revision", "failure_kind", "failure_reason", "input_version",
-            "counts", "summary", "not_accepted", "waiting_on", "links", "cancel_requested",
-            "created_at", "updated_at"} <= fields(ledger.RunStatus)
-    assert {"item_id", "state", "required", "attempts", "lease", "last_error",
-            "revision"} <= fields(ledger.ItemStatus)
-    assert {"run_id", "item_id", "from_state", "to_state", "actor_id", "role", "reason",
-            "evidence", "at", "revision", "position"} <= fields(ledger.Transition)
+    assert {
+        "run_id",
+        "state",
+        "revision",
+        "failure_kind",
+        "failure_reason",
+        "input_version",
+        "counts",
+        "summary",
+        "not_accepted",
+        "waiting_on",
+        "links",
+        "cancel_requested",
+        "created_at",
+        "updated_at",
+    } <= fields(ledger.RunStatus)
+    assert {
+        "item_id",
+        "state",
+        "required",
+        "attempts",
+        "lease",
+        "last_error",
+        "revision",
+    } <= fields(ledger.ItemStatus)
+    assert {
+        "run_id",
+        "item_id",
+        "from_state",
+        "to_state",
+        "actor_id",
+        "role",
+        "reason",
+        "evidence",
+        "at",
+        "revision",
+        "position",
+    } <= fields(ledger.Transition)
     assert {"id", "role"} <= fields(ledger.Actor)
-    for cmd in ("submit", "start", "amend", "claim", "heartbeat", "accept", "reject",
-                "fail_attempt", "skip", "release", "reject_item", "request_review", "decide",
-                "pause", "resume", "cancel", "complete", "fail", "retry", "repair", "compensate",
-                "reconcile", "status", "runs", "items", "attempts", "history", "audit",
-                "status_at", "lineage", "verify", "rebuild_projections", "open", "close"):
+    for cmd in (
+        "submit",
+        "start",
+        "amend",
+        "claim",
+        "heartbeat",
+        "accept",
+        "reject",
+        "fail_attempt",
+        "skip",
+        "release",
+        "reject_item",
+        "request_review",
+        "decide",
+        "pause",
+        "resume",
+        "cancel",
+        "complete",
+        "fail",
+        "retry",
+        "repair",
+        "compensate",
+        "reconcile",
+        "status",
+        "runs",
+        "items",
+        "attempts",
+        "history",
+        "audit",
+        "status_at",
+        "lineage",
+        "verify",
+        "rebuild_projections",
+        "open",
+        "close",
+    ):
         assert callable(getattr(ledger.Ledger, cmd)), cmd
 
 
@@ -143,16 +240,38 @@ API_SIGNATURES = {
     "items": ["run_id", "state"],
     "attempts": ["run_id", "item_id"],
     "history": ["run_id"],
-    "audit": ["run_id", "actor", "role", "state", "since", "until", "newest_first", "after",
-              "limit"],
+    "audit": [
+        "run_id",
+        "actor",
+        "role",
+        "state",
+        "since",
+        "until",
+        "newest_first",
+        "after",
+        "limit",
+    ],
     "status_at": ["run_id", "at"],
     "lineage": ["run_id"],
     "verify": [],
     "rebuild_projections": ["progress"],
 }
 # Run commands that take the caller's revision (compare-and-set, SPEC rule 2).
-REVISIONED = ["start", "amend", "claim", "skip", "release", "reject_item", "request_review",
-              "decide", "pause", "resume", "cancel", "complete", "fail"]
+REVISIONED = [
+    "start",
+    "amend",
+    "claim",
+    "skip",
+    "release",
+    "reject_item",
+    "request_review",
+    "decide",
+    "pause",
+    "resume",
+    "cancel",
+    "complete",
+    "fail",
+]
 
 
 @pytest.mark.parametrize("command", sorted(API_SIGNATURES))
@@ -160,7 +279,7 @@ def test_command_signature_matches_api(command: str) -> None:
     params = list(inspect.signature(getattr(ledger.Ledger, command)).parameters)
     assert params[0] == "self"
     expected = API_SIGNATURES[command]
-    assert params[1:1 + len(expected)] == expected
+    assert params[1 : 1 + len(expected)] == expected
 
 
 @pytest.mark.parametrize("command", REVISIONED)

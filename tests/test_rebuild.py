@@ -32,9 +32,28 @@ POLICIES: list[dict[str, Any]] = [
     {"lease_seconds": 30, "run_deadline_seconds": 200},
     {"backoff_seconds": 10, "item_deadline_seconds": 100, "max_attempts": 2},
 ]
-RUN_OPS = ["start", "start", "claim", "claim", "claim", "pause", "resume", "cancel", "complete", "drain",
-           "fail_run", "request_review", "approve", "reject_review", "retry", "repair", "compensate",
-           "amend_add", "amend_policy", "reconcile"]
+RUN_OPS = [
+    "start",
+    "start",
+    "claim",
+    "claim",
+    "claim",
+    "pause",
+    "resume",
+    "cancel",
+    "complete",
+    "drain",
+    "fail_run",
+    "request_review",
+    "approve",
+    "reject_review",
+    "retry",
+    "repair",
+    "compensate",
+    "amend_add",
+    "amend_policy",
+    "reconcile",
+]
 LEASE_OPS = ["accept", "accept", "accept", "reject", "fail", "fail_nr", "heartbeat", "record"]
 ITEM_OPS = ["skip", "release", "reject_item", "withdraw", "replace"]
 
@@ -46,9 +65,20 @@ OP = st.one_of(
     st.tuples(st.just("advance"), st.sampled_from([0, 0, 1, 30, 120])),
 )
 # every program starts from a few running runs with leases, so most commands apply
-PRELUDE: list[tuple[Any, ...]] = [("submit", 3, 0), ("submit", 3, 3), ("submit", 2, 2), ("submit", 2, 0),
-                                  ("start", 0), ("start", 1), ("start", 2), ("start", 3), ("claim", 0),
-                                  ("claim", 1), ("claim", 2), ("drain", 3)]
+PRELUDE: list[tuple[Any, ...]] = [
+    ("submit", 3, 0),
+    ("submit", 3, 3),
+    ("submit", 2, 2),
+    ("submit", 2, 0),
+    ("start", 0),
+    ("start", 1),
+    ("start", 2),
+    ("start", 3),
+    ("claim", 0),
+    ("claim", 1),
+    ("claim", 2),
+    ("drain", 3),
+]
 PROGRAM = st.lists(OP, min_size=1, max_size=30).map(lambda ops: PRELUDE + ops)
 
 
@@ -91,7 +121,9 @@ class Program:
             elif kind == "reject":
                 lg.reject(lease, "bad-row", detail="column 3")
             elif kind == "fail":
-                lg.fail_attempt(lease, "timeout talking to postgresql://u:secret@db/x", stage="load")
+                lg.fail_attempt(
+                    lease, "timeout talking to postgresql://u:secret@db/x", stage="load"
+                )
             elif kind == "fail_nr":
                 lg.fail_attempt(lease, "corrupt", retryable=False)
             elif kind == "heartbeat":
@@ -113,7 +145,12 @@ class Program:
             elif kind == "withdraw":
                 lg.amend(run_id, SUBMITTER, "withdraw one", withdraw=[item])
             else:
-                lg.amend(run_id, SUBMITTER, "replace one", items=[{"item_id": item, "payload": {"v": self.n}}])
+                lg.amend(
+                    run_id,
+                    SUBMITTER,
+                    "replace one",
+                    items=[{"item_id": item, "payload": {"v": self.n}}],
+                )
             return
         if kind == "start":
             lg.start(run_id, CONTROLLER)
@@ -151,7 +188,12 @@ class Program:
         elif kind == "compensate":
             self.runs.append(lg.compensate(run_id, OPERATOR, "undo").run_id)
         elif kind == "amend_add":
-            lg.amend(run_id, SUBMITTER, "one more", items=[{"item_id": f"x{self.n}", "required": self.n % 2 == 0}])
+            lg.amend(
+                run_id,
+                SUBMITTER,
+                "one more",
+                items=[{"item_id": f"x{self.n}", "required": self.n % 2 == 0}],
+            )
         elif kind == "amend_policy":
             lg.amend(run_id, OPERATOR, "more attempts", policy={"max_attempts": 4})
         elif kind == "reconcile":
@@ -166,11 +208,16 @@ def live_checksums(lg: Ledger) -> dict[str, str]:
 # --------------------------------------------------------------------------
 # rebuild == live
 # --------------------------------------------------------------------------
-@settings(max_examples=8, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=8,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(ops=PROGRAM)
-def test_rebuild_equals_live_after_random_commands(lg: Ledger, clock: ManualClock,
-                                                   ops: list[tuple[Any, ...]]) -> None:
+def test_rebuild_equals_live_after_random_commands(
+    lg: Ledger, clock: ManualClock, ops: list[tuple[Any, ...]]
+) -> None:
     Program(lg, clock).run(ops)
     before = live_checksums(lg)
     lg.rebuild_projections()
@@ -203,10 +250,14 @@ def test_rebuild_reports_progress_and_keeps_reads(lg: Ledger, clock: ManualClock
 def index_names(lg: Ledger) -> set[tuple[str, str]]:
     with lg.store.read() as tx:
         if lg.store.dialect == "postgres":
-            rows = tx.fetchall("SELECT indexname AS n, tablename AS t FROM pg_indexes "
-                               "WHERE schemaname = current_schema()")
+            rows = tx.fetchall(
+                "SELECT indexname AS n, tablename AS t FROM pg_indexes "
+                "WHERE schemaname = current_schema()"
+            )
         else:
-            rows = tx.fetchall("SELECT name AS n, tbl_name AS t FROM sqlite_master WHERE type = 'index'")
+            rows = tx.fetchall(
+                "SELECT name AS n, tbl_name AS t FROM sqlite_master WHERE type = 'index'"
+            )
     return {(r["n"], r["t"]) for r in rows}
 
 
@@ -256,9 +307,16 @@ def test_replayer_cache_is_bounded_and_never_serves_rows_another_replayer_moved(
         lg.start(run, CONTROLLER)
         while leases := lg.claim(run, WORKER, limit=7):
             lg.heartbeat(leases[0])
-            lg.record([Outcome(le, "fail" if (i + r) % 4 == 0 else "accept", error="flaky")
-                       for i, le in enumerate(leases)])
-    a, b = Replayer("_two", cache_items=6, cache_runs=1), Replayer("_two", cache_items=6, cache_runs=1)
+            lg.record(
+                [
+                    Outcome(le, "fail" if (i + r) % 4 == 0 else "accept", error="flaky")
+                    for i, le in enumerate(leases)
+                ]
+            )
+    a, b = (
+        Replayer("_two", cache_items=6, cache_runs=1),
+        Replayer("_two", cache_items=6, cache_runs=1),
+    )
     rng = random.Random(3)
     position, turns, cached = 0, [], []
     while True:
@@ -297,19 +355,27 @@ def big_history() -> Iterator[tuple[list[Any], dict[str, str]]]:
             src.start(run, CONTROLLER)
             while leases := src.claim(run, WORKER, limit=1000):
                 clock.advance(1)
-                src.record([Outcome(le, "fail" if (i + r) % 7 == 0 else "accept", error="flaky")
-                            for i, le in enumerate(leases)])
+                src.record(
+                    [
+                        Outcome(le, "fail" if (i + r) % 7 == 0 else "accept", error="flaky")
+                        for i, le in enumerate(leases)
+                    ]
+                )
         src.rebuild_projections()
         yield [se for _p, se in stored_events(src)], live_checksums(src)
 
 
-@pytest.mark.parametrize("store_dsn", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "store_dsn", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
 def test_rebuild_resumes_after_faults_to_a_clean_rebuild(
-        lg: Ledger, big_history: tuple[list[Any], dict[str, str]]) -> None:
+    lg: Ledger, big_history: tuple[list[Any], dict[str, str]]
+) -> None:
     events, clean = big_history
     assert len(events) > 19_000
-    assert clean["lg_transitions"].startswith(f"{len(events) - 3 * 2300}:")  # no rows for Registered
+    assert clean["lg_transitions"].startswith(
+        f"{len(events) - 3 * 2300}:"
+    )  # no rows for Registered
     import_stored(lg, events)  # the events only: the projection tables are empty
     empty = live_checksums(lg)
     batch = 2500
@@ -318,6 +384,7 @@ def test_rebuild_resumes_after_faults_to_a_clean_rebuild(
         def fault(s: str, k: int) -> None:
             if (s, k) == (stage, n):
                 raise Crash(f"{s} {k}")
+
         return fault
 
     # one rebuild, killed at several points, each time resumed from where it was
@@ -325,8 +392,12 @@ def test_rebuild_resumes_after_faults_to_a_clean_rebuild(
     for stage, n in [("batch", 2), ("batch", 1), ("batch", 3), ("switch", 0)]:
         seen: list[int] = []
         with pytest.raises(Crash):
-            rebuild(lg, progress=lambda d, t, seen=seen: seen.append(d), batch_size=batch,
-                    fault=crash_at(stage, n))
+            rebuild(
+                lg,
+                progress=lambda d, t, seen=seen: seen.append(d),
+                batch_size=batch,
+                fault=crash_at(stage, n),
+            )
         starts.append(seen[0])
         assert live_checksums(lg) == empty  # the live tables were not touched
         with lg.store.read() as tx:
@@ -373,8 +444,9 @@ def test_writes_during_a_rebuild_are_not_lost(lg: Ledger, clock: ManualClock) ->
     assert live_checksums(lg) == before
 
 
-@pytest.mark.parametrize("store_dsn", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "store_dsn", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
 def test_readers_and_writers_during_a_rebuild(store_dsn: str, lg: Ledger) -> None:
     """Writers and a reader run while rebuilds run: no write is lost and the reader
     never sees an empty or half-built table. One writer writes once between every
@@ -401,7 +473,7 @@ def test_readers_and_writers_during_a_rebuild(store_dsn: str, lg: Ledger) -> Non
                         go.clear()
                         write_one(w)
                         wrote.set()
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:
                 errors.append(e)
                 wrote.set()
 
@@ -410,7 +482,7 @@ def test_readers_and_writers_during_a_rebuild(store_dsn: str, lg: Ledger) -> Non
             try:
                 for _ in range(40):
                     write_one(w)
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:
                 errors.append(e)
 
     def reader() -> None:
@@ -421,7 +493,7 @@ def test_readers_and_writers_during_a_rebuild(store_dsn: str, lg: Ledger) -> Non
                     reading.set()
                     st_ = r.status(base[len(seen_counts) % len(base)])
                     assert st_.counts["pending"] == 3
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:
                 errors.append(e)
                 reading.set()
 
@@ -451,9 +523,12 @@ def test_readers_and_writers_during_a_rebuild(store_dsn: str, lg: Ledger) -> Non
     assert report.ok, report.problems
 
 
-@pytest.mark.parametrize("store_dsn", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+@pytest.mark.parametrize(
+    "store_dsn", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
 def test_the_switch_gives_way_to_a_transaction_holding_the_tables(
-        store_dsn: str, lg: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    store_dsn: str, lg: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """PostgreSQL: while another transaction holds a projection table, the switch times
     out (well before deadlock detection could pick that transaction), retries, and
     completes once it ends; that transaction is never aborted."""

@@ -57,14 +57,17 @@ def reconciler_targets(lg: Ledger) -> set[str]:
 # every store, injected clock
 # --------------------------------------------------------------------------
 def test_expired_leases_are_recorded_as_lease_expired_and_count_as_attempts(
-        lg: Ledger, clock: ManualClock) -> None:
+    lg: Ledger, clock: ManualClock
+) -> None:
     run_id = running(lg, 2, lease_seconds=10, max_attempts=2, backoff_seconds=5)
     lg.claim(run_id, WORKER, limit=2)
     clock.advance(11)
     report = lg.reconcile()
     assert (report.expired_leases, report.failed_runs) == (2, 0)
     assert {i.item_id: (i.state, i.attempts, i.lease) for i in lg.items(run_id)} == {
-        "i0": ("retryable", 1, None), "i1": ("retryable", 1, None)}
+        "i0": ("retryable", 1, None),
+        "i1": ("retryable", 1, None),
+    }
     assert [a.outcome for a in lg.attempts(run_id)] == ["lease_expired", "lease_expired"]
     assert all(a.finished_at is not None for a in lg.attempts(run_id))
 
@@ -82,7 +85,9 @@ def test_expired_leases_are_recorded_as_lease_expired_and_count_as_attempts(
     expiries = [t for t in lg.history(run_id) if t.command == "expire"]
     assert len(expiries) == 4
     assert all(t.role == "reconciler" and t.from_state == "in_progress" for t in expiries)
-    assert all(t.evidence["outcome"] == "lease_expired" and t.evidence["lease_token"] for t in expiries)
+    assert all(
+        t.evidence["outcome"] == "lease_expired" and t.evidence["lease_token"] for t in expiries
+    )
 
 
 def test_reconcile_twice_writes_nothing_the_second_time(lg: Ledger, clock: ManualClock) -> None:
@@ -92,8 +97,12 @@ def test_reconcile_twice_writes_nothing_the_second_time(lg: Ledger, clock: Manua
     assert lg.reconcile().expired_leases == 3
     before = event_count(lg)
     report = lg.reconcile()
-    assert (report.expired_leases, report.finished_cancels, report.finished_pauses, report.failed_runs) \
-        == (0, 0, 0, 0)
+    assert (
+        report.expired_leases,
+        report.finished_cancels,
+        report.finished_pauses,
+        report.failed_runs,
+    ) == (0, 0, 0, 0)
     assert event_count(lg) == before
 
 
@@ -120,14 +129,20 @@ def test_run_deadline_fails_only_once_no_lease_is_live(lg: Ledger, clock: Manual
     report = lg.reconcile()
     assert report.failed_runs == 1
     st = lg.status(run_id)
-    assert (st.state, st.failure_kind, st.failure_reason) == ("failed", "transient", "deadline_exceeded")
+    assert (st.state, st.failure_kind, st.failure_reason) == (
+        "failed",
+        "transient",
+        "deadline_exceeded",
+    )
     # the outcomes the workers reported before are kept
     assert {i.item_id: i.state for i in lg.items(run_id)} == {"i0": "accepted", "i1": "retryable"}
     assert lg.reconcile().failed_runs == 0
     assert [t.command for t in lg.history(run_id)].count("reconcile_deadline") == 1
 
 
-def test_run_deadline_with_an_abandoned_lease_fails_after_expiry(lg: Ledger, clock: ManualClock) -> None:
+def test_run_deadline_with_an_abandoned_lease_fails_after_expiry(
+    lg: Ledger, clock: ManualClock
+) -> None:
     run_id = running(lg, 1, lease_seconds=600, run_deadline_seconds=60)
     lg.claim(run_id, WORKER)
     clock.advance(300)
@@ -156,10 +171,15 @@ def test_run_deadline_in_other_states(lg: Ledger, clock: ManualClock, where: str
     if where == "queued":  # the deadline counts from the start: a queued run never started
         assert report.failed_runs == 0 and st.state == "queued"
     else:
-        assert report.failed_runs == 1 and (st.state, st.failure_reason) == ("failed", "deadline_exceeded")
+        assert report.failed_runs == 1 and (st.state, st.failure_reason) == (
+            "failed",
+            "deadline_exceeded",
+        )
 
 
-def test_cancel_whose_owner_died_is_finished_by_the_reconciler(lg: Ledger, clock: ManualClock) -> None:
+def test_cancel_whose_owner_died_is_finished_by_the_reconciler(
+    lg: Ledger, clock: ManualClock
+) -> None:
     run_id = running(lg, 4, lease_seconds=30)
     lg.claim(run_id, WORKER, limit=2)  # the worker then dies
     out = lg.cancel(run_id, SUBMITTER, "wrong input")
@@ -177,7 +197,9 @@ def test_cancel_whose_owner_died_is_finished_by_the_reconciler(lg: Ledger, clock
     assert [t.command for t in lg.history(run_id)].count("cancel_finished") == 1
 
 
-def test_pause_whose_owner_died_is_finished_by_the_reconciler(lg: Ledger, clock: ManualClock) -> None:
+def test_pause_whose_owner_died_is_finished_by_the_reconciler(
+    lg: Ledger, clock: ManualClock
+) -> None:
     run_id = running(lg, 3, lease_seconds=30)
     lg.claim(run_id, WORKER)
     assert lg.pause(run_id, OPERATOR, "db maintenance").state == "pausing"
@@ -195,7 +217,10 @@ def test_item_deadline_quarantines_retryable_items(lg: Ledger, clock: ManualCloc
     lg.fail_attempt(a, "flaky")  # retryable; the other lease is left to expire
     clock.advance(101)  # past the item deadline; b's lease expired too
     lg.reconcile()
-    assert {i.item_id: i.state for i in lg.items(run_id)} == {"i0": "quarantined", "i1": "quarantined"}
+    assert {i.item_id: i.state for i in lg.items(run_id)} == {
+        "i0": "quarantined",
+        "i1": "quarantined",
+    }
 
 
 def test_reconciler_never_accepts_or_succeeds(lg: Ledger, clock: ManualClock) -> None:
@@ -257,8 +282,12 @@ def _reconciler_proc(dsn: str, now_iso: str, go: Any, stop: Any, out: Any, name:
         passes = 0
         while not stop.is_set() or passes < 2:
             r = lg.reconcile(now=now, actor=Actor(name, "reconciler"))
-            totals.update(expired=r.expired_leases, cancels=r.finished_cancels,
-                          pauses=r.finished_pauses, failed=r.failed_runs)
+            totals.update(
+                expired=r.expired_leases,
+                cancels=r.finished_cancels,
+                pauses=r.finished_pauses,
+                failed=r.failed_runs,
+            )
             passes += 1
             if stop.is_set():
                 continue
@@ -267,8 +296,10 @@ def _reconciler_proc(dsn: str, now_iso: str, go: Any, stop: Any, out: Any, name:
 
 def _worker_proc(dsn: str, leases_json: str, go: Any, out: Any, name: str) -> None:
     """Accept each lease once, as fast as possible; report which writes were acknowledged."""
-    leases = [Lease(**{**d, "expires_at": datetime.fromisoformat(d["expires_at"])})
-              for d in json.loads(leases_json)]
+    leases = [
+        Lease(**{**d, "expires_at": datetime.fromisoformat(d["expires_at"])})
+        for d in json.loads(leases_json)
+    ]
     acked, lost = [], []
     with Ledger.open(dsn) as lg:
         go.wait(WAIT)
@@ -313,7 +344,9 @@ def _item_events(lg: Ledger, run_id: str) -> dict[str, list[Any]]:
 
 
 @pytest.mark.postgres
-def test_reconciler_processes_racing_workers_never_double_write(pg_dsn: str, procs: list[Any]) -> None:
+def test_reconciler_processes_racing_workers_never_double_write(
+    pg_dsn: str, procs: list[Any]
+) -> None:
     """4 reconcilers and 3 workers race over 12 runs: each lease ends exactly once, either
     accepted (the worker was told so) or lease_expired (the worker got LeaseLost)."""
     ctx = mp.get_context(MP_START)
@@ -325,10 +358,15 @@ def test_reconciler_processes_racing_workers_never_double_write(pg_dsn: str, pro
     # interleave runs between workers so they contend with the reconcilers everywhere
     shares = [leases[k::3] for k in range(3)]
     for k in range(4):
-        procs.append(ctx.Process(target=_reconciler_proc,
-                                 args=(pg_dsn, reconcile_at, go, stop, out, f"rec-{k}")))
+        procs.append(
+            ctx.Process(
+                target=_reconciler_proc, args=(pg_dsn, reconcile_at, go, stop, out, f"rec-{k}")
+            )
+        )
     for k, share in enumerate(shares):
-        procs.append(ctx.Process(target=_worker_proc, args=(pg_dsn, _lease_dicts(share), go, out, f"w-{k}")))
+        procs.append(
+            ctx.Process(target=_worker_proc, args=(pg_dsn, _lease_dicts(share), go, out, f"w-{k}"))
+        )
     for p in procs:
         p.start()
     go.set()
@@ -357,14 +395,21 @@ def test_reconciler_processes_racing_workers_never_double_write(pg_dsn: str, pro
             for item_id, events in _item_events(lg, run_id).items():
                 ends = [t for t in events if t.from_state == "in_progress"]
                 claims = [t for t in events if t.command == "claim"]
-                assert len(claims) == 1 and len(ends) == 1, (run_id, item_id, [t.command for t in events])
+                assert len(claims) == 1 and len(ends) == 1, (
+                    run_id,
+                    item_id,
+                    [t.command for t in events],
+                )
                 end = ends[0]
                 if (run_id, item_id) in acked:
                     assert (end.command, end.to_state) == ("accept", "accepted")
                 else:
                     assert (run_id, item_id) in lost
-                    assert (end.command, end.to_state, end.evidence["outcome"]) == \
-                        ("expire", "retryable", "lease_expired")
+                    assert (end.command, end.to_state, end.evidence["outcome"]) == (
+                        "expire",
+                        "retryable",
+                        "lease_expired",
+                    )
                     expired_seen += 1
             attempts = lg.attempts(run_id)
             assert all(a.outcome in ("accepted", "lease_expired") for a in attempts)
@@ -383,17 +428,22 @@ def _holder_proc(dsn: str, run_ids: list[str], out: Any) -> None:
 
 
 @pytest.mark.postgres
-def test_reconciler_processes_finish_cancels_pauses_and_deadlines_once(pg_dsn: str, procs: list[Any]) -> None:
+def test_reconciler_processes_finish_cancels_pauses_and_deadlines_once(
+    pg_dsn: str, procs: list[Any]
+) -> None:
     ctx = mp.get_context(MP_START)
     go, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
     with Ledger.open(pg_dsn) as lg:
         cancel_runs = [running(lg, 5, lease_seconds=3600) for _ in range(3)]
         pause_runs = [running(lg, 5, lease_seconds=3600) for _ in range(3)]
-        deadline_runs = [running(lg, 5, lease_seconds=3600, run_deadline_seconds=1) for _ in range(3)]
+        deadline_runs = [
+            running(lg, 5, lease_seconds=3600, run_deadline_seconds=1) for _ in range(3)
+        ]
     # its own queue: a process killed while using a queue may leave the queue's lock held
     holder_out = ctx.Queue()
-    holder = ctx.Process(target=_holder_proc,
-                         args=(pg_dsn, cancel_runs + pause_runs + deadline_runs, holder_out))
+    holder = ctx.Process(
+        target=_holder_proc, args=(pg_dsn, cancel_runs + pause_runs + deadline_runs, holder_out)
+    )
     procs.append(holder)
     holder.start()
     assert holder_out.get(timeout=WAIT) == ("holder", 27)
@@ -405,12 +455,18 @@ def test_reconciler_processes_finish_cancels_pauses_and_deadlines_once(pg_dsn: s
             assert lg.cancel(r, OPERATOR, "stop it").state == "canceling"
         for r in pause_runs:
             assert lg.pause(r, OPERATOR, "hold on").state == "pausing"
-        expires = max(i.lease.expires_at for r in deadline_runs for i in lg.items(r, "in_progress")
-                      if i.lease is not None)
+        expires = max(
+            i.lease.expires_at
+            for r in deadline_runs
+            for i in lg.items(r, "in_progress")
+            if i.lease is not None
+        )
 
     reconcile_at = (expires + FAR).isoformat()
-    recs = [ctx.Process(target=_reconciler_proc, args=(pg_dsn, reconcile_at, go, stop, out, f"rec-{k}"))
-            for k in range(4)]
+    recs = [
+        ctx.Process(target=_reconciler_proc, args=(pg_dsn, reconcile_at, go, stop, out, f"rec-{k}"))
+        for k in range(4)
+    ]
     procs.extend(recs)
     for p in recs:
         p.start()
@@ -441,7 +497,11 @@ def test_reconciler_processes_finish_cancels_pauses_and_deadlines_once(pg_dsn: s
             assert [t.command for t in lg.history(r)].count("pause_finished") == 1
         for r in deadline_runs:
             st = lg.status(r)
-            assert (st.state, st.failure_kind, st.failure_reason) == ("failed", "transient", "deadline_exceeded")
+            assert (st.state, st.failure_kind, st.failure_reason) == (
+                "failed",
+                "transient",
+                "deadline_exceeded",
+            )
             hist = lg.history(r)
             fails = [t for t in hist if t.to_state == "failed"]
             assert len(fails) == 1
@@ -455,8 +515,10 @@ def test_reconciler_processes_finish_cancels_pauses_and_deadlines_once(pg_dsn: s
 
 
 def _accept_slowly_proc(dsn: str, leases_json: str, go: Any, out: Any) -> None:
-    leases = [Lease(**{**d, "expires_at": datetime.fromisoformat(d["expires_at"])})
-              for d in json.loads(leases_json)]
+    leases = [
+        Lease(**{**d, "expires_at": datetime.fromisoformat(d["expires_at"])})
+        for d in json.loads(leases_json)
+    ]
     acked = 0
     with Ledger.open(dsn) as lg:
         go.wait(WAIT)
@@ -482,8 +544,10 @@ def test_deadline_waits_for_a_live_worker_across_processes(pg_dsn: str, procs: l
     # past the deadline, long before any lease expires
     reconcile_at = (started + timedelta(seconds=30)).isoformat()
     worker = ctx.Process(target=_accept_slowly_proc, args=(pg_dsn, _lease_dicts(leases), go, out))
-    recs = [ctx.Process(target=_reconciler_proc, args=(pg_dsn, reconcile_at, go, stop, out, f"rec-{k}"))
-            for k in range(3)]
+    recs = [
+        ctx.Process(target=_reconciler_proc, args=(pg_dsn, reconcile_at, go, stop, out, f"rec-{k}"))
+        for k in range(3)
+    ]
     procs.extend([worker, *recs])
     for p in procs:
         p.start()
@@ -515,7 +579,15 @@ def test_ledger_reconcile_watch_processes(pg_dsn: str, tmp_path: Any) -> None:
         lg.claim(run_id, WORKER, limit=2)
         assert lg.cancel(run_id, OPERATOR, "abort").state == "canceling"
     env = {**os.environ, "LEDGER_DSN": pg_dsn, "PYTHONPATH": os.getcwd()}
-    cmd = [sys.executable, "-c", "from ledger.cli import main; main()", "reconcile", "--watch", "0.1", "--json"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from ledger.cli import main; main()",
+        "reconcile",
+        "--watch",
+        "0.1",
+        "--json",
+    ]
     logs = [open(tmp_path / f"rec-{k}.log", "w+") for k in range(2)]  # noqa: SIM115
     watchers = [subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT) for f in logs]
     try:
@@ -531,7 +603,8 @@ def test_ledger_reconcile_watch_processes(pg_dsn: str, tmp_path: Any) -> None:
         # both watchers are up and looping (each printed a pass) before they are stopped
         deadline = time.monotonic() + WAIT
         while time.monotonic() < deadline and not all(
-                (tmp_path / f"rec-{k}.log").read_text().count("\n") >= 2 for k in range(2)):
+            (tmp_path / f"rec-{k}.log").read_text().count("\n") >= 2 for k in range(2)
+        ):
             time.sleep(0.1)
     finally:
         for w in watchers:

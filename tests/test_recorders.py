@@ -20,7 +20,6 @@ fresh temporary file (SQLite) or a fresh database cloned from the ledger templat
 from __future__ import annotations
 
 import threading
-
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,10 @@ def _join_stray_readers() -> None:
     (sqlite3). Wait for them before closing anything."""
     for thread in threading.enumerate():
         target = getattr(thread, "_target", None)
-        if thread is not threading.current_thread() and getattr(target, "__name__", "") == "read_continuously":
+        if (
+            thread is not threading.current_thread()
+            and getattr(target, "__name__", "") == "read_continuously"
+        ):
             thread.join(timeout=30)
 
 
@@ -74,8 +76,7 @@ class SQLiteLedgerFile:
         return ds
 
 
-class TestLedgerSQLiteRecorder(SQLiteLedgerFile,
-                               ApplicationRecorderTestCase[LedgerSQLiteRecorder]):
+class TestLedgerSQLiteRecorder(SQLiteLedgerFile, ApplicationRecorderTestCase[LedgerSQLiteRecorder]):
     def create_recorder(self) -> LedgerSQLiteRecorder:
         recorder = LedgerSQLiteRecorder(self.new_datastore(pool_size=20))
         recorder.create_table()  # idempotent on the ledger's schema
@@ -141,8 +142,7 @@ class PostgresLedgerDatabase:
 
 
 @pytest.mark.postgres
-class TestLedgerPostgresRecorder(PostgresLedgerDatabase,
-                                 ApplicationRecorderTestCase[Any]):
+class TestLedgerPostgresRecorder(PostgresLedgerDatabase, ApplicationRecorderTestCase[Any]):
     def create_recorder(self) -> Any:
         from ledger.stores.postgres import EVENTS_TABLE, LedgerPostgresRecorder
 
@@ -159,8 +159,9 @@ class TestLedgerPostgresRecorder(PostgresLedgerDatabase,
 
 
 @pytest.mark.postgres
-class TestLedgerPostgresNonInterleaving(PostgresLedgerDatabase,
-                                        NonInterleavingNotificationIDsBaseCase):
+class TestLedgerPostgresNonInterleaving(
+    PostgresLedgerDatabase, NonInterleavingNotificationIDsBaseCase
+):
     insert_num = 200
 
     def create_recorder(self) -> ApplicationRecorder:

@@ -70,8 +70,15 @@ def test_rule1_every_transition_is_a_complete_event(lg: Ledger, clock: ManualClo
     t0 = clock()
     expected: list[tuple[Any, ...]] = []  # (item_id, command, from, to, actor, role, reason, at)
 
-    def step(item: str | None, command: str, frm: str, to: str, who: Actor | str, role: str,
-             reason: str | None) -> None:
+    def step(
+        item: str | None,
+        command: str,
+        frm: str,
+        to: str,
+        who: Actor | str,
+        role: str,
+        reason: str | None,
+    ) -> None:
         actor_id = who if isinstance(who, str) else who.id
         expected.append((item, command, frm, to, actor_id, role, reason, clock()))
 
@@ -92,12 +99,18 @@ def test_rule1_every_transition_is_a_complete_event(lg: Ledger, clock: ManualClo
     step(b.item_id, "reject", S.IN_PROGRESS, S.REJECTED, WORKER, S.WORKER, "negative-amount")
     clock.advance(1)
     lg.fail_attempt(c, "connection reset by peer", stage="fetch", retryable=False)
-    step(c.item_id, "fail_attempt", S.IN_PROGRESS, S.QUARANTINED, WORKER, S.WORKER,
-         "not retryable")
+    step(c.item_id, "fail_attempt", S.IN_PROGRESS, S.QUARANTINED, WORKER, S.WORKER, "not retryable")
     clock.advance(1)
     lg.skip(rid, c.item_id, REVIEWER, "covered by the December run")
-    step(c.item_id, "skip", S.QUARANTINED, S.SKIPPED, REVIEWER, S.REVIEWER,
-         "covered by the December run")
+    step(
+        c.item_id,
+        "skip",
+        S.QUARANTINED,
+        S.SKIPPED,
+        REVIEWER,
+        S.REVIEWER,
+        "covered by the December run",
+    )
     clock.advance(1)
     lg.pause(rid, OPERATOR, "maintenance window")
     step(None, "pause", S.RUNNING, S.PAUSED, OPERATOR, S.OPERATOR, "maintenance window")
@@ -105,14 +118,20 @@ def test_rule1_every_transition_is_a_complete_event(lg: Ledger, clock: ManualClo
     lg.resume(rid, OPERATOR)
     step(None, "resume", S.PAUSED, S.RUNNING, OPERATOR, S.OPERATOR, None)
     clock.advance(1)
-    lg.fail(rid, CONTROLLER, "the source export vanished", transient=False,
-            failure_reason="input_unavailable")
-    step(None, "fail", S.RUNNING, S.FAILED, CONTROLLER, S.CONTROLLER,
-         "the source export vanished")
+    lg.fail(
+        rid,
+        CONTROLLER,
+        "the source export vanished",
+        transient=False,
+        failure_reason="input_unavailable",
+    )
+    step(None, "fail", S.RUNNING, S.FAILED, CONTROLLER, S.CONTROLLER, "the source export vanished")
 
     history = lg.history(rid)
-    got = [(t.item_id, t.command, t.from_state, t.to_state, t.actor_id, t.role, t.reason, t.at)
-           for t in history]
+    got = [
+        (t.item_id, t.command, t.from_state, t.to_state, t.actor_id, t.role, t.reason, t.at)
+        for t in history
+    ]
     assert got == expected
     assert all(t.run_id == rid for t in history)
     assert history[0].at == t0
@@ -130,7 +149,9 @@ def test_rule1_every_transition_is_a_complete_event(lg: Ledger, clock: ManualClo
     assert by[(c.item_id, "fail_attempt")].evidence["error"] == "connection reset by peer"
     fail = by[(None, "fail")]
     assert (fail.evidence["failure_kind"], fail.evidence["failure_reason"]) == (
-        S.PERMANENT, "input_unavailable")
+        S.PERMANENT,
+        "input_unavailable",
+    )
     # each transition is an event in the store: the store holds at least one per transition,
     # and the audit view agrees with the history
     assert event_count(lg) >= len(history)
@@ -154,9 +175,12 @@ def test_rule1_history_is_never_rewritten(lg: Ledger, clock: ManualClock) -> Non
     assert len(later) > len(early)
     with lg.store.read() as tx:
         later_rows = lg.store.read_stored_rows(tx, 0, 1_000_000)
-    assert [(p, e.originator_id, e.originator_version, e.topic, bytes(e.state))
-            for p, e in later_rows[: len(early_rows)]] == [
-        (p, e.originator_id, e.originator_version, e.topic, bytes(e.state)) for p, e in early_rows]
+    assert [
+        (p, e.originator_id, e.originator_version, e.topic, bytes(e.state))
+        for p, e in later_rows[: len(early_rows)]
+    ] == [
+        (p, e.originator_id, e.originator_version, e.topic, bytes(e.state)) for p, e in early_rows
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -166,12 +190,15 @@ RUN_CAS: dict[str, Callable[[Ledger, str, int], Any]] = {
     "start": lambda lg, rid, rev: lg.start(rid, CONTROLLER, expected_revision=rev),
     "pause": lambda lg, rid, rev: lg.pause(rid, OPERATOR, "hold", expected_revision=rev),
     "cancel": lambda lg, rid, rev: lg.cancel(rid, OPERATOR, "stop", expected_revision=rev),
-    "amend": lambda lg, rid, rev: lg.amend(rid, SUBMITTER, "more", items=[{"item_id": "n"}],
-                                           expected_revision=rev),
-    "request_review": lambda lg, rid, rev: lg.request_review(rid, CONTROLLER, DECISION,
-                                                             expected_revision=rev),
-    "fail": lambda lg, rid, rev: lg.fail(rid, CONTROLLER, "x", transient=True,
-                                         expected_revision=rev),
+    "amend": lambda lg, rid, rev: lg.amend(
+        rid, SUBMITTER, "more", items=[{"item_id": "n"}], expected_revision=rev
+    ),
+    "request_review": lambda lg, rid, rev: lg.request_review(
+        rid, CONTROLLER, DECISION, expected_revision=rev
+    ),
+    "fail": lambda lg, rid, rev: lg.fail(
+        rid, CONTROLLER, "x", transient=True, expected_revision=rev
+    ),
     "complete": lambda lg, rid, rev: lg.complete(rid, CONTROLLER, expected_revision=rev),
     "claim": lambda lg, rid, rev: lg.claim(rid, WORKER, expected_revision=rev),
 }
@@ -207,8 +234,13 @@ def test_rule2_current_revision_is_accepted_and_advances(lg: Ledger) -> None:
 def test_rule2_item_commands_compare_the_item_revision(lg: Ledger) -> None:
     zoo = item_zoo(lg)
     item = {i.item_id: i for i in lg.items(zoo.run_id)}[S.QUARANTINED]
-    e = nothing_written(lg, lambda: lg.release(zoo.run_id, S.QUARANTINED, OPERATOR, "fixed",
-                                                expected_revision=item.revision + 1), Conflict)
+    e = nothing_written(
+        lg,
+        lambda: lg.release(
+            zoo.run_id, S.QUARANTINED, OPERATOR, "fixed", expected_revision=item.revision + 1
+        ),
+        Conflict,
+    )
     assert isinstance(e, Conflict)
     assert (e.current_revision, e.current_state) == (item.revision, S.QUARANTINED)
     st = lg.release(zoo.run_id, S.QUARANTINED, OPERATOR, "fixed", expected_revision=item.revision)
@@ -228,12 +260,17 @@ def test_rule2_concurrent_writers_never_both_succeed(lg: Ledger) -> None:
         def writer(k: int, rev: int = rev, round_: int = round_) -> None:
             barrier.wait()
             try:
-                lg.amend(rid, SUBMITTER, f"round {round_} writer {k}",
-                         items=[{"item_id": f"r{round_}-w{k}"}], expected_revision=rev)
+                lg.amend(
+                    rid,
+                    SUBMITTER,
+                    f"round {round_} writer {k}",
+                    items=[{"item_id": f"r{round_}-w{k}"}],
+                    expected_revision=rev,
+                )
                 outcome = "ok"
             except Conflict:
                 outcome = "conflict"
-            except Exception as e:  # noqa: BLE001 - reported below
+            except Exception as e:
                 outcome = f"error {type(e).__name__}: {e}"
             with lock:
                 results.append(outcome)
@@ -270,8 +307,10 @@ def test_rule2_identity_fixed_revisions_and_times_monotonic(lg: Ledger, clock: M
     clock.advance(7200)
     lg.resume(rid, OPERATOR)
     record()
-    ident = {(s.run_id, s.created_at, s.created_by, s.source_version, s.config_version,
-              s.root_run_id) for s in seen}
+    ident = {
+        (s.run_id, s.created_at, s.created_by, s.source_version, s.config_version, s.root_run_id)
+        for s in seen
+    }
     assert len(ident) == 1
     revs = [s.revision for s in seen]
     assert revs == sorted(revs) and len(set(revs)) >= 4
@@ -287,14 +326,19 @@ def test_rule3_wrong_token_is_lease_lost(lg: Ledger) -> None:
     lg.start(rid, CONTROLLER)
     le = claim_one(lg, rid)
     forged = replace(le, token="0" * 32)
-    for fn in (lambda: lg.accept(forged), lambda: lg.heartbeat(forged),
-               lambda: lg.reject(forged, "bad-row"), lambda: lg.fail_attempt(forged, "x")):
+    for fn in (
+        lambda: lg.accept(forged),
+        lambda: lg.heartbeat(forged),
+        lambda: lg.reject(forged, "bad-row"),
+        lambda: lg.fail_attempt(forged, "x"),
+    ):
         nothing_written(lg, fn, LeaseLost)
     assert lg.accept(le).state == S.ACCEPTED
 
 
 def test_rule3_expired_lease_cannot_write_even_before_the_reconciler(
-        lg: Ledger, clock: ManualClock) -> None:
+    lg: Ledger, clock: ManualClock
+) -> None:
     rid = submit(lg, 1, lease_seconds=30)
     lg.start(rid, CONTROLLER)
     le = claim_one(lg, rid)
@@ -332,14 +376,19 @@ def test_rule3_taken_over_lease_is_fenced(lg: Ledger, clock: ManualClock) -> Non
     new = claim_one(lg, rid, W2)
     assert new.token != old.token and new.attempt == old.attempt + 1
     # the old holder wakes up: every write is refused, nothing written
-    for fn in (lambda: lg.accept(old), lambda: lg.heartbeat(old),
-               lambda: lg.fail_attempt(old, "late")):
+    for fn in (
+        lambda: lg.accept(old),
+        lambda: lg.heartbeat(old),
+        lambda: lg.fail_attempt(old, "late"),
+    ):
         e = nothing_written(lg, fn, LeaseLost)
         assert "another lease" in e.message
     assert lg.accept(new).state == S.ACCEPTED
     attempts = lg.attempts(rid)
-    assert [(a.worker_id, a.outcome) for a in attempts] == [("w1", "lease_expired"),
-                                                            ("w2", "accepted")]
+    assert [(a.worker_id, a.outcome) for a in attempts] == [
+        ("w1", "lease_expired"),
+        ("w2", "accepted"),
+    ]
     assert attempts[0].finished_at is not None
     assert attempts[0].finished_at <= attempts[1].started_at
 
@@ -387,8 +436,9 @@ def test_rule4_reconcile_never_accepts_or_succeeds(lg: Ledger, clock: ManualCloc
         assert t.to_state not in (S.ACCEPTED, S.SUCCEEDED, S.COMPLETED_WITH_ERRORS), t
 
 
-def test_rule4_run_deadline_fails_only_once_no_lease_is_live(lg: Ledger,
-                                                             clock: ManualClock) -> None:
+def test_rule4_run_deadline_fails_only_once_no_lease_is_live(
+    lg: Ledger, clock: ManualClock
+) -> None:
     rid = submit(lg, 2, run_deadline_seconds=60, lease_seconds=300)
     lg.start(rid, CONTROLLER)
     le = claim_one(lg, rid)
@@ -401,8 +451,11 @@ def test_rule4_run_deadline_fails_only_once_no_lease_is_live(lg: Ledger,
     report = lg.reconcile()
     assert report.failed_runs == 1
     st = lg.status(rid)
-    assert (st.state, st.failure_kind, st.failure_reason) == (S.FAILED, S.TRANSIENT,
-                                                              "deadline_exceeded")
+    assert (st.state, st.failure_kind, st.failure_reason) == (
+        S.FAILED,
+        S.TRANSIENT,
+        "deadline_exceeded",
+    )
     # the accepted item stays accepted
     assert {i.item_id: i.state for i in lg.items(rid)}[le.item_id] == S.ACCEPTED
 
@@ -482,8 +535,9 @@ def test_rule5_tolerated_failures(lg: Ledger) -> None:
         _tolerated_case(lg, tolerated, required, bad, expected)
 
 
-def _tolerated_case(lg: Ledger, tolerated: int | str, required: int, bad: int,
-                    expected: str | None) -> None:
+def _tolerated_case(
+    lg: Ledger, tolerated: int | str, required: int, bad: int, expected: str | None
+) -> None:
     case = (tolerated, required, bad, expected)
     rid = submit(lg, required, partial_delivery=True, tolerated_failures=tolerated)
     lg.start(rid, CONTROLLER)
@@ -501,7 +555,8 @@ def _tolerated_case(lg: Ledger, tolerated: int | str, required: int, bad: int,
     assert st.state == expected, case
     # the status lists which items were not accepted and why
     assert [(n.item_id, n.state) for n in st.not_accepted] == [
-        (f"i{k}", S.REJECTED if kinds[k % 2] == "reject" else S.QUARANTINED) for k in range(bad)]
+        (f"i{k}", S.REJECTED if kinds[k % 2] == "reject" else S.QUARANTINED) for k in range(bad)
+    ]
     assert all(n.reason for n in st.not_accepted)
     assert st.not_accepted[0].reason == "bad-row"
 
@@ -553,8 +608,11 @@ def test_rule6_cancel_is_durable_across_a_restart(store_dsn: str, clock: ManualC
             assert (items[other].state, items[other].reason) == (S.SKIPPED, "canceled")
         hist = lg.history(rid)
         last = hist[-1]
-        assert (last.command, last.from_state, last.to_state) == ("cancel_finished", S.CANCELING,
-                                                                  S.CANCELED)
+        assert (last.command, last.from_state, last.to_state) == (
+            "cancel_finished",
+            S.CANCELING,
+            S.CANCELED,
+        )
 
 
 def test_rule6_cancel_without_leases_is_immediate(lg: Ledger) -> None:
@@ -580,8 +638,9 @@ def test_rule6_reconciler_finishes_a_cancel(lg: Ledger, clock: ManualClock) -> N
     nothing_written(lg, lambda: lg.accept(d.leases[0]), LeaseLost)
 
 
-def test_rule6_cancel_retries_on_a_revision_conflict(lg: Ledger,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rule6_cancel_retries_on_a_revision_conflict(
+    lg: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without expected_revision a cancel re-reads and retries on Conflict, a bounded number
     of times; with expected_revision it does not. (A conflict is injected: the store's locks
     make a real one rare.)"""
@@ -679,10 +738,17 @@ def test_rule8_retry_replays_latest_input_exactly(lg: Ledger) -> None:
     m["items"][2]["required"] = False
     rid = lg.submit(m, SUBMITTER).run_id
     lg.start(rid, CONTROLLER)
-    lg.amend(rid, SUBMITTER, "fix i1, add i9, drop i0, longer leases",
-             items=[{"item_id": "i1", "payload": {"amount": "13.00"}},
-                    {"item_id": "i9", "payload": [1, 2, 3]}],
-             withdraw=["i0"], policy={"lease_seconds": 120})
+    lg.amend(
+        rid,
+        SUBMITTER,
+        "fix i1, add i9, drop i0, longer leases",
+        items=[
+            {"item_id": "i1", "payload": {"amount": "13.00"}},
+            {"item_id": "i9", "payload": [1, 2, 3]},
+        ],
+        withdraw=["i0"],
+        policy={"lease_seconds": 120},
+    )
     le = claim_one(lg, rid)
     lg.accept(le)
     lg.fail(rid, CONTROLLER, "source flaked", transient=True, failure_reason="input_unavailable")
@@ -695,7 +761,10 @@ def test_rule8_retry_replays_latest_input_exactly(lg: Ledger) -> None:
     assert new.state == S.QUEUED
     assert [(ln.relation, ln.run_id) for ln in new.links] == [("retry_of", rid)]
     assert (new.source_version, new.config_version, new.scope) == (
-        original.source_version, original.config_version, original.scope)
+        original.source_version,
+        original.config_version,
+        original.scope,
+    )
     assert new.input_version == original.input_version
     assert new.policy == original.policy and new.policy["lease_seconds"] == 120
     assert [(i.item_id, i.required, i.payload, i.state) for i in lg.items(new.run_id)] == [
@@ -706,7 +775,11 @@ def test_rule8_retry_replays_latest_input_exactly(lg: Ledger) -> None:
     # the original stays as it was (its reverse link is a projection, not a new event of it)
     after = lg.status(rid)
     assert (after.state, after.revision, after.input_version, after.failure_kind) == (
-        original.state, original.revision, original.input_version, original.failure_kind)
+        original.state,
+        original.revision,
+        original.input_version,
+        original.failure_kind,
+    )
     assert lg.items(rid) == original_items
     assert lg.history(rid) == original_history
     assert event_count(lg) == n_events + 1  # only the new run's submit
@@ -849,8 +922,10 @@ MANIFEST_CASES = [
     (_bad(policy={"max_attempts": 0}), "policy.max_attempts"),
     (_bad(policy={"lease_seconds": -1}), "policy.lease_seconds"),
     (_bad(policy={"tolerated_failures": 2}), "policy"),
-    (_bad(policy={"partial_delivery": True, "tolerated_failures": "150%"}),
-     "policy.tolerated_failures"),
+    (
+        _bad(policy={"partial_delivery": True, "tolerated_failures": "150%"}),
+        "policy.tolerated_failures",
+    ),
     (_bad(policy={"review": {"decision": "x", "extra": 1}}), "policy.review.extra"),
 ]
 
@@ -884,10 +959,16 @@ def test_rule11_bad_command_arguments_name_the_argument(lg: Ledger) -> None:
         (lambda: lg.start(rid, "ctl"), "ID:ROLE", None),  # type: ignore[arg-type]
         (lambda: lg.claim(rid, WORKER, limit=0), "limit", "1"),
         (lambda: lg.claim(rid, WORKER, limit=True), "limit", None),  # type: ignore[arg-type]
-        (lambda: lg.pause(rid, OPERATOR, "hold", expected_revision=-1), "expected_revision",
-         "non-negative"),
-        (lambda: lg.fail(rid, CONTROLLER, "x", transient=True, failure_reason="meh"),
-         "failure_reason", "input_unavailable"),
+        (
+            lambda: lg.pause(rid, OPERATOR, "hold", expected_revision=-1),
+            "expected_revision",
+            "non-negative",
+        ),
+        (
+            lambda: lg.fail(rid, CONTROLLER, "x", transient=True, failure_reason="meh"),
+            "failure_reason",
+            "input_unavailable",
+        ),
         (lambda: lg.fail(rid, CONTROLLER, "x", transient="yes"), "transient", None),  # type: ignore[arg-type]
         (lambda: lg.fail(rid, CONTROLLER, "", transient=True), "reason", None),
         (lambda: lg.pause(rid, OPERATOR, "x" * 5000), "reason", "4096"),
@@ -898,10 +979,16 @@ def test_rule11_bad_command_arguments_name_the_argument(lg: Ledger) -> None:
         (lambda: lg.fail_attempt(le, 42), "error", None),  # type: ignore[arg-type]
         (lambda: lg.decide(rid, REVIEWER, "v", "yes", "r"), "approve", None),  # type: ignore[arg-type]
         (lambda: lg.amend(rid, SUBMITTER, "nothing"), "amend", None),
-        (lambda: lg.amend(rid, SUBMITTER, "bad", items=[{"item_id": "x", "colour": 1}]),
-         "items.0.colour", None),
-        (lambda: lg.amend(rid, SUBMITTER, "bad", policy={"max_attempts": "many"}),
-         "policy.max_attempts", None),
+        (
+            lambda: lg.amend(rid, SUBMITTER, "bad", items=[{"item_id": "x", "colour": 1}]),
+            "items.0.colour",
+            None,
+        ),
+        (
+            lambda: lg.amend(rid, SUBMITTER, "bad", policy={"max_attempts": "many"}),
+            "policy.max_attempts",
+            None,
+        ),
         (lambda: lg.skip(rid, "", OPERATOR, "why"), "item_id", None),
         (lambda: lg.runs(state="sleeping"), "state", "queued"),
         (lambda: lg.items(rid, state="done"), "state", "pending"),

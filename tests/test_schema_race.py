@@ -34,7 +34,9 @@ from tests.test_migrations import (
 # Fresh processes (nothing inherited from pytest), forked from a server that has
 # imported the ledger once, so starting six of them is cheap.
 FRESH = multiprocessing.get_context("forkserver")
-FRESH.set_forkserver_preload(["ledger.stores.postgres", "ledger.stores.sqlite", "tests.test_schema_race"])
+FRESH.set_forkserver_preload(
+    ["ledger.stores.postgres", "ledger.stores.sqlite", "tests.test_schema_race"]
+)
 OPENERS = 6
 ROUNDS = 10
 WAIT = 120.0  # a bound on waiting for a child or a lock, never a timing assertion
@@ -54,17 +56,21 @@ def _opener(dsns: list[str], barrier: Any, out: Any) -> None:
         try:
             Ledger.open(dsn).close()
             out.put((r, None))
-        except Exception:  # noqa: BLE001 - reported to the parent
+        except Exception:
             out.put((r, traceback.format_exc()))
 
 
-def open_all_at_once(dsns: list[str], prepare: Callable[[int], None],
-                     check: Callable[[int], None]) -> None:
+def open_all_at_once(
+    dsns: list[str], prepare: Callable[[int], None], check: Callable[[int], None]
+) -> None:
     """OPENERS fresh processes open `dsns[r]` all at the same moment, round after round:
     `prepare(r)` empties the database before a round, `check(r)` inspects it after."""
     barrier = FRESH.Barrier(OPENERS + 1)
     out: Any = FRESH.Queue()
-    procs = [FRESH.Process(target=_opener, args=(dsns, barrier, out), daemon=True) for _ in range(OPENERS)]
+    procs = [
+        FRESH.Process(target=_opener, args=(dsns, barrier, out), daemon=True)
+        for _ in range(OPENERS)
+    ]
     for p in procs:
         p.start()
     try:
@@ -80,7 +86,9 @@ def open_all_at_once(dsns: list[str], prepare: Callable[[int], None],
                 assert got == r
                 if failure is not None:
                     failures.append(failure)
-            assert failures == [], f"round {r}: {len(failures)} of {OPENERS} opens failed:\n{failures[0]}"
+            assert failures == [], (
+                f"round {r}: {len(failures)} of {OPENERS} opens failed:\n{failures[0]}"
+            )
             check(r)
     finally:
         barrier.abort()  # children still waiting (after a failure) stop at once
@@ -98,12 +106,15 @@ def creator_transactions(dsn: str) -> set[int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT DISTINCT xmin::text::bigint FROM pg_class "
-            "WHERE relnamespace = 'public'::regnamespace").fetchall()
+            "WHERE relnamespace = 'public'::regnamespace"
+        ).fetchall()
     return {r[0] for r in rows}
 
 
 @pytest.mark.postgres
-def test_processes_opening_an_empty_pg_database_at_once(empty_pg: Callable[[], str], pg_dsn: str) -> None:
+def test_processes_opening_an_empty_pg_database_at_once(
+    empty_pg: Callable[[], str], pg_dsn: str
+) -> None:
     want = pg_catalog(pg_dsn)  # the fresh schema (the template's)
     dsn = empty_pg()  # a new database without the template's schema
 
@@ -113,8 +124,9 @@ def test_processes_opening_an_empty_pg_database_at_once(empty_pg: Callable[[], s
                 conn.execute("DROP SCHEMA public CASCADE")
                 conn.execute("CREATE SCHEMA public")
         with psycopg.connect(dsn, autocommit=True) as conn:
-            assert conn.execute("SELECT count(*) FROM pg_class WHERE relnamespace = "
-                                "'public'::regnamespace").fetchone() == (0,)
+            assert conn.execute(
+                "SELECT count(*) FROM pg_class WHERE relnamespace = 'public'::regnamespace"
+            ).fetchone() == (0,)
 
     def check(r: int) -> None:
         assert schema_version_pg(dsn) == SCHEMA_VERSION
@@ -134,7 +146,7 @@ def test_the_advisory_lock_is_what_serialises_schema_creation(empty_pg: Callable
     def open_it() -> None:
         try:
             Ledger.open(dsn).close()
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append(e)
 
     with psycopg.connect(dsn, autocommit=True) as holder:
@@ -144,13 +156,16 @@ def test_the_advisory_lock_is_what_serialises_schema_creation(empty_pg: Callable
         try:
             deadline = time.monotonic() + WAIT
             while not holder.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-                    "AND objid = %s AND database = (SELECT oid FROM pg_database "
-                    "WHERE datname = current_database())", (_SCHEMA_LOCK,)).fetchone()[0]:  # type: ignore[index]
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                "AND objid = %s AND database = (SELECT oid FROM pg_database "
+                "WHERE datname = current_database())",
+                (_SCHEMA_LOCK,),
+            ).fetchone()[0]:  # type: ignore[index]
                 assert time.monotonic() < deadline, "the opener never waited for the schema lock"
                 time.sleep(0.01)
-            tables = holder.execute("SELECT count(*) FROM information_schema.tables "
-                                    "WHERE table_schema = 'public'").fetchone()
+            tables = holder.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+            ).fetchone()
             assert tables == (0,)  # it waits before creating anything
         finally:
             holder.execute("SELECT pg_advisory_unlock(%s)", (_SCHEMA_LOCK,))

@@ -51,11 +51,29 @@ from ledger.states import ROLES, TERMINAL_RUN_STATES
 from tests.clock import ManualClock
 
 settings.register_profile(
-    "ci", max_examples=500, stateful_step_count=25, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+    "ci",
+    max_examples=500,
+    stateful_step_count=25,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+    ],
+)
 settings.register_profile(
-    "deep", max_examples=2000, stateful_step_count=50, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+    "deep",
+    max_examples=2000,
+    stateful_step_count=50,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+    ],
+)
 
 
 def profile_name() -> str:
@@ -77,7 +95,15 @@ BY_ROLE = {role: Actor(f"{role}-1", role) for role in ROLES}
 WORKERS = (Actor("w1", "worker"), Actor("w2", "worker"))
 OPEN = ("pending", "in_progress", "retryable")
 EDITABLE = ("pending", "retryable", "quarantined")
-ITEM_STATES = ("pending", "in_progress", "retryable", "quarantined", "accepted", "rejected", "skipped")
+ITEM_STATES = (
+    "pending",
+    "in_progress",
+    "retryable",
+    "quarantined",
+    "accepted",
+    "rejected",
+    "skipped",
+)
 
 
 def pick_actor(allowed: set[str], who: int) -> Actor:
@@ -144,7 +170,11 @@ class MRun:
 
     def past_item_deadline(self, now: datetime) -> bool:
         d = self.policy["item_deadline_seconds"]
-        return d is not None and self.started_at is not None and now > self.started_at + timedelta(seconds=d)
+        return (
+            d is not None
+            and self.started_at is not None
+            and now > self.started_at + timedelta(seconds=d)
+        )
 
     def waiting_on(self) -> str:
         c = self.counts()
@@ -172,17 +202,26 @@ def state_error(state: str, sources: tuple[str, ...]) -> type[E.LedgerError] | N
 # --------------------------------------------------------------------------
 # the machine
 # --------------------------------------------------------------------------
-POLICY = st.fixed_dictionaries({
-    "max_attempts": st.integers(1, 3),
-    "lease_seconds": st.sampled_from([10, 30]),
-    "backoff_seconds": st.sampled_from([0, 5]),
-    "partial_delivery": st.booleans(),
-    "tolerated_failures": st.sampled_from([None, 0, 1, "50%"]),
-    "review": st.sampled_from([None, None, None, {"decision": "qa", "survives_amendment": False},
-                               {"decision": "qa", "survives_amendment": True}]),
-    "item_deadline_seconds": st.sampled_from([None, None, 60]),
-    "run_deadline_seconds": st.sampled_from([None, None, 100]),
-})
+POLICY = st.fixed_dictionaries(
+    {
+        "max_attempts": st.integers(1, 3),
+        "lease_seconds": st.sampled_from([10, 30]),
+        "backoff_seconds": st.sampled_from([0, 5]),
+        "partial_delivery": st.booleans(),
+        "tolerated_failures": st.sampled_from([None, 0, 1, "50%"]),
+        "review": st.sampled_from(
+            [
+                None,
+                None,
+                None,
+                {"decision": "qa", "survives_amendment": False},
+                {"decision": "qa", "survives_amendment": True},
+            ]
+        ),
+        "item_deadline_seconds": st.sampled_from([None, None, 60]),
+        "run_deadline_seconds": st.sampled_from([None, None, 100]),
+    }
+)
 PICK = st.integers(0, 1000)
 EXACT = 10**6
 WHO = st.integers(0, 11)
@@ -222,15 +261,21 @@ class LedgerMachine(RuleBasedStateMachine):
             ids = [r for r in self.order if self.runs[r].state in prefer] or self.order
         return self.runs[ids[pick % len(ids)]]
 
-    def call(self, predicted: type[E.LedgerError] | None, fn: Callable[[], Any]) -> tuple[bool, Any]:
+    def call(
+        self, predicted: type[E.LedgerError] | None, fn: Callable[[], Any]
+    ) -> tuple[bool, Any]:
         """Run the real command; its error type (or success) must be the predicted one."""
         event(f"{sys._getframe(1).f_code.co_name}: {predicted.__name__ if predicted else 'ok'}")
         try:
             result = fn()
         except E.LedgerError as e:
-            assert predicted is not None, f"the ledger refused ({type(e).__name__}: {e}); the model accepts"
-            assert type(e) is predicted, f"the ledger raised {type(e).__name__} ({e}); the model predicts " \
-                                         f"{predicted.__name__}"
+            assert predicted is not None, (
+                f"the ledger refused ({type(e).__name__}: {e}); the model accepts"
+            )
+            assert type(e) is predicted, (
+                f"the ledger raised {type(e).__name__} ({e}); the model predicts "
+                f"{predicted.__name__}"
+            )
             return False, e
         assert predicted is None, f"the ledger accepted; the model predicts {predicted.__name__}"
         return True, result
@@ -239,8 +284,14 @@ class LedgerMachine(RuleBasedStateMachine):
     def expected(mode: str | None, revision: int) -> int | None:
         return None if mode is None else revision if mode == "current" else max(revision - 1, 0)
 
-    def run_checks(self, run: MRun, actor: Actor, roles: set[str], expected: int | None,
-                   sources: tuple[str, ...] | None) -> type[E.LedgerError] | None:
+    def run_checks(
+        self,
+        run: MRun,
+        actor: Actor,
+        roles: set[str],
+        expected: int | None,
+        sources: tuple[str, ...] | None,
+    ) -> type[E.LedgerError] | None:
         if actor.role not in roles:
             return E.NotAuthorized
         if expected is not None and expected != run.revision:
@@ -249,8 +300,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def add_run(self, status: Any, items: list[tuple[str, bool]], policy: dict[str, Any]) -> None:
         assert status.state == "queued" and status.revision == 1
-        self.runs[status.run_id] = MRun(status.run_id, dict(policy), {i: MItem(i, r) for i, r in items},
-                                        status.input_version)
+        self.runs[status.run_id] = MRun(
+            status.run_id, dict(policy), {i: MItem(i, r) for i, r in items}, status.input_version
+        )
         self.order.append(status.run_id)
 
     def finish_if_drained(self, run: MRun) -> str | None:
@@ -270,31 +322,48 @@ class LedgerMachine(RuleBasedStateMachine):
     def live(self, lease: Lease) -> MItem | None:
         run = self.runs[lease.run_id]
         it = run.items[lease.item_id]
-        if (it.state == "in_progress" and it.token == lease.token and it.worker == lease.worker_id
-                and it.expires is not None and it.expires >= self.now()):
+        if (
+            it.state == "in_progress"
+            and it.token == lease.token
+            and it.worker == lease.worker_id
+            and it.expires is not None
+            and it.expires >= self.now()
+        ):
             return it
         return None
 
     # -- run commands -------------------------------------------------------
-    @initialize(n=st.integers(1, 4), required=st.lists(st.booleans(), min_size=4, max_size=4), policy=POLICY)
+    @initialize(
+        n=st.integers(1, 4), required=st.lists(st.booleans(), min_size=4, max_size=4), policy=POLICY
+    )
     def a_running_run(self, n: int, required: list[bool], policy: dict[str, Any]) -> None:
         """Every example starts with one running run, so the interesting steps come early."""
         self.submit(n, required, policy, 0)
         self.start(0, 0, None)
 
     @precondition(lambda self: len(self.order) < 3)
-    @rule(n=st.integers(1, 4), required=st.lists(st.booleans(), min_size=4, max_size=4), policy=POLICY,
-          who=WHO)
+    @rule(
+        n=st.integers(1, 4),
+        required=st.lists(st.booleans(), min_size=4, max_size=4),
+        policy=POLICY,
+        who=WHO,
+    )
     def submit(self, n: int, required: list[bool], policy: dict[str, Any], who: int) -> None:
         policy = dict(policy)
         if not policy["partial_delivery"]:
             policy["tolerated_failures"] = None
         items = [(f"i{k}", required[k]) for k in range(n)]
-        manifest = {"source_version": "src", "config_version": "cfg",
-                    "items": [{"item_id": i, "required": r} for i, r in items], "policy": policy}
+        manifest = {
+            "source_version": "src",
+            "config_version": "cfg",
+            "items": [{"item_id": i, "required": r} for i, r in items],
+            "policy": policy,
+        }
         actor = pick_actor({"submitter"}, who)
-        ok, status = self.call(None if actor.role == "submitter" else E.NotAuthorized,
-                               lambda: self.lg.submit(manifest, actor))
+        ok, status = self.call(
+            None if actor.role == "submitter" else E.NotAuthorized,
+            lambda: self.lg.submit(manifest, actor),
+        )
         if ok:
             self.add_run(status, items, status.policy)
 
@@ -304,8 +373,10 @@ class LedgerMachine(RuleBasedStateMachine):
         run = self.run(pick, "queued")
         actor = pick_actor({"controller"}, who)
         expected = self.expected(rev, run.revision)
-        ok, _ = self.call(self.run_checks(run, actor, {"controller"}, expected, ("queued",)),
-                          lambda: self.lg.start(run.run_id, actor, expected_revision=expected))
+        ok, _ = self.call(
+            self.run_checks(run, actor, {"controller"}, expected, ("queued",)),
+            lambda: self.lg.start(run.run_id, actor, expected_revision=expected),
+        )
         if ok:
             run.go("running")
             run.started_at = self.now()
@@ -332,7 +403,9 @@ class LedgerMachine(RuleBasedStateMachine):
         err = self.run_checks(run, actor, {"reviewer"}, None, ("awaiting_review",))
         if err is None and version != bound:
             err = E.StaleReview
-        ok, _ = self.call(err, lambda: self.lg.decide(run.run_id, actor, version, approve, "looked"))
+        ok, _ = self.call(
+            err, lambda: self.lg.decide(run.run_id, actor, version, approve, "looked")
+        )
         if ok:
             if approve:
                 run.go("running")
@@ -346,8 +419,10 @@ class LedgerMachine(RuleBasedStateMachine):
         run = self.run(pick, "running")
         actor = pick_actor({"operator"}, who)
         expected = self.expected(rev, run.revision)
-        ok, _ = self.call(self.run_checks(run, actor, {"operator"}, expected, ("running",)),
-                          lambda: self.lg.pause(run.run_id, actor, "hold", expected_revision=expected))
+        ok, _ = self.call(
+            self.run_checks(run, actor, {"operator"}, expected, ("running",)),
+            lambda: self.lg.pause(run.run_id, actor, "hold", expected_revision=expected),
+        )
         if ok:
             run.go("pausing" if run.counts()["in_progress"] else "paused")
 
@@ -355,8 +430,10 @@ class LedgerMachine(RuleBasedStateMachine):
         run = self.run(pick, "pausing", "paused")
         actor = pick_actor({"operator"}, who)
         expected = self.expected(rev, run.revision)
-        ok, _ = self.call(self.run_checks(run, actor, {"operator"}, expected, ("pausing", "paused")),
-                          lambda: self.lg.resume(run.run_id, actor, expected_revision=expected))
+        ok, _ = self.call(
+            self.run_checks(run, actor, {"operator"}, expected, ("pausing", "paused")),
+            lambda: self.lg.resume(run.run_id, actor, expected_revision=expected),
+        )
         if ok:
             run.go("running")
 
@@ -367,7 +444,9 @@ class LedgerMachine(RuleBasedStateMachine):
         err = self.run_checks(run, actor, {"submitter", "operator"}, None, None)
         already = err is None and run.state in ("canceling", "canceled")
         if err is None and not already:
-            err = state_error(run.state, ("queued", "paused", "running", "awaiting_review", "pausing"))
+            err = state_error(
+                run.state, ("queued", "paused", "running", "awaiting_review", "pausing")
+            )
         ok, out = self.call(err, lambda: self.lg.cancel(run.run_id, actor, "enough"))
         if not ok:
             return
@@ -391,14 +470,27 @@ class LedgerMachine(RuleBasedStateMachine):
             c = run.counts()
             review = run.policy["review"]
             approved = (run.review or {}).get("approved")
-            missing = [it for it in run.items.values()
-                       if it.in_manifest and it.required and it.state != "accepted"]
+            missing = [
+                it
+                for it in run.items.values()
+                if it.in_manifest and it.required and it.state != "accepted"
+            ]
             required = sum(1 for it in run.items.values() if it.in_manifest and it.required)
             tol = run.policy["tolerated_failures"]
-            tolerated = (required if tol is None else tol if isinstance(tol, int)
-                         else required * int(tol.rstrip("%")) // 100)
-            if any(c[s] for s in OPEN) or review and not (approved == run.input_version
-                                 or (approved is not None and review["survives_amendment"])):
+            tolerated = (
+                required
+                if tol is None
+                else tol
+                if isinstance(tol, int)
+                else required * int(tol.rstrip("%")) // 100
+            )
+            if any(c[s] for s in OPEN) or (
+                review
+                and not (
+                    approved == run.input_version
+                    or (approved is not None and review["survives_amendment"])
+                )
+            ):
                 err = E.NotComplete
             elif not missing:
                 to = "succeeded"
@@ -406,7 +498,9 @@ class LedgerMachine(RuleBasedStateMachine):
                 to = "completed_with_errors"
             else:
                 err = E.NotComplete
-        ok, status = self.call(err, lambda: self.lg.complete(run.run_id, actor, expected_revision=expected))
+        ok, status = self.call(
+            err, lambda: self.lg.complete(run.run_id, actor, expected_revision=expected)
+        )
         if ok and not done:
             run.go(to)
         if ok:
@@ -418,24 +512,54 @@ class LedgerMachine(RuleBasedStateMachine):
         if actor.role == "operator" and not transient:
             err: type[E.LedgerError] | None = E.NotAuthorized
         else:
-            err = self.run_checks(run, actor, {"controller", "operator"}, None,
-                                  ("queued", "running", "awaiting_review", "pausing", "paused"))
-        ok, _ = self.call(err, lambda: self.lg.fail(run.run_id, actor, "gave up", transient, failure_reason=reason))
+            err = self.run_checks(
+                run,
+                actor,
+                {"controller", "operator"},
+                None,
+                ("queued", "running", "awaiting_review", "pausing", "paused"),
+            )
+        ok, _ = self.call(
+            err,
+            lambda: self.lg.fail(run.run_id, actor, "gave up", transient, failure_reason=reason),
+        )
         if ok:
             for it in run.items.values():
                 if it.state == "in_progress":
                     it.end_attempt("abandoned", "retryable", None)
             run.go("failed")
             run.failure_kind = "transient" if transient else "permanent"
-            run.failure_reason = reason or ("operator_decision" if actor.role == "operator" else None)
+            run.failure_reason = reason or (
+                "operator_decision" if actor.role == "operator" else None
+            )
 
     # these share rules so that, with rules drawn evenly, runs are not ended in every other step
     @precondition(lambda self: self.order)
-    @rule(kind=st.sampled_from(["pause", "resume", "request_review", "decide", "amend"]), pick=PICK, who=WHO,
-          rev=REV, right=st.booleans(), stale=st.booleans(), approve=st.booleans(),
-          change=st.sampled_from(["add", "withdraw", "policy"]), item=PICK, max_attempts=st.integers(1, 3))
-    def lifecycle(self, kind: str, pick: int, who: int, rev: str | None, right: bool, stale: bool,
-                  approve: bool, change: str, item: int, max_attempts: int) -> None:
+    @rule(
+        kind=st.sampled_from(["pause", "resume", "request_review", "decide", "amend"]),
+        pick=PICK,
+        who=WHO,
+        rev=REV,
+        right=st.booleans(),
+        stale=st.booleans(),
+        approve=st.booleans(),
+        change=st.sampled_from(["add", "withdraw", "policy"]),
+        item=PICK,
+        max_attempts=st.integers(1, 3),
+    )
+    def lifecycle(
+        self,
+        kind: str,
+        pick: int,
+        who: int,
+        rev: str | None,
+        right: bool,
+        stale: bool,
+        approve: bool,
+        change: str,
+        item: int,
+        max_attempts: int,
+    ) -> None:
         if kind == "amend":
             self.amend(pick, who, change, item, max_attempts)
         elif kind == "pause":
@@ -448,9 +572,17 @@ class LedgerMachine(RuleBasedStateMachine):
             self.decide(pick, who, stale and not right, approve)
 
     @precondition(lambda self: self.order)
-    @rule(kind=st.sampled_from(["cancel", "complete", "complete", "fail"]), pick=PICK, who=WHO, rev=REV,
-          transient=st.booleans(), reason=st.sampled_from([None, "input_unavailable", "invariant_violated"]))
-    def end(self, kind: str, pick: int, who: int, rev: str | None, transient: bool, reason: str | None) -> None:
+    @rule(
+        kind=st.sampled_from(["cancel", "complete", "complete", "fail"]),
+        pick=PICK,
+        who=WHO,
+        rev=REV,
+        transient=st.booleans(),
+        reason=st.sampled_from([None, "input_unavailable", "invariant_violated"]),
+    )
+    def end(
+        self, kind: str, pick: int, who: int, rev: str | None, transient: bool, reason: str | None
+    ) -> None:
         if kind == "cancel":
             self.cancel(pick, who)
         elif kind == "complete":
@@ -475,7 +607,11 @@ class LedgerMachine(RuleBasedStateMachine):
         err = self.run_checks(run, actor, {"submitter", "operator"}, None, None)
         if err is None and run.state in TERMINAL_RUN_STATES:
             err = E.AlreadyTerminal
-        elif err is None and run.state == "canceling" or err is None and kind == "withdraw" and (target.state not in EDITABLE or not target.in_manifest):
+        elif (err is None and run.state == "canceling") or (
+            err is None
+            and kind == "withdraw"
+            and (target.state not in EDITABLE or not target.in_manifest)
+        ):
             err = E.IllegalTransition
         ok, status = self.call(err, lambda: self.lg.amend(run.run_id, actor, "amended", **kwargs))
         if not ok:
@@ -494,24 +630,37 @@ class LedgerMachine(RuleBasedStateMachine):
         if run.state == "awaiting_review" and run.review is not None:
             run.review["bound"] = run.input_version
 
-    def new_linked(self, run: MRun, who: int, roles: set[str], command: str, eligible: bool,
-                   items: list[MItem], policy: dict[str, Any]) -> None:
+    def new_linked(
+        self,
+        run: MRun,
+        who: int,
+        roles: set[str],
+        command: str,
+        eligible: bool,
+        items: list[MItem],
+        policy: dict[str, Any],
+    ) -> None:
         actor = pick_actor(roles, who)
         err = self.run_checks(run, actor, roles, None, None)
         if err is None and not eligible:
             err = E.IllegalTransition
         if err is None and not items:
             err = E.InvalidInput
-        calls = {"retry": lambda: self.lg.retry(run.run_id, actor),
-                 "repair": lambda: self.lg.repair(run.run_id, actor),
-                 "compensate": lambda: self.lg.compensate(run.run_id, actor, "undo it")}
+        calls = {
+            "retry": lambda: self.lg.retry(run.run_id, actor),
+            "repair": lambda: self.lg.repair(run.run_id, actor),
+            "compensate": lambda: self.lg.compensate(run.run_id, actor, "undo it"),
+        }
         ok, status = self.call(err, calls[command])
         if ok:
             self.add_run(status, [(it.item_id, it.required) for it in items], policy)
             assert status.links[0].run_id == run.run_id
 
-    @precondition(lambda self: len(self.order) < 6 and any(r.state in TERMINAL_RUN_STATES
-                                                            for r in self.runs.values()))
+    @precondition(
+        lambda self: (
+            len(self.order) < 6 and any(r.state in TERMINAL_RUN_STATES for r in self.runs.values())
+        )
+    )
     @rule(pick=PICK, who=WHO, command=st.sampled_from(["retry", "repair", "compensate"]))
     def linked(self, pick: int, who: int, command: str) -> None:
         run = self.run(pick, *TERMINAL_RUN_STATES)
@@ -519,13 +668,22 @@ class LedgerMachine(RuleBasedStateMachine):
         terminal = run.state in TERMINAL_RUN_STATES
         if command == "retry":
             eligible = run.state == "failed" and run.failure_kind == "transient"
-            self.new_linked(run, who, {"submitter", "operator"}, command, eligible, in_manifest, run.policy)
+            self.new_linked(
+                run, who, {"submitter", "operator"}, command, eligible, in_manifest, run.policy
+            )
         elif command == "repair":
             items = [it for it in in_manifest if it.state != "accepted"]
-            self.new_linked(run, who, {"submitter", "operator"}, command, terminal, items, run.policy)
+            self.new_linked(
+                run, who, {"submitter", "operator"}, command, terminal, items, run.policy
+            )
         else:
             items = [it for it in in_manifest if it.state == "accepted"]
-            policy = {**run.policy, "review": None, "partial_delivery": False, "tolerated_failures": None}
+            policy = {
+                **run.policy,
+                "review": None,
+                "partial_delivery": False,
+                "tolerated_failures": None,
+            }
             self.new_linked(run, who, {"operator"}, command, terminal, items, policy)
 
     # -- item commands ------------------------------------------------------
@@ -537,9 +695,14 @@ class LedgerMachine(RuleBasedStateMachine):
         err = self.run_checks(run, actor, {"worker"}, None, ("running",))
         now = self.now()
         past = run.past_item_deadline(now)
-        claimable = [it for it in run.items.values()
-                     if it.state == "pending" or (not past and it.state == "retryable"
-                                                  and (it.eligible is None or it.eligible <= now))][:limit]
+        claimable = [
+            it
+            for it in run.items.values()
+            if it.state == "pending"
+            or (
+                not past and it.state == "retryable" and (it.eligible is None or it.eligible <= now)
+            )
+        ][:limit]
         ok, leases = self.call(err, lambda: self.lg.claim(run.run_id, actor, limit=limit))
         if not ok:
             return
@@ -554,9 +717,15 @@ class LedgerMachine(RuleBasedStateMachine):
             self.leases.append(le)
 
     @precondition(lambda self: self.order)
-    @rule(pick=PICK, worker=st.sampled_from(WORKERS),
-          kinds=st.lists(st.sampled_from(["accept", "accept", "accept", "reject", "fail", "fail_final"]),
-                         min_size=2, max_size=4))
+    @rule(
+        pick=PICK,
+        worker=st.sampled_from(WORKERS),
+        kinds=st.lists(
+            st.sampled_from(["accept", "accept", "accept", "reject", "fail", "fail_final"]),
+            min_size=2,
+            max_size=4,
+        ),
+    )
     def work(self, pick: int, worker: Actor, kinds: list[str]) -> None:
         """A worker's pass: claim some items and report an outcome for each at once."""
         before = len(self.leases)
@@ -572,7 +741,9 @@ class LedgerMachine(RuleBasedStateMachine):
         ok, new = self.call(None if it else E.LeaseLost, lambda: self.lg.heartbeat(lease))
         if ok:
             assert it is not None
-            it.expires = self.now() + timedelta(seconds=self.runs[lease.run_id].policy["lease_seconds"])
+            it.expires = self.now() + timedelta(
+                seconds=self.runs[lease.run_id].policy["lease_seconds"]
+            )
             it.revision += 1
             assert new.expires_at == it.expires and new.token == lease.token
 
@@ -582,10 +753,12 @@ class LedgerMachine(RuleBasedStateMachine):
         lease = self.leases[pick % len(self.leases)]
         run = self.runs[lease.run_id]
         it = self.live(lease)
-        calls = {"accept": lambda: self.lg.accept(lease, evidence={"ok": True}),
-                 "reject": lambda: self.lg.reject(lease, "rule-1", detail="bad row"),
-                 "fail": lambda: self.lg.fail_attempt(lease, "flaky upstream"),
-                 "fail_final": lambda: self.lg.fail_attempt(lease, "broken input", retryable=False)}
+        calls = {
+            "accept": lambda: self.lg.accept(lease, evidence={"ok": True}),
+            "reject": lambda: self.lg.reject(lease, "rule-1", detail="bad row"),
+            "fail": lambda: self.lg.fail_attempt(lease, "flaky upstream"),
+            "fail_final": lambda: self.lg.fail_attempt(lease, "broken input", retryable=False),
+        }
         ok, status = self.call(None if it else E.LeaseLost, calls[kind])
         if not ok:
             return
@@ -596,17 +769,30 @@ class LedgerMachine(RuleBasedStateMachine):
         elif kind == "reject":
             it.end_attempt("rejected", "rejected")
         else:
-            final = (kind == "fail_final" or it.attempts >= run.policy["max_attempts"]
-                     or run.past_item_deadline(now))
-            it.end_attempt("failed", "quarantined" if final else "retryable",
-                           now + timedelta(seconds=run.policy["backoff_seconds"]))
+            final = (
+                kind == "fail_final"
+                or it.attempts >= run.policy["max_attempts"]
+                or run.past_item_deadline(now)
+            )
+            it.end_attempt(
+                "failed",
+                "quarantined" if final else "retryable",
+                now + timedelta(seconds=run.policy["backoff_seconds"]),
+            )
         self.finish_if_drained(run)  # in the same transaction: the status shows its effect
         assert status.state == it.state
 
     @precondition(lambda self: any(r.state == "running" for r in self.runs.values()))
-    @rule(pick=PICK, worker=st.sampled_from(WORKERS),
-          kinds=st.lists(st.sampled_from(["accept", "accept", "accept", "accept", "reject", "fail_final"]),
-                         min_size=4, max_size=4), review=st.booleans())
+    @rule(
+        pick=PICK,
+        worker=st.sampled_from(WORKERS),
+        kinds=st.lists(
+            st.sampled_from(["accept", "accept", "accept", "accept", "reject", "fail_final"]),
+            min_size=4,
+            max_size=4,
+        ),
+        review=st.booleans(),
+    )
     def push_to_the_end(self, pick: int, worker: Actor, kinds: list[str], review: bool) -> None:
         """The happy path in one step: work a running run's items, have it reviewed when its
         policy asks, and complete it (every command checked against the model as usual)."""
@@ -622,17 +808,30 @@ class LedgerMachine(RuleBasedStateMachine):
 
     outcome_again = precondition(lambda self: self.leases)(
         rule(pick=PICK, kind=st.sampled_from(["accept", "reject", "fail", "fail", "fail_final"]))(
-            lambda self, pick, kind: self.outcome(pick, kind)))
+            lambda self, pick, kind: self.outcome(pick, kind)
+        )
+    )
 
     @precondition(lambda self: self.order)
-    @rule(pick=PICK, item=PICK, command=st.sampled_from(["skip", "release", "reject_item"]), who=WHO, rev=REV)
+    @rule(
+        pick=PICK,
+        item=PICK,
+        command=st.sampled_from(["skip", "release", "reject_item"]),
+        who=WHO,
+        rev=REV,
+    )
     def item_command(self, pick: int, item: int, command: str, who: int, rev: str | None) -> None:
         run = self.run(pick, "running", "paused", "pausing", "awaiting_review")
         ids = list(run.items)
         it = run.items[ids[item % len(ids)]]
-        roles = {"skip": {"operator", "reviewer"}, "release": {"reviewer", "operator"},
-                 "reject_item": {"reviewer"}}[command]
-        sources = {"skip": EDITABLE, "release": ("quarantined",), "reject_item": ("quarantined",)}[command]
+        roles = {
+            "skip": {"operator", "reviewer"},
+            "release": {"reviewer", "operator"},
+            "reject_item": {"reviewer"},
+        }[command]
+        sources = {"skip": EDITABLE, "release": ("quarantined",), "reject_item": ("quarantined",)}[
+            command
+        ]
         actor = pick_actor(roles, who)
         expected = self.expected(rev, it.revision)
         err: type[E.LedgerError] | None = None
@@ -644,11 +843,17 @@ class LedgerMachine(RuleBasedStateMachine):
             err = E.AlreadyTerminal
         elif it.state not in sources:
             err = E.IllegalTransition
-        calls = {"skip": lambda: self.lg.skip(run.run_id, it.item_id, actor, "not needed", expected_revision=expected),
-                 "release": lambda: self.lg.release(run.run_id, it.item_id, actor, "try again",
-                                                    expected_revision=expected),
-                 "reject_item": lambda: self.lg.reject_item(run.run_id, it.item_id, actor, "rule-2",
-                                                            expected_revision=expected)}
+        calls = {
+            "skip": lambda: self.lg.skip(
+                run.run_id, it.item_id, actor, "not needed", expected_revision=expected
+            ),
+            "release": lambda: self.lg.release(
+                run.run_id, it.item_id, actor, "try again", expected_revision=expected
+            ),
+            "reject_item": lambda: self.lg.reject_item(
+                run.run_id, it.item_id, actor, "rule-2", expected_revision=expected
+            ),
+        }
         ok, status = self.call(err, calls[command])
         if ok:
             to = {"skip": "skipped", "release": "retryable", "reject_item": "rejected"}[command]
@@ -667,16 +872,28 @@ class LedgerMachine(RuleBasedStateMachine):
         now = self.now()
         expired = cancels = pauses = failed = 0
         for run in self.runs.values():
-            stale = [it for it in run.items.values()
-                     if it.state == "in_progress" and it.expires is not None and it.expires < now]
-            if not stale and run.state not in ("running", "awaiting_review", "pausing", "paused", "canceling"):
+            stale = [
+                it
+                for it in run.items.values()
+                if it.state == "in_progress" and it.expires is not None and it.expires < now
+            ]
+            if not stale and run.state not in (
+                "running",
+                "awaiting_review",
+                "pausing",
+                "paused",
+                "canceling",
+            ):
                 continue
             past = run.past_item_deadline(now)
             was_retryable = [it for it in run.items.values() if it.state == "retryable"]
             for it in stale:
                 exhausted = it.attempts >= run.policy["max_attempts"]
-                it.end_attempt("lease_expired", "quarantined" if exhausted or past else "retryable",
-                               now + timedelta(seconds=run.policy["backoff_seconds"]))
+                it.end_attempt(
+                    "lease_expired",
+                    "quarantined" if exhausted or past else "retryable",
+                    now + timedelta(seconds=run.policy["backoff_seconds"]),
+                )
                 expired += 1
             if past and run.state not in TERMINAL_RUN_STATES:
                 for it in was_retryable:
@@ -685,15 +902,23 @@ class LedgerMachine(RuleBasedStateMachine):
             cancels += finished == "cancel"
             pauses += finished == "pause"
             rd = run.policy["run_deadline_seconds"]
-            if (rd is not None and run.started_at is not None and run.counts()["in_progress"] == 0
-                    and run.state in ("running", "awaiting_review", "pausing", "paused")
-                    and now > run.started_at + timedelta(seconds=rd)):
+            if (
+                rd is not None
+                and run.started_at is not None
+                and run.counts()["in_progress"] == 0
+                and run.state in ("running", "awaiting_review", "pausing", "paused")
+                and now > run.started_at + timedelta(seconds=rd)
+            ):
                 run.go("failed")
                 run.failure_kind, run.failure_reason = "transient", "deadline_exceeded"
                 failed += 1
         _, report = self.call(None, lambda: self.lg.reconcile(actor=actor))
-        assert (report.expired_leases, report.finished_cancels, report.finished_pauses, report.failed_runs) \
-            == (expired, cancels, pauses, failed)
+        assert (
+            report.expired_leases,
+            report.finished_cancels,
+            report.finished_pauses,
+            report.failed_runs,
+        ) == (expired, cancels, pauses, failed)
 
     @rule(seconds=st.sampled_from([1, 4, 5, 10, 11, 29, 31, 61, 101]))
     def advance(self, seconds: int) -> None:
@@ -708,19 +933,31 @@ class LedgerMachine(RuleBasedStateMachine):
         assert set(statuses) == set(self.order)
         for run_id in self.order:
             m, s = self.runs[run_id], statuses[run_id]
-            assert (s.state, s.revision, s.failure_kind, s.failure_reason, s.input_version) == \
-                (m.state, m.revision, m.failure_kind, m.failure_reason, m.input_version), run_id
+            assert (s.state, s.revision, s.failure_kind, s.failure_reason, s.input_version) == (
+                m.state,
+                m.revision,
+                m.failure_kind,
+                m.failure_reason,
+                m.input_version,
+            ), run_id
             assert s.counts == m.counts()
             assert s.waiting_on == m.waiting_on()
-            got = [(i.item_id, i.state, i.attempts, i.revision, i.lease.token if i.lease else None)
-                   for i in self.lg.items(run_id)]
-            want = [(it.item_id, it.state, it.attempts, it.revision, it.token) for it in m.items.values()]
+            got = [
+                (i.item_id, i.state, i.attempts, i.revision, i.lease.token if i.lease else None)
+                for i in self.lg.items(run_id)
+            ]
+            want = [
+                (it.item_id, it.state, it.attempts, it.revision, it.token)
+                for it in m.items.values()
+            ]
             assert got == want
             attempts: dict[str, list[tuple[int, str | None]]] = {}
             for a in self.lg.attempts(run_id):
                 attempts.setdefault(a.item_id, []).append((a.attempt, a.outcome))
             for it in m.items.values():
-                assert sorted(attempts.get(it.item_id, [])) == [(k + 1, o) for k, o in enumerate(it.outcomes)]
+                assert sorted(attempts.get(it.item_id, [])) == [
+                    (k + 1, o) for k, o in enumerate(it.outcomes)
+                ]
 
 
 # --------------------------------------------------------------------------
@@ -741,7 +978,9 @@ def test_stateful_sqlite() -> None:
         return f"sqlite:///{folder}/ledger.db", lambda: shutil.rmtree(folder, ignore_errors=True)
 
     base = profile()
-    run_state_machine_as_test(_machine(opener), settings=settings(base, max_examples=base.max_examples // 5))
+    run_state_machine_as_test(
+        _machine(opener), settings=settings(base, max_examples=base.max_examples // 5)
+    )
 
 
 @pytest.mark.postgres
@@ -751,4 +990,6 @@ def test_stateful_postgres(pg_databases: Any, pg_template_dsn: str) -> None:
         return dsn, lambda: pg_databases.drop(name)
 
     base = profile()
-    run_state_machine_as_test(_machine(opener), settings=settings(base, max_examples=base.max_examples // 25))
+    run_state_machine_as_test(
+        _machine(opener), settings=settings(base, max_examples=base.max_examples // 25)
+    )

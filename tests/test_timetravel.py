@@ -15,8 +15,16 @@ from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER
 
 def test_status_at_equals_each_status_seen_then(lg: Ledger, clock: ManualClock) -> None:
     snapshots: list[tuple[datetime, RunStatus]] = []
-    run_id = lg.submit(manifest(5, review={"decision": "ok"}, partial_delivery=True, tolerated_failures=2,
-                                max_attempts=2), SUBMITTER).run_id
+    run_id = lg.submit(
+        manifest(
+            5,
+            review={"decision": "ok"},
+            partial_delivery=True,
+            tolerated_failures=2,
+            max_attempts=2,
+        ),
+        SUBMITTER,
+    ).run_id
 
     def snap() -> None:
         snapshots.append((clock(), lg.status(run_id)))
@@ -30,15 +38,22 @@ def test_status_at_equals_each_status_seen_then(lg: Ledger, clock: ManualClock) 
         lambda: lg.accept(lg.items(run_id, state="in_progress")[0].lease, evidence={"rows": 3}),  # type: ignore[arg-type]
         lambda: lg.fail_attempt(lg.items(run_id, state="in_progress")[0].lease, "timeout"),  # type: ignore[arg-type]
         lambda: lg.reject(lg.items(run_id, state="in_progress")[0].lease, "bad-row"),  # type: ignore[arg-type]
-        lambda: lg.amend(run_id, SUBMITTER, "add and withdraw", items=[{"item_id": "extra"}], withdraw=["i4"]),
+        lambda: lg.amend(
+            run_id, SUBMITTER, "add and withdraw", items=[{"item_id": "extra"}], withdraw=["i4"]
+        ),
         lambda: lg.claim(run_id, WORKER, limit=1),
         lambda: lg.pause(run_id, OPERATOR, "maintenance"),  # pausing: a lease is live
-        lambda: lg.fail_attempt(lg.items(run_id, state="in_progress")[0].lease, "bad", retryable=False),  # type: ignore[arg-type]
+        lambda: lg.fail_attempt(
+            lg.items(run_id, state="in_progress")[0].lease, "bad", retryable=False
+        ),  # type: ignore[arg-type]
         lambda: lg.resume(run_id, OPERATOR),
         lambda: lg.claim(run_id, WORKER, limit=5),
         lambda: [lg.accept(i.lease) for i in lg.items(run_id, state="in_progress")],  # type: ignore[arg-type]
-        lambda: lg.skip(run_id, "i3", OPERATOR, "not needed") if lg.item(run_id, "i3").state != "accepted"
-        else None,
+        lambda: (
+            lg.skip(run_id, "i3", OPERATOR, "not needed")
+            if lg.item(run_id, "i3").state != "accepted"
+            else None
+        ),
         lambda: lg.request_review(run_id, CONTROLLER, "ok"),
         lambda: lg.decide(run_id, REVIEWER, lg.status(run_id).input_version, True, "fine"),
         lambda: lg.complete(run_id, CONTROLLER),

@@ -99,8 +99,9 @@ def test_every_row_has_a_test() -> None:
 # ---------------------------------------------------------------------------
 # run table: allowed (from-state, role) pairs
 # ---------------------------------------------------------------------------
-def _check_run_landing(lg: Ledger, rule: S.Rule, run_id: str, source: str, who: Actor,
-                       expected: str) -> None:
+def _check_run_landing(
+    lg: Ledger, rule: S.Rule, run_id: str, source: str, who: Actor, expected: str
+) -> None:
     assert expected in rule.targets
     st = lg.status(run_id)
     assert st.state == expected, (rule.command, source, who.role, st.state)
@@ -116,8 +117,9 @@ def allowed_submit(lg: Ledger, rule: S.Rule, source: str, who: Actor) -> None:
     _check_run_landing(lg, rule, st.run_id, source, who, S.QUEUED)
 
 
-def _linked(lg: Ledger, rule: S.Rule, original: str, new: RunStatus, who: Actor,
-            relation: str) -> None:
+def _linked(
+    lg: Ledger, rule: S.Rule, original: str, new: RunStatus, who: Actor, relation: str
+) -> None:
     _check_run_landing(lg, rule, new.run_id, S.NEW, who, S.QUEUED)
     assert [(ln.relation, ln.run_id) for ln in new.links] == [(relation, original)]
 
@@ -136,18 +138,19 @@ def allowed_repair(lg: Ledger, rule: S.Rule, source: str, who: Actor) -> None:
 
 def allowed_compensate(lg: Ledger, rule: S.Rule, source: str, who: Actor) -> None:
     d = run_in(lg, S.SUCCEEDED)
-    _linked(lg, rule, d.run_id, lg.compensate(d.run_id, who, "undo the export"), who,
-            "compensates")
+    _linked(lg, rule, d.run_id, lg.compensate(d.run_id, who, "undo the export"), who, "compensates")
 
 
-def _simple(command: str, act: Callable[[Ledger, str, Actor], Any],
-            live_lease: bool | None = None) -> Callable[[Ledger, S.Rule, str, Actor], None]:
+def _simple(
+    command: str, act: Callable[[Ledger, str, Actor], Any], live_lease: bool | None = None
+) -> Callable[[Ledger, S.Rule, str, Actor], None]:
     def run(lg: Ledger, rule: S.Rule, source: str, who: Actor) -> None:
         d = run_in(lg, source, live_lease=live_lease)
         result = act(lg, d.run_id, who)
         expected = rule.targets[0]
         assert state_of(result) == expected
         _check_run_landing(lg, rule, d.run_id, source, who, expected)
+
     return run
 
 
@@ -180,8 +183,9 @@ def _drain(lg: Ledger, clock: ManualClock, d: Driven, how: str) -> None:
         assert report.expired_leases == 1
 
 
-def _finished(command: str, from_state: str, to_state: str, clock_of: Callable[[Ledger], ManualClock]
-              ) -> Callable[[Ledger, S.Rule, str, Actor], None]:
+def _finished(
+    command: str, from_state: str, to_state: str, clock_of: Callable[[Ledger], ManualClock]
+) -> Callable[[Ledger, S.Rule, str, Actor], None]:
     def run(lg: Ledger, rule: S.Rule, source: str, who: Actor) -> None:
         for how in ("holder", "reconciler"):
             d = run_in(lg, from_state)
@@ -191,6 +195,7 @@ def _finished(command: str, from_state: str, to_state: str, clock_of: Callable[[
             t = last_run_transition(lg, d.run_id)
             assert (t.command, t.from_state, t.to_state) == (command, from_state, to_state)
             assert t.actor_id == S.LEDGER_ACTOR_ID and t.role in rule.roles
+
     return run
 
 
@@ -236,8 +241,13 @@ def allowed_fail(lg: Ledger, rule: S.Rule, source: str, who: Actor) -> None:
     kinds = [True] if who.role == S.OPERATOR else [True, False]
     for transient in kinds:
         d = run_in(lg, source)
-        st = lg.fail(d.run_id, who, "the export is unreadable", transient=transient,
-                     failure_reason="input_unavailable")
+        st = lg.fail(
+            d.run_id,
+            who,
+            "the export is unreadable",
+            transient=transient,
+            failure_reason="input_unavailable",
+        )
         assert st.state == S.FAILED
         assert st.failure_kind == (S.TRANSIENT if transient else S.PERMANENT)
         assert st.failure_reason == "input_unavailable"
@@ -258,8 +268,11 @@ def allowed_reconcile_deadline(lg: Ledger, rule: S.Rule, source: str, who: Actor
     report = lg.reconcile(actor=who)
     assert report.failed_runs == 1
     st = lg.status(d.run_id)
-    assert (st.state, st.failure_kind, st.failure_reason) == (S.FAILED, S.TRANSIENT,
-                                                              "deadline_exceeded")
+    assert (st.state, st.failure_kind, st.failure_reason) == (
+        S.FAILED,
+        S.TRANSIENT,
+        "deadline_exceeded",
+    )
     t = last_run_transition(lg, d.run_id)
     assert (t.command, t.to_state, t.role) == ("reconcile_deadline", S.FAILED, who.role)
     assert t.from_state == (S.PAUSED if source == S.PAUSING else source)
@@ -271,8 +284,9 @@ RUN_ALLOWED: dict[str, Callable[[Ledger, S.Rule, str, Actor], None]] = {
     "repair": allowed_repair,
     "compensate": allowed_compensate,
     "start": _simple("start", lambda lg, rid, who: lg.start(rid, who)),
-    "request_review": _simple("request_review",
-                              lambda lg, rid, who: lg.request_review(rid, who, DECISION)),
+    "request_review": _simple(
+        "request_review", lambda lg, rid, who: lg.request_review(rid, who, DECISION)
+    ),
     "decide": allowed_decide,
     "pause": allowed_pause,
     "pause_finished": _finished("pause_finished", S.PAUSING, S.PAUSED, _clock),
@@ -299,7 +313,7 @@ def each_row(commands: list[str], check: Callable[[str], None]) -> None:
     for command in commands:
         try:
             check(command)
-        except Exception as e:  # noqa: BLE001 - collected and reported below
+        except Exception as e:
             failures.append(f"row {command!r}: {type(e).__name__}: {e}")
     assert not failures, "\n".join(failures)
 
@@ -332,8 +346,9 @@ def _run_act(command: str) -> Callable[[Ledger, str, Actor], Any]:
     acts: dict[str, Callable[[Ledger, str, Actor], Any]] = {
         "start": lambda lg, rid, who: lg.start(rid, who),
         "request_review": lambda lg, rid, who: lg.request_review(rid, who, DECISION),
-        "decide": lambda lg, rid, who: lg.decide(rid, who, lg.status(rid).input_version, True,
-                                                 "fine"),
+        "decide": lambda lg, rid, who: lg.decide(
+            rid, who, lg.status(rid).input_version, True, "fine"
+        ),
         "pause": lambda lg, rid, who: lg.pause(rid, who, "hold"),
         "resume": lambda lg, rid, who: lg.resume(rid, who),
         "cancel": lambda lg, rid, who: lg.cancel(rid, who, "stop"),
@@ -348,9 +363,16 @@ def _run_act(command: str) -> Callable[[Ledger, str, Actor], Any]:
 
 # a from-state in which the command would succeed for a listed role
 RUN_VALID_SOURCE = {
-    "start": S.QUEUED, "request_review": S.RUNNING, "decide": S.AWAITING_REVIEW,
-    "pause": S.RUNNING, "resume": S.PAUSED, "cancel": S.RUNNING, "complete": S.RUNNING,
-    "fail": S.RUNNING, "retry": S.FAILED, "repair": S.COMPLETED_WITH_ERRORS,
+    "start": S.QUEUED,
+    "request_review": S.RUNNING,
+    "decide": S.AWAITING_REVIEW,
+    "pause": S.RUNNING,
+    "resume": S.PAUSED,
+    "cancel": S.RUNNING,
+    "complete": S.RUNNING,
+    "fail": S.RUNNING,
+    "retry": S.FAILED,
+    "repair": S.COMPLETED_WITH_ERRORS,
     "compensate": S.SUCCEEDED,
 }
 
@@ -384,13 +406,15 @@ def test_run_row_roles_not_listed(lg: Ledger) -> None:
 
 def test_operator_may_only_fail_transient(lg: Ledger) -> None:
     d = run_in(lg, S.RUNNING)
-    e = refused(lg, NotAuthorized,
-                lambda: lg.fail(d.run_id, OPERATOR, "give up", transient=False))
+    e = refused(lg, NotAuthorized, lambda: lg.fail(d.run_id, OPERATOR, "give up", transient=False))
     assert "transient" in e.message
     assert lg.status(d.run_id).state == S.RUNNING
     st = lg.fail(d.run_id, OPERATOR, "give up for now", transient=True)
-    assert (st.state, st.failure_kind, st.failure_reason) == (S.FAILED, S.TRANSIENT,
-                                                              "operator_decision")
+    assert (st.state, st.failure_kind, st.failure_reason) == (
+        S.FAILED,
+        S.TRANSIENT,
+        "operator_decision",
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -412,8 +436,16 @@ SPECIAL_STATES = {
 def test_run_row_states_not_listed(lg: Ledger) -> None:
     runs = zoo(lg)
     before = {state: lg.status(d.run_id) for state, d in runs.items()}
-    for command in ("start", "request_review", "decide", "pause", "resume", "cancel",
-                    "complete", "fail"):
+    for command in (
+        "start",
+        "request_review",
+        "decide",
+        "pause",
+        "resume",
+        "cancel",
+        "complete",
+        "fail",
+    ):
         rule = RUN_RULES[command]
         who = actor(min(rule.roles))
         act = _run_act(command)
@@ -436,12 +468,12 @@ def test_run_row_states_not_listed(lg: Ledger) -> None:
         e = refused(lg, exc, lambda: lg.claim(runs[state].run_id, WORKER, limit=5))
         assert e.state == state and state in e.message
     # linked runs: retry needs failed(transient); repair and compensate a terminal run
-    ok = {"retry": {S.FAILED}, "repair": S.TERMINAL_RUN_STATES,
-          "compensate": S.TERMINAL_RUN_STATES}
+    ok = {"retry": {S.FAILED}, "repair": S.TERMINAL_RUN_STATES, "compensate": S.TERMINAL_RUN_STATES}
     for command, allowed in ok.items():
         for state in sorted(set(S.RUN_STATES) - allowed):
-            e = refused(lg, IllegalTransition,
-                        lambda: _run_act(command)(lg, runs[state].run_id, OPERATOR))
+            e = refused(
+                lg, IllegalTransition, lambda: _run_act(command)(lg, runs[state].run_id, OPERATOR)
+            )
             assert state in e.message, (command, state, e.message)
     # a running run with open work is NotComplete (a state check, SPEC rule 5)
     e = refused(lg, NotComplete, lambda: lg.complete(runs[S.RUNNING].run_id, CONTROLLER))
@@ -475,8 +507,12 @@ def test_cancel_of_canceling_or_canceled_returns_outcome_without_writing(lg: Led
         n = event_count(lg)
         for who in (SUBMITTER, OPERATOR):
             out = lg.cancel(rid, who, "again")
-            assert (out.run_id, out.state, out.already, out.in_flight) == (rid, state, True,
-                                                                          in_flight)
+            assert (out.run_id, out.state, out.already, out.in_flight) == (
+                rid,
+                state,
+                True,
+                in_flight,
+            )
         assert event_count(lg) == n
         assert lg.status(rid).revision == rev
 
@@ -489,8 +525,7 @@ def test_cancel_of_completed_run_says_completion_won(lg: Ledger) -> None:
         assert e.state == state
         assert "completion won" in e.message
     # a failed run is terminal too, but nothing "won": the plain terminal refusal
-    e = refused(lg, AlreadyTerminal,
-                lambda: lg.cancel(runs[S.FAILED].run_id, OPERATOR, "too late"))
+    e = refused(lg, AlreadyTerminal, lambda: lg.cancel(runs[S.FAILED].run_id, OPERATOR, "too late"))
     assert "completion won" not in e.message and S.FAILED in e.message
 
 
@@ -523,8 +558,16 @@ def _fail_fences(lg: Ledger, source: str) -> None:
 # ---------------------------------------------------------------------------
 # item table
 # ---------------------------------------------------------------------------
-def _item_landing(lg: Ledger, rule: S.Rule, run_id: str, item_id: str, source: str,
-                  expected: str, actor_id: str | None, role: str | None) -> None:
+def _item_landing(
+    lg: Ledger,
+    rule: S.Rule,
+    run_id: str,
+    item_id: str,
+    source: str,
+    expected: str,
+    actor_id: str | None,
+    role: str | None,
+) -> None:
     assert expected in rule.targets, (rule.command, expected)
     got = {i.item_id: i for i in lg.items(run_id)}[item_id]
     assert got.state == expected, (rule.command, item_id, got.state)
@@ -538,8 +581,10 @@ def _item_landing(lg: Ledger, rule: S.Rule, run_id: str, item_id: str, source: s
 
 def item_allowed_submit(lg: Ledger, clock: ManualClock, rule: S.Rule) -> None:
     st = lg.submit(manifest(2), SUBMITTER)
-    assert [(i.item_id, i.state) for i in lg.items(st.run_id)] == [("i0", S.PENDING),
-                                                                   ("i1", S.PENDING)]
+    assert [(i.item_id, i.state) for i in lg.items(st.run_id)] == [
+        ("i0", S.PENDING),
+        ("i1", S.PENDING),
+    ]
     for who in (SUBMITTER, OPERATOR):
         assert who.role in rule.roles
         lg.amend(st.run_id, who, "one more", items=[{"item_id": f"new-{who.id}"}])
@@ -575,23 +620,28 @@ def item_allowed_heartbeat(lg: Ledger, clock: ManualClock, rule: S.Rule) -> None
     assert lg.accept(lease).state == S.ACCEPTED
 
 
-def _lease_outcome(fn: Callable[[Ledger, Any], Any], expected: str, **policy: Any
-                   ) -> Callable[[Ledger, ManualClock, S.Rule], None]:
+def _lease_outcome(
+    fn: Callable[[Ledger, Any], Any], expected: str, **policy: Any
+) -> Callable[[Ledger, ManualClock, S.Rule], None]:
     def run(lg: Ledger, clock: ManualClock, rule: S.Rule) -> None:
         d = run_in(lg, S.RUNNING, live_lease=True, **policy)
         lease = d.leases[0]
         assert fn(lg, lease).state == expected
-        _item_landing(lg, rule, d.run_id, lease.item_id, S.IN_PROGRESS, expected,
-                      lease.worker_id, S.WORKER)
+        _item_landing(
+            lg, rule, d.run_id, lease.item_id, S.IN_PROGRESS, expected, lease.worker_id, S.WORKER
+        )
+
     return run
 
 
 def item_allowed_fail_attempt(lg: Ledger, clock: ManualClock, rule: S.Rule) -> None:
     _lease_outcome(lambda lg, le: lg.fail_attempt(le, "timeout"), S.RETRYABLE)(lg, clock, rule)
-    _lease_outcome(lambda lg, le: lg.fail_attempt(le, "corrupt", retryable=False),
-                   S.QUARANTINED)(lg, clock, rule)
-    _lease_outcome(lambda lg, le: lg.fail_attempt(le, "timeout"), S.QUARANTINED,
-                   max_attempts=1)(lg, clock, rule)
+    _lease_outcome(lambda lg, le: lg.fail_attempt(le, "corrupt", retryable=False), S.QUARANTINED)(
+        lg, clock, rule
+    )
+    _lease_outcome(lambda lg, le: lg.fail_attempt(le, "timeout"), S.QUARANTINED, max_attempts=1)(
+        lg, clock, rule
+    )
 
 
 def item_allowed_expire(lg: Ledger, clock: ManualClock, rule: S.Rule) -> None:
@@ -600,8 +650,9 @@ def item_allowed_expire(lg: Ledger, clock: ManualClock, rule: S.Rule) -> None:
         clock.advance(31)
         lg.reconcile(actor=RECONCILER)
         lease = d.leases[0]
-        _item_landing(lg, rule, d.run_id, lease.item_id, S.IN_PROGRESS, expected, RECONCILER.id,
-                      S.RECONCILER)
+        _item_landing(
+            lg, rule, d.run_id, lease.item_id, S.IN_PROGRESS, expected, RECONCILER.id, S.RECONCILER
+        )
         assert lg.attempts(d.run_id, lease.item_id)[-1].outcome == "lease_expired"
 
 
@@ -622,12 +673,14 @@ def item_allowed_deadline(lg: Ledger, clock: ManualClock, rule: S.Rule) -> None:
     lg.fail_attempt(lease, "timeout")
     clock.advance(101)
     lg.reconcile(actor=RECONCILER)
-    _item_landing(lg, rule, d.run_id, lease.item_id, S.RETRYABLE, S.QUARANTINED, RECONCILER.id,
-                  S.RECONCILER)
+    _item_landing(
+        lg, rule, d.run_id, lease.item_id, S.RETRYABLE, S.QUARANTINED, RECONCILER.id, S.RECONCILER
+    )
 
 
-def _item_command(name: str, sources_role: Callable[[Ledger, str, str, Actor], Any],
-                  expected: str) -> Callable[[Ledger, ManualClock, S.Rule], None]:
+def _item_command(
+    name: str, sources_role: Callable[[Ledger, str, str, Actor], Any], expected: str
+) -> Callable[[Ledger, ManualClock, S.Rule], None]:
     def run(lg: Ledger, clock: ManualClock, rule: S.Rule) -> None:
         for source in sorted(rule.sources):
             for role in sorted(rule.roles):
@@ -635,6 +688,7 @@ def _item_command(name: str, sources_role: Callable[[Ledger, str, str, Actor], A
                 who = actor(role)
                 sources_role(lg, zoo.run_id, source, who)
                 _item_landing(lg, rule, zoo.run_id, source, source, expected, who.id, role)
+
     return run
 
 
@@ -643,8 +697,9 @@ def item_allowed_cancel_skip(lg: Ledger, clock: ManualClock, rule: S.Rule) -> No
     out = lg.cancel(zoo.run_id, OPERATOR, "stop")
     assert out.state == S.CANCELING  # the in_progress item still holds its lease
     for source in sorted(rule.sources):
-        _item_landing(lg, rule, zoo.run_id, source, source, S.SKIPPED, S.LEDGER_ACTOR_ID,
-                      S.CONTROLLER)
+        _item_landing(
+            lg, rule, zoo.run_id, source, source, S.SKIPPED, S.LEDGER_ACTOR_ID, S.CONTROLLER
+        )
         assert last_item_transition(lg, zoo.run_id, source).reason == "canceled"
     states = {i.item_id: i.state for i in lg.items(zoo.run_id)}
     assert states[S.QUARANTINED] == S.QUARANTINED  # not in the row's sources: untouched
@@ -661,16 +716,18 @@ ITEM_ALLOWED: dict[str, Callable[[Ledger, ManualClock, S.Rule], None]] = {
     "expire": item_allowed_expire,
     "abandon": item_allowed_abandon,
     "deadline": item_allowed_deadline,
-    "release": _item_command("release", lambda lg, rid, i, who: lg.release(rid, i, who, "fixed"),
-                             S.RETRYABLE),
-    "reject_item": _item_command("reject_item",
-                                 lambda lg, rid, i, who: lg.reject_item(rid, i, who, "bad-row"),
-                                 S.REJECTED),
-    "skip": _item_command("skip", lambda lg, rid, i, who: lg.skip(rid, i, who, "not needed"),
-                          S.SKIPPED),
-    "withdraw": _item_command("withdraw",
-                              lambda lg, rid, i, who: lg.amend(rid, who, "withdrawn", withdraw=[i]),
-                              S.SKIPPED),
+    "release": _item_command(
+        "release", lambda lg, rid, i, who: lg.release(rid, i, who, "fixed"), S.RETRYABLE
+    ),
+    "reject_item": _item_command(
+        "reject_item", lambda lg, rid, i, who: lg.reject_item(rid, i, who, "bad-row"), S.REJECTED
+    ),
+    "skip": _item_command(
+        "skip", lambda lg, rid, i, who: lg.skip(rid, i, who, "not needed"), S.SKIPPED
+    ),
+    "withdraw": _item_command(
+        "withdraw", lambda lg, rid, i, who: lg.amend(rid, who, "withdrawn", withdraw=[i]), S.SKIPPED
+    ),
     "cancel_skip": item_allowed_cancel_skip,
 }
 
@@ -758,6 +815,5 @@ def test_items_of_terminal_runs_never_change(lg: Ledger) -> None:
         for command in ("skip", "release", "reject_item"):
             who = actor(min(ITEM_RULES[command].roles))
             refused(lg, AlreadyTerminal, lambda: ITEM_ACTS[command](lg, d.run_id, "i0", who))
-        refused(lg, AlreadyTerminal, lambda: lg.amend(d.run_id, SUBMITTER, "late",
-                                                      withdraw=["i0"]))
+        refused(lg, AlreadyTerminal, lambda: lg.amend(d.run_id, SUBMITTER, "late", withdraw=["i0"]))
         assert lg.items(d.run_id) == before

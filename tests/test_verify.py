@@ -47,7 +47,13 @@ def scenario(lg: Ledger, clock: ManualClock) -> dict[str, str]:
     retried = lg.retry(failed, SUBMITTER).run_id
     clock.advance(120)
     lg.reconcile(actor=RECONCILER)
-    return {"ok": ok, "canceled": canceled, "reviewed": reviewed, "failed": failed, "retried": retried}
+    return {
+        "ok": ok,
+        "canceled": canceled,
+        "reviewed": reviewed,
+        "failed": failed,
+        "retried": retried,
+    }
 
 
 def kinds(report: Any) -> set[str]:
@@ -60,8 +66,11 @@ def find(report: Any, kind: str) -> list[dict[str, Any]]:
 
 def event_at(lg: Ledger, run_id: str, command: str, item_id: str | None = None) -> int:
     """The position of the run's first transition with this command."""
-    return next(t.position for t in lg.history(run_id)
-                if t.command == command and (item_id is None or t.item_id == item_id))
+    return next(
+        t.position
+        for t in lg.history(run_id)
+        if t.command == command and (item_id is None or t.item_id == item_id)
+    )
 
 
 def sql_events(lg: Ledger) -> tuple[str, str]:
@@ -73,10 +82,14 @@ def edit_event(lg: Ledger, position: int, edit: Callable[[bytes], bytes]) -> Non
     with lg.store.write() as tx:
         row = tx.fetchone(f"SELECT state FROM {table} WHERE {pos} = ?", (position,))
         assert row is not None
-        tx.execute(f"UPDATE {table} SET state = ? WHERE {pos} = ?", (edit(bytes(row["state"])), position))
+        tx.execute(
+            f"UPDATE {table} SET state = ? WHERE {pos} = ?", (edit(bytes(row["state"])), position)
+        )
 
 
-def test_a_clean_ledger_verifies_and_heads_track_the_history(lg: Ledger, clock: ManualClock) -> None:
+def test_a_clean_ledger_verifies_and_heads_track_the_history(
+    lg: Ledger, clock: ManualClock
+) -> None:
     scenario(lg, clock)
     report = lg.verify()
     assert report.ok and report.problems == []
@@ -119,11 +132,17 @@ def test_an_edited_event_payload_is_reported(lg: Ledger, clock: ManualClock) -> 
     report = lg.verify()
     assert not report.ok
     [chain] = find(report, "hash_chain")
-    assert chain["run_id"] == runs["ok"] and chain["position"] == position and "edited" in chain["detail"]
+    assert (
+        chain["run_id"] == runs["ok"]
+        and chain["position"] == position
+        and "edited" in chain["detail"]
+    )
     # the live transition log still says ctl; a rebuild from the edited event says eve
     drift = find(report, "projection")
-    assert any(p["run_id"] == runs["ok"] and p["position"] == position and "actor_id" in p["detail"]
-               for p in drift)
+    assert any(
+        p["run_id"] == runs["ok"] and p["position"] == position and "actor_id" in p["detail"]
+        for p in drift
+    )
 
 
 def test_a_deleted_event_is_reported(lg: Ledger, clock: ManualClock) -> None:
@@ -161,13 +180,18 @@ def test_swapped_events_are_reported(lg: Ledger, clock: ManualClock) -> None:
 def test_a_projection_row_changed_by_hand_is_reported(lg: Ledger, clock: ManualClock) -> None:
     runs = scenario(lg, clock)
     with lg.store.write() as tx:
-        tx.execute("UPDATE lg_items SET state = 'accepted' WHERE run_id = ? AND item_id = 'i1'",
-                   (runs["canceled"],))
+        tx.execute(
+            "UPDATE lg_items SET state = 'accepted' WHERE run_id = ? AND item_id = 'i1'",
+            (runs["canceled"],),
+        )
     report = lg.verify()
     assert not report.ok
     [drift] = report.problems
     assert drift["kind"] == "projection" and drift["table"] == "lg_items"
-    assert drift["run_id"] == runs["canceled"] and drift["key"] == {"run_id": runs["canceled"], "item_id": "i1"}
+    assert drift["run_id"] == runs["canceled"] and drift["key"] == {
+        "run_id": runs["canceled"],
+        "item_id": "i1",
+    }
     assert "state" in drift["detail"]
     assert kinds(lg.verify()) == {"projection"}  # verify changed nothing
     lg.rebuild_projections()
@@ -182,10 +206,14 @@ def test_rule_violations_in_the_history_are_reported(lg: Ledger, clock: ManualCl
     lg.start(busy, CONTROLLER)
     lease, other_lease = lg.claim(busy, WORKER, limit=2)
 
-    def append(run_id: str, build: Callable[[Any, Any, Any], list[Any]], item_id: str = "i0") -> int:
+    def append(
+        run_id: str, build: Callable[[Any, Any, Any], list[Any]], item_id: str = "i0"
+    ) -> int:
         with lg.store.write() as tx:
             run = run_from_row(tx.fetchone("SELECT * FROM lg_runs WHERE run_id = ?", (run_id,)))  # type: ignore[arg-type]
-            row = tx.fetchone("SELECT * FROM lg_items WHERE run_id = ? AND item_id = ?", (run_id, item_id))
+            row = tx.fetchone(
+                "SELECT * FROM lg_items WHERE run_id = ? AND item_id = ?", (run_id, item_id)
+            )
             item = item_from_row(row) if row else None
             positioned = tx.append(build(run, item, tx.now()))
         return positioned[0][0]
@@ -195,13 +223,27 @@ def test_rule_violations_in_the_history_are_reported(lg: Ledger, clock: ManualCl
         return list(run.collect_events())
 
     def second_lease(run: Run, item: Any, now: Any) -> list[Any]:
-        item.transition("claim", "in_progress", "w2", "worker", None,
-                        {"lease_token": "t2", "attempt": 2, "expires_at": iso(now)}, now)
+        item.transition(
+            "claim",
+            "in_progress",
+            "w2",
+            "worker",
+            None,
+            {"lease_token": "t2", "attempt": 2, "expires_at": iso(now)},
+            now,
+        )
         return list(item.collect_events())
 
     def reconciler_accepts(run: Run, item: Any, now: Any) -> list[Any]:
-        item.transition("accept", "accepted", RECONCILER.id, RECONCILER.role, "looks done",
-                        {"lease_token": other_lease.token, "attempt": 1, "outcome": "accepted"}, now)
+        item.transition(
+            "accept",
+            "accepted",
+            RECONCILER.id,
+            RECONCILER.role,
+            "looks done",
+            {"lease_token": other_lease.token, "attempt": 1, "outcome": "accepted"},
+            now,
+        )
         return list(item.collect_events())
 
     def unearned_success(run: Run, item: Any, now: Any) -> list[Any]:
@@ -209,7 +251,9 @@ def test_rule_violations_in_the_history_are_reported(lg: Ledger, clock: ManualCl
         return list(run.collect_events())
 
     def backwards(run: Run, item: Any, now: Any) -> list[Any]:
-        run.transition("pause", "paused", OPERATOR.id, OPERATOR.role, "hold", {}, now - timedelta(hours=1))
+        run.transition(
+            "pause", "paused", OPERATOR.id, OPERATOR.role, "hold", {}, now - timedelta(hours=1)
+        )
         return list(run.collect_events())
 
     expected = {
@@ -226,17 +270,38 @@ def test_rule_violations_in_the_history_are_reported(lg: Ledger, clock: ManualCl
     expected["success_unearned"] = (other, append(other, unearned_success))
     report = lg.verify()
     for kind, (run_id, position) in expected.items():
-        assert any(p["run_id"] == run_id and p["position"] == position for p in find(report, kind)), \
-            (kind, report.problems)
+        assert any(
+            p["run_id"] == run_id and p["position"] == position for p in find(report, kind)
+        ), (kind, report.problems)
     assert not find(report, "hash_chain") and not find(report, "stream_gap")
     assert all(p["run_id"] in (busy, fresh, other, runs["ok"]) for p in report.problems)
 
 
 def test_verify_after_random_commands_finds_nothing(lg: Ledger, clock: ManualClock) -> None:
-    ops = [("submit", 3, 0), ("submit", 2, 3), ("start", 0), ("start", 1), ("claim", 0), ("claim", 1),
-           ("accept", 0), ("fail", 1), ("advance", 120), ("reconcile", 0), ("claim", 0), ("heartbeat", 2),
-           ("request_review", 1), ("approve", 1), ("cancel", 0), ("accept", 3), ("complete", 1),
-           ("retry", 0), ("repair", 1), ("compensate", 1), ("amend_add", 2), ("withdraw", 2, 1)]
+    ops = [
+        ("submit", 3, 0),
+        ("submit", 2, 3),
+        ("start", 0),
+        ("start", 1),
+        ("claim", 0),
+        ("claim", 1),
+        ("accept", 0),
+        ("fail", 1),
+        ("advance", 120),
+        ("reconcile", 0),
+        ("claim", 0),
+        ("heartbeat", 2),
+        ("request_review", 1),
+        ("approve", 1),
+        ("cancel", 0),
+        ("accept", 3),
+        ("complete", 1),
+        ("retry", 0),
+        ("repair", 1),
+        ("compensate", 1),
+        ("amend_add", 2),
+        ("withdraw", 2, 1),
+    ]
     Program(lg, clock).run(ops)  # type: ignore[arg-type]
     report = lg.verify()
     assert report.ok, report.problems
@@ -245,26 +310,34 @@ def test_verify_after_random_commands_finds_nothing(lg: Ledger, clock: ManualClo
     assert hashes is not None and hashes["n"] == report.events
 
 
-def test_the_recorded_hash_chains_each_event_to_the_previous(lg: Ledger, clock: ManualClock) -> None:
+def test_the_recorded_hash_chains_each_event_to_the_previous(
+    lg: Ledger, clock: ManualClock
+) -> None:
     """The stored hash of version v is sha256 over (hash of v-1, id, version, topic, stored bytes)."""
     runs = scenario(lg, clock)
     table, _pos = sql_events(lg)
     from uuid import UUID
 
     with lg.store.read() as tx:
-        rows = tx.fetchall(f"SELECT e.originator_version AS v, e.topic, e.state, h.hash FROM {table} e "
-                           f"JOIN {HASH_TABLE} h ON h.originator_id = e.originator_id AND "
-                           "h.originator_version = e.originator_version WHERE e.originator_id = ? "
-                           "ORDER BY e.originator_version", (oid_param(lg.store.dialect, UUID(runs["ok"])),))
+        rows = tx.fetchall(
+            f"SELECT e.originator_version AS v, e.topic, e.state, h.hash FROM {table} e "
+            f"JOIN {HASH_TABLE} h ON h.originator_id = e.originator_id AND "
+            "h.originator_version = e.originator_version WHERE e.originator_id = ? "
+            "ORDER BY e.originator_version",
+            (oid_param(lg.store.dialect, UUID(runs["ok"])),),
+        )
     prev = ""
     assert [r["v"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 3
     for r in rows:
-        assert r["hash"] == event_hash(prev, UUID(runs["ok"]), r["v"], r["topic"], bytes(r["state"]))
+        assert r["hash"] == event_hash(
+            prev, UUID(runs["ok"]), r["v"], r["topic"], bytes(r["state"])
+        )
         prev = r["hash"]
 
 
-def test_small_pages_and_batches_give_the_same_report(lg: Ledger, clock: ManualClock,
-                                                      monkeypatch: Any) -> None:
+def test_small_pages_and_batches_give_the_same_report(
+    lg: Ledger, clock: ManualClock, monkeypatch: Any
+) -> None:
     """Verify pages through the hash chains and replays in batches (with the aggregates of
     one batch kept for the next, and a damaged batch replayed event by event): the sizes
     must not change what it finds."""
@@ -285,4 +358,8 @@ def test_small_pages_and_batches_give_the_same_report(lg: Ledger, clock: ManualC
         monkeypatch.setattr(v, "PAGE", page)
         monkeypatch.setattr(v, "BATCH_SIZE", batch)
         again = lg.verify()
-        assert (again.problems, again.heads, again.events) == (damaged.problems, damaged.heads, damaged.events)
+        assert (again.problems, again.heads, again.events) == (
+            damaged.problems,
+            damaged.heads,
+            damaged.events,
+        )

@@ -55,7 +55,10 @@ def test_outcomes_are_recorded(lg: Ledger) -> None:
     summary = Worker(lg, run_id, handle, worker_id="w-test", concurrency=2).run()
 
     assert states(lg, run_id) == {
-        "i1": "accepted", "i2": "rejected", "i3": "quarantined", "i4": "accepted",
+        "i1": "accepted",
+        "i2": "rejected",
+        "i3": "quarantined",
+        "i4": "accepted",
         "i5": "quarantined",
     }
     assert calls == {"i1": 1, "i2": 1, "i3": 1, "i4": 2, "i5": 3}
@@ -137,8 +140,13 @@ def test_a_fenced_lease_stops_the_worker_writing(lg: Ledger) -> None:
     run_id = running_run(lg, 3)
 
     def handle(lease: Lease) -> Accepted:
-        lg.fail(run_id, CONTROLLER, "source export vanished", transient=True,
-                failure_reason="input_unavailable")
+        lg.fail(
+            run_id,
+            CONTROLLER,
+            "source export vanished",
+            transient=True,
+            failure_reason="input_unavailable",
+        )
         return Accepted()
 
     summary = Worker(lg, run_id, handle, concurrency=1).run()
@@ -193,8 +201,9 @@ def test_pause_stops_claiming(lg: Ledger) -> None:
 
 
 def test_worker_on_a_run_that_is_not_running_returns_at_once(lg: Ledger) -> None:
-    run_id = lg.submit({"source_version": "s", "config_version": "c",
-                        "items": [{"item_id": "a"}]}, SUBMITTER).run_id
+    run_id = lg.submit(
+        {"source_version": "s", "config_version": "c", "items": [{"item_id": "a"}]}, SUBMITTER
+    ).run_id
     calls: list[Lease] = []
 
     def handle(lease: Lease) -> Accepted:
@@ -272,7 +281,9 @@ def test_a_lease_taken_over_is_lost_and_the_worker_writes_nothing(
     assert item.state == "in_progress" and item.lease is not None
     assert item.lease.worker_id == "w2"
     assert [(a.worker_id, a.outcome) for a in lg.attempts(run_id)] == [
-        ("w1", "lease_expired"), ("w2", None)]
+        ("w1", "lease_expired"),
+        ("w2", None),
+    ]
 
 
 def test_the_batched_record_path_and_the_one_by_one_path_agree(lg: Ledger) -> None:

@@ -43,7 +43,10 @@ def _openapi_schema(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(
-        title=app.title, version=app.version, description=app.description, routes=app.routes,
+        title=app.title,
+        version=app.version,
+        description=app.description,
+        routes=app.routes,
     )
     # The submit body is read raw (so the ledger's ManifestInvalid names the field);
     # document it with the manifest model itself.
@@ -56,7 +59,9 @@ def _openapi_schema(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
-def create_app(lg: Ledger, tokens_path: str | os.PathLike[str] | None = None, public_reads: bool = False) -> FastAPI:
+def create_app(
+    lg: Ledger, tokens_path: str | os.PathLike[str] | None = None, public_reads: bool = False
+) -> FastAPI:
     """The ASGI app serving `lg`: JSON reads and commands, `/openapi.json`, and the
     operator page at `/`.
 
@@ -66,8 +71,11 @@ def create_app(lg: Ledger, tokens_path: str | os.PathLike[str] | None = None, pu
     The caller keeps ownership of `lg` (closing the app does not close it).
     """
     app = FastAPI(
-        title=TITLE, version=API_VERSION, description=DESCRIPTION,
-        docs_url="/docs", redoc_url=None,
+        title=TITLE,
+        version=API_VERSION,
+        description=DESCRIPTION,
+        docs_url="/docs",
+        redoc_url=None,
     )
     app.state.ledger = lg
     app.state.gate = Gate(tokens=TokenFile(tokens_path), public_reads=public_reads)

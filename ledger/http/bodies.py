@@ -44,7 +44,9 @@ class _Body(BaseModel):
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
         if first_bad_string(data) is not None:
-            raise ValueError("strings must be valid Unicode (no lone surrogate escapes such as \\ud800)")
+            raise ValueError(
+                "strings must be valid Unicode (no lone surrogate escapes such as \\ud800)"
+            )
         return data
 
 
@@ -60,8 +62,12 @@ class AmendBody(Expected):
     """Add or replace items, withdraw item ids, change policy: a new input version."""
 
     reason: Text
-    items: list[dict[str, Any]] | None = Field(default=None, description="Manifest items to add or replace.")
-    withdraw: list[Text] | None = Field(default=None, description="Item ids to withdraw (they end skipped).")
+    items: list[dict[str, Any]] | None = Field(
+        default=None, description="Manifest items to add or replace."
+    )
+    withdraw: list[Text] | None = Field(
+        default=None, description="Item ids to withdraw (they end skipped)."
+    )
     policy: dict[str, Any] | None = Field(default=None, description="Policy fields to change.")
 
 
@@ -157,7 +163,9 @@ class RepairBody(_Body):
     """A new run for the items not accepted (default), chosen items, or corrections."""
 
     reason: Text | None = None
-    items: list[Text] | None = Field(default=None, description="Item ids to repair (default: those not accepted).")
+    items: list[Text] | None = Field(
+        default=None, description="Item ids to repair (default: those not accepted)."
+    )
     corrections: list[dict[str, Any]] | None = Field(
         default=None, description="Corrected manifest items; the new run is a correction_of."
     )

@@ -40,8 +40,13 @@ def _lease(body: B.LeaseBody) -> Lease:
     expires_at = aware(body.expires_at)
     assert expires_at is not None
     return Lease(
-        run_id=body.run_id, item_id=body.item_id, token=body.token, worker_id=body.worker_id,
-        attempt=body.attempt, expires_at=expires_at, payload=None,
+        run_id=body.run_id,
+        item_id=body.item_id,
+        token=body.token,
+        worker_id=body.worker_id,
+        attempt=body.attempt,
+        expires_at=expires_at,
+        payload=None,
     )
 
 
@@ -67,15 +72,23 @@ def _parse_json_body(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise HTTPException(400, f"request body is not UTF-8: {e.reason} at byte {e.start}") from None
+        raise HTTPException(
+            400, f"request body is not UTF-8: {e.reason} at byte {e.start}"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise HTTPException(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        raise HTTPException(
+            400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
     except (ValueError, RecursionError) as e:  # e.g. integers past the 4300-digit limit
-        raise HTTPException(400, f"request body is not acceptable JSON: {type(e).__name__}") from None
+        raise HTTPException(
+            400, f"request body is not acceptable JSON: {type(e).__name__}"
+        ) from None
     if B.first_bad_string(data) is not None:
-        raise HTTPException(400, "request body holds a string that is not valid Unicode (a lone surrogate escape)")
+        raise HTTPException(
+            400, "request body holds a string that is not valid Unicode (a lone surrogate escape)"
+        )
     return data
 
 
@@ -83,7 +96,10 @@ def _parse_json_body(raw: bytes) -> Any:
 
 
 @router.post(
-    "/runs", status_code=201, response_model=RunStatus, summary="submit: a new run, queued",
+    "/runs",
+    status_code=201,
+    response_model=RunStatus,
+    summary="submit: a new run, queued",
     responses=error_responses(413),
     openapi_extra={
         "requestBody": {
@@ -97,31 +113,59 @@ async def submit(request: Request, actor: CommandActor, lg: CommandLedgerDep) ->
     """`lg.submit(manifest, actor)`. The body is the manifest itself."""
     raw = await request.body()
     if len(raw) > MAX_MANIFEST_BYTES:
-        raise HTTPException(413, f"manifest is {len(raw)} bytes; at most {MAX_MANIFEST_BYTES} bytes allowed")
+        raise HTTPException(
+            413, f"manifest is {len(raw)} bytes; at most {MAX_MANIFEST_BYTES} bytes allowed"
+        )
     manifest = _parse_json_body(raw)
     status: RunStatus = await run_in_threadpool(lg.submit, manifest, actor)
     return view_response(status, 201, headers={"Location": f"/runs/{status.run_id}"})
 
 
-@router.post("/runs/{run_id}/start", response_model=RunStatus, summary="start: queued -> running", responses=RUN_ERRORS)
-def start(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.Expected | None = None) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/start",
+    response_model=RunStatus,
+    summary="start: queued -> running",
+    responses=RUN_ERRORS,
+)
+def start(
+    run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.Expected | None = None
+) -> JSONResponse:
     """`lg.start(run_id, actor)`."""
     result = lg.start(run_id, actor, **_expected(body))
     return view_response(result)
 
 
-@router.post("/runs/{run_id}/amend", response_model=RunStatus, summary="amend: a new input version", responses=RUN_ERRORS)
-def amend(run_id: RunId, body: B.AmendBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/amend",
+    response_model=RunStatus,
+    summary="amend: a new input version",
+    responses=RUN_ERRORS,
+)
+def amend(
+    run_id: RunId, body: B.AmendBody, actor: CommandActor, lg: CommandLedgerDep
+) -> JSONResponse:
     """`lg.amend(run_id, actor, reason, items, withdraw, policy)`."""
     result = lg.amend(
-        run_id, actor, body.reason, items=body.items, withdraw=body.withdraw, policy=body.policy,
+        run_id,
+        actor,
+        body.reason,
+        items=body.items,
+        withdraw=body.withdraw,
+        policy=body.policy,
         **_expected(body),
     )
     return view_response(result)
 
 
-@router.post("/runs/{run_id}/claim", response_model=list[Lease], summary="claim: leases on claimable items", responses=RUN_ERRORS)
-def claim(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.ClaimBody | None = None) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/claim",
+    response_model=list[Lease],
+    summary="claim: leases on claimable items",
+    responses=RUN_ERRORS,
+)
+def claim(
+    run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.ClaimBody | None = None
+) -> JSONResponse:
     """`lg.claim(run_id, worker, limit)`: `[]` when a running run has nothing claimable.
     The token's actor is the worker (its id becomes the leases' `worker_id`)."""
     body = body or B.ClaimBody()
@@ -129,15 +173,29 @@ def claim(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.Clai
     return view_response(result)
 
 
-@router.post("/runs/{run_id}/request_review", response_model=RunStatus, summary="request_review: running -> awaiting_review", responses=RUN_ERRORS)
-def request_review(run_id: RunId, body: B.RequestReviewBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/request_review",
+    response_model=RunStatus,
+    summary="request_review: running -> awaiting_review",
+    responses=RUN_ERRORS,
+)
+def request_review(
+    run_id: RunId, body: B.RequestReviewBody, actor: CommandActor, lg: CommandLedgerDep
+) -> JSONResponse:
     """`lg.request_review(run_id, actor, decision)`."""
     result = lg.request_review(run_id, actor, body.decision, **_expected(body))
     return view_response(result)
 
 
-@router.post("/runs/{run_id}/decide", response_model=RunStatus, summary="decide: approve -> running, reject -> failed", responses=RUN_ERRORS)
-def decide(run_id: RunId, body: B.DecideBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/decide",
+    response_model=RunStatus,
+    summary="decide: approve -> running, reject -> failed",
+    responses=RUN_ERRORS,
+)
+def decide(
+    run_id: RunId, body: B.DecideBody, actor: CommandActor, lg: CommandLedgerDep
+) -> JSONResponse:
     """`lg.decide(run_id, actor, input_version, approve, reason)`."""
     result = lg.decide(
         run_id, actor, body.input_version, body.approve, body.reason, **_expected(body)
@@ -145,54 +203,113 @@ def decide(run_id: RunId, body: B.DecideBody, actor: CommandActor, lg: CommandLe
     return view_response(result)
 
 
-@router.post("/runs/{run_id}/pause", response_model=RunStatus, summary="pause: running -> pausing or paused", responses=RUN_ERRORS)
-def pause(run_id: RunId, body: B.OptionalReasonBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/pause",
+    response_model=RunStatus,
+    summary="pause: running -> pausing or paused",
+    responses=RUN_ERRORS,
+)
+def pause(
+    run_id: RunId, body: B.OptionalReasonBody, actor: CommandActor, lg: CommandLedgerDep
+) -> JSONResponse:
     """`lg.pause(run_id, actor, reason)`."""
     result = lg.pause(run_id, actor, body.reason, **_expected(body))
     return view_response(result)
 
 
-@router.post("/runs/{run_id}/resume", response_model=RunStatus, summary="resume: pausing or paused -> running", responses=RUN_ERRORS)
-def resume(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.OptionalReasonBody | None = None) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/resume",
+    response_model=RunStatus,
+    summary="resume: pausing or paused -> running",
+    responses=RUN_ERRORS,
+)
+def resume(
+    run_id: RunId,
+    actor: CommandActor,
+    lg: CommandLedgerDep,
+    body: B.OptionalReasonBody | None = None,
+) -> JSONResponse:
     """`lg.resume(run_id, actor)`."""
     body = body or B.OptionalReasonBody()
     result = lg.resume(run_id, actor, reason=body.reason, **_expected(body))
     return view_response(result)
 
 
-@router.post("/runs/{run_id}/cancel", response_model=CancelOutcome, summary="cancel: canceling or canceled", responses=RUN_ERRORS)
-def cancel(run_id: RunId, body: B.OptionalReasonBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/cancel",
+    response_model=CancelOutcome,
+    summary="cancel: canceling or canceled",
+    responses=RUN_ERRORS,
+)
+def cancel(
+    run_id: RunId, body: B.OptionalReasonBody, actor: CommandActor, lg: CommandLedgerDep
+) -> JSONResponse:
     """`lg.cancel(run_id, actor, reason)`: durable intent; repeating it writes nothing."""
     result = lg.cancel(run_id, actor, body.reason, **_expected(body))
     return view_response(result)
 
 
-@router.post("/runs/{run_id}/complete", response_model=RunStatus, summary="complete: succeeded or completed_with_errors", responses=RUN_ERRORS)
-def complete(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.Expected | None = None) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/complete",
+    response_model=RunStatus,
+    summary="complete: succeeded or completed_with_errors",
+    responses=RUN_ERRORS,
+)
+def complete(
+    run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.Expected | None = None
+) -> JSONResponse:
     """`lg.complete(run_id, actor)`: 409 NotComplete names what blocks success."""
     result = lg.complete(run_id, actor, **_expected(body))
     return view_response(result)
 
 
-@router.post("/runs/{run_id}/fail", response_model=RunStatus, summary="fail: the run failed", responses=RUN_ERRORS)
-def fail(run_id: RunId, body: B.FailBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/fail",
+    response_model=RunStatus,
+    summary="fail: the run failed",
+    responses=RUN_ERRORS,
+)
+def fail(
+    run_id: RunId, body: B.FailBody, actor: CommandActor, lg: CommandLedgerDep
+) -> JSONResponse:
     """`lg.fail(run_id, actor, reason, transient, failure_reason)`."""
     result = lg.fail(
-        run_id, actor, body.reason, body.transient, failure_reason=body.failure_reason, **_expected(body)
+        run_id,
+        actor,
+        body.reason,
+        body.transient,
+        failure_reason=body.failure_reason,
+        **_expected(body),
     )
     return view_response(result)
 
 
-@router.post("/runs/{run_id}/retry", status_code=201, response_model=RunStatus, summary="retry: a new linked run (retry_of)", responses=RUN_ERRORS)
-def retry(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.RetryBody | None = None) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/retry",
+    status_code=201,
+    response_model=RunStatus,
+    summary="retry: a new linked run (retry_of)",
+    responses=RUN_ERRORS,
+)
+def retry(
+    run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.RetryBody | None = None
+) -> JSONResponse:
     """`lg.retry(run_id, actor)`: replays the original's latest input exactly."""
     body = body or B.RetryBody()
     result = lg.retry(run_id, actor, reason=body.reason)
     return view_response(result, 201)
 
 
-@router.post("/runs/{run_id}/repair", status_code=201, response_model=RunStatus, summary="repair: a new linked run (repair_of / correction_of)", responses=RUN_ERRORS)
-def repair(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.RepairBody | None = None) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/repair",
+    status_code=201,
+    response_model=RunStatus,
+    summary="repair: a new linked run (repair_of / correction_of)",
+    responses=RUN_ERRORS,
+)
+def repair(
+    run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.RepairBody | None = None
+) -> JSONResponse:
     """`lg.repair(run_id, actor, items, corrections)`."""
     body = body or B.RepairBody()
     result = lg.repair(
@@ -201,8 +318,16 @@ def repair(run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.Rep
     return view_response(result, 201)
 
 
-@router.post("/runs/{run_id}/compensate", status_code=201, response_model=RunStatus, summary="compensate: a new linked run (compensates)", responses=RUN_ERRORS)
-def compensate(run_id: RunId, body: B.CompensateBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
+@router.post(
+    "/runs/{run_id}/compensate",
+    status_code=201,
+    response_model=RunStatus,
+    summary="compensate: a new linked run (compensates)",
+    responses=RUN_ERRORS,
+)
+def compensate(
+    run_id: RunId, body: B.CompensateBody, actor: CommandActor, lg: CommandLedgerDep
+) -> JSONResponse:
     """`lg.compensate(run_id, actor, reason, items)`."""
     result = lg.compensate(run_id, actor, body.reason, items=body.items)
     return view_response(result, 201)
@@ -213,22 +338,40 @@ def compensate(run_id: RunId, body: B.CompensateBody, actor: CommandActor, lg: C
 ItemPath = "/runs/{run_id}/items/{item_id:path}"
 
 
-@router.post(f"{ItemPath}/skip", response_model=ItemStatus, summary="skip: -> skipped", responses=RUN_ERRORS)
-def skip(run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
+@router.post(
+    f"{ItemPath}/skip", response_model=ItemStatus, summary="skip: -> skipped", responses=RUN_ERRORS
+)
+def skip(
+    run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: CommandLedgerDep
+) -> JSONResponse:
     """`lg.skip(run_id, item_id, actor, reason)`."""
     result = lg.skip(run_id, item_id, actor, body.reason, **_expected(body))
     return view_response(result)
 
 
-@router.post(f"{ItemPath}/release", response_model=ItemStatus, summary="release: quarantined -> retryable", responses=RUN_ERRORS)
-def release(run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
+@router.post(
+    f"{ItemPath}/release",
+    response_model=ItemStatus,
+    summary="release: quarantined -> retryable",
+    responses=RUN_ERRORS,
+)
+def release(
+    run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: CommandLedgerDep
+) -> JSONResponse:
     """`lg.release(run_id, item_id, actor, reason)`."""
     result = lg.release(run_id, item_id, actor, body.reason, **_expected(body))
     return view_response(result)
 
 
-@router.post(f"{ItemPath}/reject_item", response_model=ItemStatus, summary="reject_item: quarantined -> rejected", responses=RUN_ERRORS)
-def reject_item(run_id: RunId, item_id: str, body: B.RejectItemBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
+@router.post(
+    f"{ItemPath}/reject_item",
+    response_model=ItemStatus,
+    summary="reject_item: quarantined -> rejected",
+    responses=RUN_ERRORS,
+)
+def reject_item(
+    run_id: RunId, item_id: str, body: B.RejectItemBody, actor: CommandActor, lg: CommandLedgerDep
+) -> JSONResponse:
     """`lg.reject_item(run_id, item_id, actor, rule, detail)`."""
     result = lg.reject_item(
         run_id, item_id, actor, body.rule, detail=body.detail, **_expected(body)
@@ -239,7 +382,12 @@ def reject_item(run_id: RunId, item_id: str, body: B.RejectItemBody, actor: Comm
 # --- leases (the lease holder) ------------------------------------------------
 
 
-@router.post("/leases/heartbeat", response_model=Lease, summary="heartbeat: extend a live lease", responses=RUN_ERRORS)
+@router.post(
+    "/leases/heartbeat",
+    response_model=Lease,
+    summary="heartbeat: extend a live lease",
+    responses=RUN_ERRORS,
+)
 def heartbeat(body: B.LeaseBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.heartbeat(lease)`: 409 LeaseLost when the lease is not live."""
     lease = _lease_holder(lg, actor, body, "heartbeat")
@@ -247,7 +395,12 @@ def heartbeat(body: B.LeaseBody, actor: CommandActor, lg: CommandLedgerDep) -> J
     return view_response(result)
 
 
-@router.post("/leases/accept", response_model=ItemStatus, summary="accept: in_progress -> accepted", responses=RUN_ERRORS)
+@router.post(
+    "/leases/accept",
+    response_model=ItemStatus,
+    summary="accept: in_progress -> accepted",
+    responses=RUN_ERRORS,
+)
 def accept(body: B.AcceptBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.accept(lease, evidence, stage)`."""
     lease = _lease_holder(lg, actor, body, "accept")
@@ -255,7 +408,12 @@ def accept(body: B.AcceptBody, actor: CommandActor, lg: CommandLedgerDep) -> JSO
     return view_response(result)
 
 
-@router.post("/leases/reject", response_model=ItemStatus, summary="reject: in_progress -> rejected", responses=RUN_ERRORS)
+@router.post(
+    "/leases/reject",
+    response_model=ItemStatus,
+    summary="reject: in_progress -> rejected",
+    responses=RUN_ERRORS,
+)
 def reject(body: B.RejectBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.reject(lease, rule, detail, stage)`."""
     lease = _lease_holder(lg, actor, body, "reject")
@@ -263,20 +421,29 @@ def reject(body: B.RejectBody, actor: CommandActor, lg: CommandLedgerDep) -> JSO
     return view_response(result)
 
 
-@router.post("/leases/fail_attempt", response_model=ItemStatus, summary="fail_attempt: -> retryable or quarantined", responses=RUN_ERRORS)
-def fail_attempt(body: B.FailAttemptBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
+@router.post(
+    "/leases/fail_attempt",
+    response_model=ItemStatus,
+    summary="fail_attempt: -> retryable or quarantined",
+    responses=RUN_ERRORS,
+)
+def fail_attempt(
+    body: B.FailAttemptBody, actor: CommandActor, lg: CommandLedgerDep
+) -> JSONResponse:
     """`lg.fail_attempt(lease, error, stage, retryable)`."""
     lease = _lease_holder(lg, actor, body, "fail_attempt")
-    result = lg.fail_attempt(
-        lease, body.error, stage=body.stage, retryable=body.retryable
-    )
+    result = lg.fail_attempt(lease, body.error, stage=body.stage, retryable=body.retryable)
     return view_response(result)
 
 
 # --- reconcile -------------------------------------------------------------------
 
 
-@router.post("/reconcile", response_model=ReconcileReport, summary="reconcile: expire leases, finish cancels and pauses")
+@router.post(
+    "/reconcile",
+    response_model=ReconcileReport,
+    summary="reconcile: expire leases, finish cancels and pauses",
+)
 def reconcile(actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.reconcile()` at the store's clock (a caller cannot choose `now`)."""
     result = lg.reconcile(actor=actor)

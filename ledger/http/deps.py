@@ -23,11 +23,15 @@ LedgerDep = Annotated[Any, Depends(ledger_of)]
 
 def command_ledger_of(
     request: Request,
-    idempotency_key: Annotated[str | None, Header(
-        alias="Idempotency-Key",
-        description="Optional. A repeat of the request with the same key returns the first "
-        "response and writes nothing; the same key with another command or other arguments "
-        "is refused (422). Keys are global to the ledger: use a UUID.")] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="Optional. A repeat of the request with the same key returns the first "
+            "response and writes nothing; the same key with another command or other arguments "
+            "is refused (422). Keys are global to the ledger: use a UUID.",
+        ),
+    ] = None,
 ) -> Any:
     """The ledger for a command route; with an `Idempotency-Key` header, the command the
     route makes carries that key (ledger.idempotency)."""
@@ -49,7 +53,9 @@ def aware(value: datetime | None) -> datetime | None:
     return value
 
 
-def view_response(value: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
+def view_response(
+    value: Any, status_code: int = 200, headers: dict[str, str] | None = None
+) -> JSONResponse:
     """A view (or list of views) as JSON, exactly as its `to_dict()` gives it, so the API,
     the CLI's `--json` and library users see the same documents. The route's
     `response_model` still documents the shape."""

@@ -87,7 +87,9 @@ def status_for(error: LedgerError) -> int:
     return 400
 
 
-def error_response(status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(status_code=status, content=body, headers=headers)
 
 
@@ -104,7 +106,9 @@ def _validation_body(exc: RequestValidationError) -> tuple[int, dict[str, Any]]:
     first = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
-        detail = ctx.get("error", "JSON decode error") if isinstance(ctx, dict) else "JSON decode error"
+        detail = (
+            ctx.get("error", "JSON decode error") if isinstance(ctx, dict) else "JSON decode error"
+        )
         return 400, {
             "error": "InvalidInput",
             "message": f"request body is not valid JSON: {detail}",
@@ -146,7 +150,9 @@ async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     # A bug, not bad input: log it (the request line holds no token) and say little.
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, {"error": "InternalError", "message": "internal error; see the server log"})
+    return error_response(
+        500, {"error": "InternalError", "message": "internal error; see the server log"}
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -32,11 +32,17 @@ class BodyLimit:
 
     async def _refuse(self, send: Send) -> None:
         body = _payload(self.max_bytes)
-        await send({
-            "type": "http.response.start", "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                        (b"connection", b"close")],
-        })
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

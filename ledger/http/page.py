@@ -45,7 +45,12 @@ def _index_html() -> str:
     return (resources.files(STATIC_PACKAGE) / "static" / "index.html").read_text(encoding="utf-8")
 
 
-@router.get("/", response_class=HTMLResponse, summary="The operator page", responses={401: {"description": "Sign-in needed (the page shows a form)"}})
+@router.get(
+    "/",
+    response_class=HTMLResponse,
+    summary="The operator page",
+    responses={401: {"description": "Sign-in needed (the page shows a form)"}},
+)
 async def operator_page(request: Request) -> HTMLResponse:
     """The runs table and run pages (`#/runs/{id}`), refreshed every few seconds."""
     credentials: HTTPAuthorizationCredentials | None = await bearer(request)
@@ -68,7 +73,9 @@ def session(reader: Reader) -> dict[str, Any]:
     return {"actor_id": reader.id, "role": reader.role}
 
 
-@router.post("/session", status_code=204, summary="Sign the page in", responses=error_responses(401, 422))
+@router.post(
+    "/session", status_code=204, summary="Sign the page in", responses=error_responses(401, 422)
+)
 def sign_in(body: TokenBody, request: Request) -> Response:
     """Check a token and keep it in an HttpOnly cookie for the page's reads."""
     actor = gate_of(request).tokens.lookup(body.token)
@@ -76,8 +83,12 @@ def sign_in(body: TokenBody, request: Request) -> Response:
         raise Unauthenticated("unknown token")
     response = Response(status_code=204)
     response.set_cookie(
-        SESSION_COOKIE, body.token, httponly=True, samesite="strict",
-        secure=request.url.scheme == "https", path="/",
+        SESSION_COOKIE,
+        body.token,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
     )
     return response
 

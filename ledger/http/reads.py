@@ -28,7 +28,8 @@ def list_runs(
     _reader: Reader,
     lg: LedgerDep,
     state: Annotated[
-        str | None, Query(description="Only runs in this state.", json_schema_extra={"enum": list(RUN_STATES)})
+        str | None,
+        Query(description="Only runs in this state.", json_schema_extra={"enum": list(RUN_STATES)}),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
 ) -> JSONResponse:
@@ -37,7 +38,10 @@ def list_runs(
 
 
 @router.get(
-    "/runs/{run_id}", response_model=RunStatus, summary="A run's status", responses=error_responses(404)
+    "/runs/{run_id}",
+    response_model=RunStatus,
+    summary="A run's status",
+    responses=error_responses(404),
 )
 def run_status(
     _reader: Reader,
@@ -57,7 +61,9 @@ def run_status(
 
 
 @router.get(
-    "/runs/{run_id}/items", response_model=list[ItemStatus], summary="A run's items",
+    "/runs/{run_id}/items",
+    response_model=list[ItemStatus],
+    summary="A run's items",
     responses=error_responses(404),
 )
 def run_items(
@@ -65,7 +71,10 @@ def run_items(
     lg: LedgerDep,
     run_id: RunId,
     state: Annotated[
-        str | None, Query(description="Only items in this state.", json_schema_extra={"enum": list(ITEM_STATES)})
+        str | None,
+        Query(
+            description="Only items in this state.", json_schema_extra={"enum": list(ITEM_STATES)}
+        ),
     ] = None,
 ) -> JSONResponse:
     """`lg.items(run_id, state)`."""
@@ -73,7 +82,9 @@ def run_items(
 
 
 @router.get(
-    "/runs/{run_id}/attempts", response_model=list[Attempt], summary="A run's attempts",
+    "/runs/{run_id}/attempts",
+    response_model=list[Attempt],
+    summary="A run's attempts",
     responses=error_responses(404),
 )
 def run_attempts(
@@ -87,7 +98,9 @@ def run_attempts(
 
 
 @router.get(
-    "/runs/{run_id}/history", response_model=list[Transition], summary="A run's transitions",
+    "/runs/{run_id}/history",
+    response_model=list[Transition],
+    summary="A run's transitions",
     responses=error_responses(404),
 )
 def run_history(_reader: Reader, lg: LedgerDep, run_id: RunId) -> JSONResponse:
@@ -96,7 +109,9 @@ def run_history(_reader: Reader, lg: LedgerDep, run_id: RunId) -> JSONResponse:
 
 
 @router.get(
-    "/runs/{run_id}/lineage", response_model=list[RunStatus], summary="Linked runs, root first",
+    "/runs/{run_id}/lineage",
+    response_model=list[RunStatus],
+    summary="Linked runs, root first",
     responses=error_responses(404),
 )
 def run_lineage(_reader: Reader, lg: LedgerDep, run_id: RunId) -> JSONResponse:
@@ -109,7 +124,9 @@ def audit(
     _reader: Reader,
     lg: LedgerDep,
     run_id: Annotated[str | None, Query(description="Only this run's transitions.")] = None,
-    actor: Annotated[str | None, Query(description="Only transitions made by this actor id.")] = None,
+    actor: Annotated[
+        str | None, Query(description="Only transitions made by this actor id.")
+    ] = None,
     role: Annotated[str | None, Query(json_schema_extra={"enum": list(ROLES)})] = None,
     state: Annotated[str | None, Query(description="Only transitions into this state.")] = None,
     since: Annotated[datetime | None, Query(description="From this time (ISO 8601).")] = None,
@@ -117,15 +134,26 @@ def audit(
     newest_first: bool = False,
     after: Annotated[
         int | None,
-        Query(ge=0, le=2**63 - 1, description="Keyset cursor: the `position` of the last transition seen."),
+        Query(
+            ge=0,
+            le=2**63 - 1,
+            description="Keyset cursor: the `position` of the last transition seen.",
+        ),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
 ) -> JSONResponse:
     """`lg.audit(...)`: one page. When the page is full, the `X-Next-After` header holds
     the cursor for the next page (pass it as `after`, with the same filters)."""
     transitions = lg.audit(
-        run_id=run_id, actor=actor, role=role, state=state, since=aware(since), until=aware(until),
-        newest_first=newest_first, after=after, limit=limit,
+        run_id=run_id,
+        actor=actor,
+        role=role,
+        state=state,
+        since=aware(since),
+        until=aware(until),
+        newest_first=newest_first,
+        after=after,
+        limit=limit,
     )
     page: list[Transition] = list(islice(transitions, limit))
     headers = {NEXT_AFTER_HEADER: str(page[-1].position)} if len(page) == limit else None

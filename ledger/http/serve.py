@@ -33,8 +33,13 @@ def make_server(
 
     app = create_app(lg, tokens_path=tokens_path, public_reads=public_reads)
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, proxy_headers=False,
-        server_header=False, lifespan="off",
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        proxy_headers=False,
+        server_header=False,
+        lifespan="off",
     )
     return uvicorn.Server(config)
 
@@ -52,6 +57,8 @@ def serve(
 
     lg = Ledger.open(dsn) if dsn else Ledger.open()
     try:
-        make_server(lg, host=host, port=port, tokens_path=tokens_path, public_reads=public_reads).run()
+        make_server(
+            lg, host=host, port=port, tokens_path=tokens_path, public_reads=public_reads
+        ).run()
     finally:
         lg.close()

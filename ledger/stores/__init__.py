@@ -26,10 +26,12 @@ def open_store(dsn: str, clock: Callable[[], datetime] | None = None) -> Store:
     if dsn.startswith("sqlite://"):
         from .sqlite import SqliteStore
 
-        path = dsn[len("sqlite://"):]
+        path = dsn[len("sqlite://") :]
         path = path.removeprefix("/")  # sqlite:///rel.db -> rel.db ; sqlite:////abs.db -> /abs.db
         if not path:
-            raise InvalidInput("sqlite DSN needs a path: sqlite:///relative.db or sqlite:////abs.db")
+            raise InvalidInput(
+                "sqlite DSN needs a path: sqlite:///relative.db or sqlite:////abs.db"
+            )
         return SqliteStore(path, clock=clock)
     if dsn.startswith(("postgresql://", "postgres://")):
         from .postgres import PostgresStore

@@ -29,11 +29,13 @@ def refuse_newer(current: int, known: int) -> None:
     if current > known:
         raise RuntimeError(
             f"the database's ledger schema is version {current}, newer than this run-ledger "
-            f"knows ({known}): upgrade run-ledger before using this database")
+            f"knows ({known}): upgrade run-ledger before using this database"
+        )
 
 
-def apply_migrations(run: Callable[..., Any], steps: Sequence[Sequence[Any]], current: int,
-                     mark: str = "?") -> None:
+def apply_migrations(
+    run: Callable[..., Any], steps: Sequence[Sequence[Any]], current: int, mark: str = "?"
+) -> None:
     """Apply the schema migrations after version `current` through `run(sql[, params])`
     (`mark`: the driver's placeholder), recording each version reached in ledger_meta."""
     refuse_newer(current, len(steps))
@@ -42,8 +44,11 @@ def apply_migrations(run: Callable[..., Any], steps: Sequence[Sequence[Any]], cu
             continue
         for sql in statements:
             run(sql)
-        run("INSERT INTO ledger_meta (key, value) VALUES ('schema_version', " + mark + ") "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(version),))
+        run(
+            "INSERT INTO ledger_meta (key, value) VALUES ('schema_version', " + mark + ") "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(version),),
+        )
 
 
 class StreamConflict(Exception):
@@ -119,7 +124,9 @@ class Tx(ABC):
     def select_run_sql(self, lock: bool) -> str:
         """The query loading one lg_runs row by run_id (`?`), locked for the rest of the
         transaction when `lock`, with the database clock as `db_now` where it has one."""
-        return f"SELECT *{self.now_column()} FROM lg_runs WHERE run_id = ?" + (self.lock_suffix() if lock else "")
+        return f"SELECT *{self.now_column()} FROM lg_runs WHERE run_id = ?" + (
+            self.lock_suffix() if lock else ""
+        )
 
 
 class Store(ABC):
@@ -164,18 +171,24 @@ class Store(ABC):
             finally:
                 self._ambient.tx = None
 
-    def read_events(self, after: int, limit: int, upto: int | None = None) -> list[tuple[int, DomainEvent]]:
+    def read_events(
+        self, after: int, limit: int, upto: int | None = None
+    ) -> list[tuple[int, DomainEvent]]:
         """Events in position order after `after` (decoded)."""
         with self.read() as tx:
             return self.read_events_tx(tx, after, limit, upto)
 
-    def read_events_tx(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, DomainEvent]]:
+    def read_events_tx(
+        self, tx: Tx, after: int, limit: int, upto: int | None = None
+    ) -> list[tuple[int, DomainEvent]]:
         rows = self.read_stored_rows(tx, after, limit, upto)
         decode = self.mapper.to_domain_event
         return [(pos, cast(DomainEvent, decode(se))) for pos, se in rows]
 
     @abstractmethod
-    def read_stored_rows(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, StoredEvent]]: ...
+    def read_stored_rows(
+        self, tx: Tx, after: int, limit: int, upto: int | None = None
+    ) -> list[tuple[int, StoredEvent]]: ...
 
 
 @contextmanager

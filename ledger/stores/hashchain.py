@@ -34,8 +34,14 @@ _CHUNK = 300
 def event_hash(prev: str, originator_id: UUID, version: int, topic: str, state: bytes) -> str:
     """The chained hash of one stored event (hex)."""
     h = hashlib.sha256()
-    for part in (_TAG, prev.encode(), str(originator_id).encode(), str(version).encode(),
-                 topic.encode(), bytes(state)):
+    for part in (
+        _TAG,
+        prev.encode(),
+        str(originator_id).encode(),
+        str(version).encode(),
+        topic.encode(),
+        bytes(state),
+    ):
         h.update(len(part).to_bytes(8, "big"))
         h.update(part)
     return h.hexdigest()
@@ -72,9 +78,11 @@ def ddl(dialect: str) -> list[str]:
     oid = "UUID" if dialect == "postgres" else "TEXT"
     big = "BIGINT" if dialect == "postgres" else "INTEGER"
     return [
-        (f"CREATE TABLE IF NOT EXISTS {HASH_TABLE} (originator_id {oid} NOT NULL, "
-         f"originator_version {big} NOT NULL, hash TEXT NOT NULL, "
-         "PRIMARY KEY (originator_id, originator_version))"),
+        (
+            f"CREATE TABLE IF NOT EXISTS {HASH_TABLE} (originator_id {oid} NOT NULL, "
+            f"originator_version {big} NOT NULL, hash TEXT NOT NULL, "
+            "PRIMARY KEY (originator_id, originator_version))"
+        ),
     ]
 
 
@@ -83,16 +91,18 @@ def fetch_hashes(tx: Tx, keys: Sequence[tuple[UUID, int]]) -> dict[tuple[UUID, i
     dialect = tx.store.dialect
     out: dict[tuple[UUID, int], str] = {}
     for i in range(0, len(keys), _CHUNK):
-        chunk = keys[i:i + _CHUNK]
+        chunk = keys[i : i + _CHUNK]
         wanted = set(chunk)
         # by stream id (the primary key's first column, so an index search on both stores;
         # a row-value IN list is planned as a full scan on SQLite), then pick the versions
         streams = list(dict.fromkeys(oid for oid, _v in chunk))
         marks = ", ".join("?" for _ in streams)
         low = min(v for _o, v in chunk)
-        rows = tx.fetchall(f"SELECT originator_id, originator_version, hash FROM {HASH_TABLE} "
-                           f"WHERE originator_id IN ({marks}) AND originator_version >= ?",
-                           [*(oid_param(dialect, o) for o in streams), low])
+        rows = tx.fetchall(
+            f"SELECT originator_id, originator_version, hash FROM {HASH_TABLE} "
+            f"WHERE originator_id IN ({marks}) AND originator_version >= ?",
+            [*(oid_param(dialect, o) for o in streams), low],
+        )
         for r in rows:
             key = (as_uuid(r["originator_id"]), int(r["originator_version"]))
             if key in wanted:
@@ -106,7 +116,11 @@ def record_hashes(tx: Tx, stored: Sequence[StoredEvent]) -> None:
         return
     batch: dict[tuple[UUID, int], str] = {}
     keys = {(as_uuid(se.originator_id), se.originator_version) for se in stored}
-    wanted = [(oid, version - 1) for oid, version in keys if version > 1 and (oid, version - 1) not in keys]
+    wanted = [
+        (oid, version - 1)
+        for oid, version in keys
+        if version > 1 and (oid, version - 1) not in keys
+    ]
     previous = fetch_hashes(tx, wanted) if wanted else {}
     rows = []
     for se in stored:
@@ -115,5 +129,6 @@ def record_hashes(tx: Tx, stored: Sequence[StoredEvent]) -> None:
         hx = event_hash(prev, oid, version, se.topic, se.state)
         batch[(oid, version)] = hx
         rows.append((oid_param(tx.store.dialect, oid), version, hx))
-    tx.executemany(f"INSERT INTO {HASH_TABLE} (originator_id, originator_version, hash) VALUES (?, ?, ?)",
-                   rows)
+    tx.executemany(
+        f"INSERT INTO {HASH_TABLE} (originator_id, originator_version, hash) VALUES (?, ?, ?)", rows
+    )

@@ -68,8 +68,12 @@ class _Bulk:
         """The rows as the JSON parameter; None when a value has no exact JSON form."""
         names = self.names
         try:
-            return json.dumps([dict(zip(names, row, strict=True)) for row in rows],
-                              default=_json_scalar, ensure_ascii=False, allow_nan=False)
+            return json.dumps(
+                [dict(zip(names, row, strict=True)) for row in rows],
+                default=_json_scalar,
+                ensure_ascii=False,
+                allow_nan=False,
+            )
         except (TypeError, ValueError):
             return None
 
@@ -94,12 +98,21 @@ def _bulk_form(sql: str) -> _Bulk | None:
         table, tail = m.group(1), m.group(4)
         cols = [c.strip() for c in m.group(2).split(",")]
         values = [v.strip() for v in m.group(3).split(",")]
-        if (len(cols) == len(values) and all(_NAME.match(c) for c in cols) and "?" not in tail
-                and all(v == "?" or "?" not in v for v in values)):
+        if (
+            len(cols) == len(values)
+            and all(_NAME.match(c) for c in cols)
+            and "?" not in tail
+            and all(v == "?" or "?" not in v for v in values)
+        ):
             names = [c for c, v in zip(cols, values, strict=True) if v == "?"]
-            select = ", ".join(f"v.{c}" if v == "?" else v for c, v in zip(cols, values, strict=True))
-            bulk = _Bulk(f"INSERT INTO {table} ({', '.join(cols)}) SELECT {select} "
-                         f"FROM json_populate_recordset(NULL::{table}, %s::json) AS v{tail}", names)
+            select = ", ".join(
+                f"v.{c}" if v == "?" else v for c, v in zip(cols, values, strict=True)
+            )
+            bulk = _Bulk(
+                f"INSERT INTO {table} ({', '.join(cols)}) SELECT {select} "
+                f"FROM json_populate_recordset(NULL::{table}, %s::json) AS v{tail}",
+                names,
+            )
     else:
         u = _UPDATE.match(sql)
         if u:
@@ -112,9 +125,11 @@ def _bulk_form(sql: str) -> _Bulk | None:
                 n_set = len(sets)
                 assign = ", ".join(f"{c} = v.{c}" for c in names[:n_set])
                 where = " AND ".join(f"t.{c} = v.{c}" for c in names[n_set:])
-                bulk = _Bulk(f"UPDATE {table} AS t SET {assign} "
-                             f"FROM json_populate_recordset(NULL::{table}, %s::json) AS v WHERE {where}",
-                             names)
+                bulk = _Bulk(
+                    f"UPDATE {table} AS t SET {assign} "
+                    f"FROM json_populate_recordset(NULL::{table}, %s::json) AS v WHERE {where}",
+                    names,
+                )
     _BULK_CACHE[sql] = bulk
     return bulk
 
@@ -156,16 +171,25 @@ class LedgerPostgresRecorder(PostgresApplicationRecorder):
     position order) and the NOTIFY are the stock ones, and the library's own recorder
     test cases run against this class (tests/test_recorders.py)."""
 
-    def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events") -> None:
+    def __init__(
+        self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events"
+    ) -> None:
         super().__init__(datastore, events_table_name=events_table_name)
-        table = f'"{datastore.schema}"."{events_table_name}"' if datastore.schema else f'"{events_table_name}"'
+        table = (
+            f'"{datastore.schema}"."{events_table_name}"'
+            if datastore.schema
+            else f'"{events_table_name}"'
+        )
         self.insert_events_json_statement = (
             f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
             "SELECT (e->>0)::uuid, (e->>1)::bigint, e->>2, convert_to(e->>3, 'UTF8') "
             "FROM json_array_elements(%s::json) WITH ORDINALITY AS x(e, n) ORDER BY n "
-            "RETURNING notification_id")
+            "RETURNING notification_id"
+        )
 
-    def _insert_stored_events(self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any) -> None:
+    def _insert_stored_events(
+        self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> None:
         param = _events_json(curs.connection, stored_events)
         if param is None:
             super()._insert_stored_events(curs, stored_events, **kwargs)
@@ -235,7 +259,9 @@ class PgTx(Tx):
             _drain(self.conn)
             _take_results(self.conn)
             # positions are drawn in the order the rows are inserted, which is the events' order
-            ids = sorted(row["notification_id"] for row in self.cur.fetchall())  # waits for the insert
+            ids = sorted(
+                row["notification_id"] for row in self.cur.fetchall()
+            )  # waits for the insert
         except psycopg.errors.UniqueViolation as e:
             raise StreamConflict(str(e)) from e
         assert ids is not None
@@ -263,8 +289,10 @@ class PgTx(Tx):
         # command that queued behind another would judge leases by the time it started
         # waiting. Read through a materialised locking CTE, it is taken once the lock is
         # granted: the time the command really acts. Still one round trip.
-        return ("WITH locked AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = ? FOR UPDATE) "
-                "SELECT *, clock_timestamp() AS db_now FROM locked")
+        return (
+            "WITH locked AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = ? FOR UPDATE) "
+            "SELECT *, clock_timestamp() AS db_now FROM locked"
+        )
 
 
 class PostgresStore(Store):
@@ -272,8 +300,13 @@ class PostgresStore(Store):
 
     dialect = "postgres"
 
-    def __init__(self, dsn: str, clock: Callable[[], datetime] | None = None,
-                 pool_size: int = 2, max_overflow: int = 10) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        clock: Callable[[], datetime] | None = None,
+        pool_size: int = 2,
+        max_overflow: int = 10,
+    ) -> None:
         super().__init__(clock)
         info = conninfo_to_dict(dsn)
         self.dsn = dsn
@@ -311,8 +344,11 @@ class PostgresStore(Store):
             return
         committing = False
         try:
-            with self.datastore.get_connection() as conn, \
-                    (conn.pipeline() if write else nullcontext()), conn.transaction():
+            with (
+                self.datastore.get_connection() as conn,
+                conn.pipeline() if write else nullcontext(),
+                conn.transaction(),
+            ):
                 # Pipeline mode: statements whose results the command does not read (the
                 # event table's lock and NOTIFY, projection writes) share round trips;
                 # every fetch still waits for its answer.
@@ -347,21 +383,29 @@ class PostgresStore(Store):
         # own, not the pool's: a wrong DSN or an unreachable server fails here at once
         # with libpq's reason rather than as a pool timeout.
         timeout = conninfo_to_dict(self.dsn).get("connect_timeout", CONNECT_TIMEOUT_S)
-        with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=timeout) as conn:
+        with psycopg.connect(
+            self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=timeout
+        ) as conn:
             steps = migrations(self.datastore)
             current = _schema_version(conn)
             refuse_newer(current, len(steps))
             if current < len(steps):
                 with conn.transaction(), conn.cursor() as cur:
                     cur.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                    cur.execute("CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                    cur.execute(
+                        "CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+                    )
                     current = _schema_version(conn)  # another process may have migrated meanwhile
                     apply_migrations(cur.execute, steps, current, mark="%s")
         self.datastore.register_type_adapters()
 
-    def read_stored_rows(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, StoredEvent]]:
-        sql = (f"SELECT notification_id, originator_id, originator_version, topic, state "
-               f"FROM {EVENTS_TABLE} WHERE notification_id > ?")
+    def read_stored_rows(
+        self, tx: Tx, after: int, limit: int, upto: int | None = None
+    ) -> list[tuple[int, StoredEvent]]:
+        sql = (
+            f"SELECT notification_id, originator_id, originator_version, topic, state "
+            f"FROM {EVENTS_TABLE} WHERE notification_id > ?"
+        )
         params: list[Any] = [after]
         if upto is not None:
             sql += " AND notification_id <= ?"
@@ -369,9 +413,15 @@ class PostgresStore(Store):
         sql += " ORDER BY notification_id LIMIT ?"
         params.append(limit)
         return [
-            (r["notification_id"], StoredEvent(originator_id=r["originator_id"],
-                                               originator_version=r["originator_version"],
-                                               topic=r["topic"], state=bytes(r["state"])))
+            (
+                r["notification_id"],
+                StoredEvent(
+                    originator_id=r["originator_id"],
+                    originator_version=r["originator_version"],
+                    topic=r["topic"],
+                    state=bytes(r["state"]),
+                ),
+            )
             for r in tx.fetchall(sql, params)
         ]
 
@@ -407,13 +457,16 @@ def _fault(error: Exception, uncertain: bool) -> StoreUnavailable | CommitUncert
     cause = error.__cause__
     sqlstate = getattr(cause, "sqlstate", None) if isinstance(cause, psycopg.Error) else None
     if sqlstate and not (uncertain and sqlstate.startswith("57P")):
-        what = next((text for prefix, text in _REFUSALS if sqlstate.startswith(prefix)),
-                    "the database refused the transaction")
+        what = next(
+            (text for prefix, text in _REFUSALS if sqlstate.startswith(prefix)),
+            "the database refused the transaction",
+        )
         return StoreUnavailable(f"{what} (SQLSTATE {sqlstate}: {detail}); nothing was written")
     if uncertain:
         return CommitUncertain(
             f"the database connection failed while committing ({detail}); the command may or may "
-            "not have been applied: re-read, or repeat it with the same idempotency_key")
+            "not have been applied: re-read, or repeat it with the same idempotency_key"
+        )
     return StoreUnavailable(f"the database is unavailable ({detail}); nothing was written")
 
 
@@ -422,15 +475,24 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
     rec = LedgerPostgresRecorder(datastore, events_table_name=EVENTS_TABLE)
     types = [s for s in rec.sql_create_statements if "CREATE TYPE" in s.as_string()]
     rest = [s for s in rec.sql_create_statements if "CREATE TYPE" not in s.as_string()]
-    v1: list[Any] = types + rest + projection_ddl("postgres") + [
-        "CREATE TABLE IF NOT EXISTS lg_tracking (name TEXT PRIMARY KEY, position BIGINT NOT NULL)",
-    ]
+    v1: list[Any] = (
+        types
+        + rest
+        + projection_ddl("postgres")
+        + [
+            "CREATE TABLE IF NOT EXISTS lg_tracking (name TEXT PRIMARY KEY, position BIGINT NOT NULL)",
+        ]
+    )
     v2: list[Any] = hashchain.ddl("postgres") + [
         # events written before the hash chain existed are not chained (see hashchain.py)
-        (f"INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
-         f"COALESCE(MAX(notification_id), 0)::text FROM {EVENTS_TABLE}"),
+        (
+            f"INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
+            f"COALESCE(MAX(notification_id), 0)::text FROM {EVENTS_TABLE}"
+        ),
     ]
-    v3: list[Any] = idempotency_ddl("postgres")  # idempotency keys of commands (ledger/idempotency.py)
+    v3: list[Any] = idempotency_ddl(
+        "postgres"
+    )  # idempotency keys of commands (ledger/idempotency.py)
     out = [v1, v2, v3]
     assert len(out) == SCHEMA_VERSION
     return out

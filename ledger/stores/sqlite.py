@@ -85,8 +85,13 @@ class SqliteStore(Store):
 
     # connections -----------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self._db_name, uri=self.memory, check_same_thread=False,
-                               isolation_level=None, timeout=BUSY_TIMEOUT_S)
+        conn = sqlite3.connect(
+            self._db_name,
+            uri=self.memory,
+            check_same_thread=False,
+            isolation_level=None,
+            timeout=BUSY_TIMEOUT_S,
+        )
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
         if not self.memory:
@@ -153,12 +158,16 @@ class SqliteStore(Store):
     # schema ----------------------------------------------------------------
     def _create_schema(self) -> None:
         with self.write() as tx:
-            tx.execute("CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            tx.execute(
+                "CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+            )
             row = tx.fetchone("SELECT value FROM ledger_meta WHERE key = 'schema_version'")
             current = int(row["value"]) if row else 0
             apply_migrations(tx.execute, migrations(), current)
 
-    def read_stored_rows(self, tx: Tx, after: int, limit: int, upto: int | None = None) -> list[tuple[int, StoredEvent]]:
+    def read_stored_rows(
+        self, tx: Tx, after: int, limit: int, upto: int | None = None
+    ) -> list[tuple[int, StoredEvent]]:
         sql = "SELECT rowid, originator_id, originator_version, topic, state FROM stored_events WHERE rowid > ?"
         params: list[Any] = [after]
         if upto is not None:
@@ -167,9 +176,15 @@ class SqliteStore(Store):
         sql += " ORDER BY rowid LIMIT ?"
         params.append(limit)
         return [
-            (r["rowid"], StoredEvent(originator_id=UUID(r["originator_id"]),
-                                     originator_version=r["originator_version"],
-                                     topic=r["topic"], state=r["state"]))
+            (
+                r["rowid"],
+                StoredEvent(
+                    originator_id=UUID(r["originator_id"]),
+                    originator_version=r["originator_version"],
+                    topic=r["topic"],
+                    state=r["state"],
+                ),
+            )
             for r in tx.fetchall(sql, params)
         ]
 
@@ -198,13 +213,19 @@ def migrations() -> list[list[str]]:
         base = list(events.create_table_statements)
     finally:
         events.datastore.close()
-    v1 = base + projection_ddl("sqlite") + [
-        "CREATE TABLE IF NOT EXISTS lg_tracking (name TEXT PRIMARY KEY, position INTEGER NOT NULL)",
-    ]
+    v1 = (
+        base
+        + projection_ddl("sqlite")
+        + [
+            "CREATE TABLE IF NOT EXISTS lg_tracking (name TEXT PRIMARY KEY, position INTEGER NOT NULL)",
+        ]
+    )
     v2 = hashchain.ddl("sqlite") + [
         # events written before the hash chain existed are not chained (see hashchain.py)
-        ("INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
-         "CAST(COALESCE(MAX(rowid), 0) AS TEXT) FROM stored_events"),
+        (
+            "INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
+            "CAST(COALESCE(MAX(rowid), 0) AS TEXT) FROM stored_events"
+        ),
     ]
     v3 = idempotency_ddl("sqlite")  # idempotency keys of commands (ledger/idempotency.py)
     out = [v1, v2, v3]

@@ -19,8 +19,17 @@ from .common import DEFAULT, FULL, QUICK, TINY, PgTarget, Profiler, Row, Sizes, 
 ALL_CASES = ("1", "2", "3", "4", "5", "6", "7")
 
 __all__ = [
-    "ALL_CASES", "DEFAULT", "FULL", "QUICK", "TINY", "BenchConfig", "PgTarget", "Row", "Sizes",
-    "format_table", "run_all",
+    "ALL_CASES",
+    "DEFAULT",
+    "FULL",
+    "QUICK",
+    "TINY",
+    "BenchConfig",
+    "PgTarget",
+    "Row",
+    "Sizes",
+    "format_table",
+    "run_all",
 ]
 
 
@@ -37,8 +46,14 @@ class BenchConfig:
 
 def _error_row(case: str, exc: BaseException) -> Row:
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-    return Row(case, f"case {case} FAILED", None, "", note="error: " + " | ".join(text)[:500],
-               extra={"traceback": traceback.format_exc()})
+    return Row(
+        case,
+        f"case {case} FAILED",
+        None,
+        "",
+        note="error: " + " | ".join(text)[:500],
+        extra={"traceback": traceback.format_exc()},
+    )
 
 
 def run_all(config: BenchConfig) -> list[Row]:
@@ -54,7 +69,7 @@ def run_all(config: BenchConfig) -> list[Row]:
         started = time.perf_counter()
         try:
             got = fn()
-        except Exception as e:  # noqa: BLE001 - reported as a row, the other cases still run
+        except Exception as e:
             say(f"case {case} FAILED: {e!r}")
             got = [_error_row(case, e)]
         for row in got:
@@ -63,8 +78,9 @@ def run_all(config: BenchConfig) -> list[Row]:
 
     tmp = config.tmp
     if "1" in wanted and pg is not None:
-        attempt("1", lambda: throughput.run(pg, sizes, say, config.profile_dir,
-                                            config.start_method))
+        attempt(
+            "1", lambda: throughput.run(pg, sizes, say, config.profile_dir, config.start_method)
+        )
     if "2" in wanted and pg is not None:
         attempt("2", lambda: append.run(pg, sizes, say, profiler))
     if "3" in wanted:
@@ -75,12 +91,22 @@ def run_all(config: BenchConfig) -> list[Row]:
         # one big store per database serves both cases
         label = "4+5" if {"4", "5"} <= wanted else ("4" if "4" in wanted else "5")
         if pg is not None:
-            attempt(label, lambda: [r for r in store.run_pg(pg, sizes, say,
-                                                            profile_dir=config.profile_dir)
-                                    if r.case in wanted])
-        attempt(label, lambda: [r for r in store.run_sqlite(sizes, say, tmp,
-                                                            profile_dir=config.profile_dir)
-                                if r.case in wanted])
+            attempt(
+                label,
+                lambda: [
+                    r
+                    for r in store.run_pg(pg, sizes, say, profile_dir=config.profile_dir)
+                    if r.case in wanted
+                ],
+            )
+        attempt(
+            label,
+            lambda: [
+                r
+                for r in store.run_sqlite(sizes, say, tmp, profile_dir=config.profile_dir)
+                if r.case in wanted
+            ],
+        )
     if "6" in wanted:
         attempt("6", lambda: sqlite_items.run(sizes, say, profiler, tmp))
     if "7" in wanted:
@@ -108,16 +134,28 @@ def format_table(rows: list[Row], header: list[str] | None = None) -> str:
     body = []
     for r in rows:
         met = "n/a" if r.met is None else ("yes" if r.met else "NO")
-        body.append([r.case, r.name, _num(r.ledger, r.ledger_unit),
-                     _num(r.baseline, r.baseline_unit) if r.baseline_unit else "-",
-                     "n/a" if r.ratio is None else f"{r.ratio:.2f}", r.goal or "-", met])
-    widths = [max(len(c), *(len(line[i]) for line in body)) if body else len(c)
-              for i, c in enumerate(cols)]
+        body.append(
+            [
+                r.case,
+                r.name,
+                _num(r.ledger, r.ledger_unit),
+                _num(r.baseline, r.baseline_unit) if r.baseline_unit else "-",
+                "n/a" if r.ratio is None else f"{r.ratio:.2f}",
+                r.goal or "-",
+                met,
+            ]
+        )
+    widths = [
+        max(len(c), *(len(line[i]) for line in body)) if body else len(c)
+        for i, c in enumerate(cols)
+    ]
     right = {2, 3, 4}
 
     def fmt(line: list[str]) -> str:
-        return "  ".join(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
-                         for i, cell in enumerate(line)).rstrip()
+        return "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(line)
+        ).rstrip()
 
     out = list(header or [])
     out.append(fmt(cols))
@@ -136,9 +174,11 @@ def durable_header(pg: PgTarget | None) -> tuple[list[str], dict[str, Any]]:
     if pg is None:
         return ["PostgreSQL: not used (SQLite rows only)"], {}
     settings = pg.settings()
-    line = (f"PostgreSQL {settings.get('server_version')}: fsync={settings.get('fsync')}, "
-            f"synchronous_commit={settings.get('synchronous_commit')}, "
-            f"full_page_writes={settings.get('full_page_writes')}")
+    line = (
+        f"PostgreSQL {settings.get('server_version')}: fsync={settings.get('fsync')}, "
+        f"synchronous_commit={settings.get('synchronous_commit')}, "
+        f"full_page_writes={settings.get('full_page_writes')}"
+    )
     if not durable(settings):
         line += "  << NOT DURABLE: figures are not comparable to the goals"
     return [line], settings

@@ -40,8 +40,14 @@ def raw_rows(n: int) -> list[tuple[uuid.UUID, int, str, bytes]]:
         version = k % 3 + 1
         if version == 1:
             stream = uuid.uuid4()
-        rows.append((stream, version, TOPIC, (b'{"k":%12d,"pad":"' % k).ljust(PAYLOAD_BYTES - 2, b"x")
-                     + b'"}'))
+        rows.append(
+            (
+                stream,
+                version,
+                TOPIC,
+                (b'{"k":%12d,"pad":"' % k).ljust(PAYLOAD_BYTES - 2, b"x") + b'"}',
+            )
+        )
     return rows
 
 
@@ -55,7 +61,7 @@ def raw_append(dsn: str, n: int, batch: int) -> float:
         with Clock() as clock:
             for k in range(0, n, batch):
                 with conn.transaction(), conn.cursor() as cur:
-                    cur.executemany(INSERT_SQL, rows[k:k + batch])
+                    cur.executemany(INSERT_SQL, rows[k : k + batch])
         conn.execute("DROP TABLE bench_events")
     return n / clock.seconds
 
@@ -75,8 +81,9 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, profiler: Profiler | None = N
                 done = accept_all(lg, run_id, worker, batch)
             events = event_count(lg) - before
             with lg.store.read() as tx:
-                size = tx.fetchone(f"SELECT avg(octet_length(state)) AS b FROM "
-                                   f"{lg.store.events_table()}")
+                size = tx.fetchone(
+                    f"SELECT avg(octet_length(state)) AS b FROM {lg.store.events_table()}"
+                )
         if done != n:
             raise RuntimeError(f"append: {done} of {n} items accepted")
         rate = events / clock.seconds
@@ -84,8 +91,18 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, profiler: Profiler | None = N
         base = raw_append(dsn, events, batch)
         say(f"  raw executemany {base:,.0f} rows/s")
     avg = float(size["b"]) if size and size["b"] is not None else 0.0
-    return [ratio_row("2", f"PG append events/s, batches of {batch}", rate, base, "events/s", 0.5,
-                      note=f"{events} events, {clock.seconds:.1f}s; ledger event state avg "
-                           f"{avg:.0f} B vs {PAYLOAD_BYTES} B raw",
-                      events=events, avg_event_bytes=avg, items_per_s=n / clock.seconds)]
-
+    return [
+        ratio_row(
+            "2",
+            f"PG append events/s, batches of {batch}",
+            rate,
+            base,
+            "events/s",
+            0.5,
+            note=f"{events} events, {clock.seconds:.1f}s; ledger event state avg "
+            f"{avg:.0f} B vs {PAYLOAD_BYTES} B raw",
+            events=events,
+            avg_event_bytes=avg,
+            items_per_s=n / clock.seconds,
+        )
+    ]

@@ -53,15 +53,31 @@ class Sizes:
 DEFAULT = Sizes()
 FULL = DEFAULT.scaled(store_events=1_000_000)
 QUICK = DEFAULT.scaled(
-    throughput_items=1_000, throughput_ledger_batch=100, append_items=500, submit_items=10_000,
+    throughput_items=1_000,
+    throughput_ledger_batch=100,
+    append_items=500,
+    submit_items=10_000,
     store_events=5_000,
-    status_samples=100, sqlite_items=1_000, startup_runs=3,
+    status_samples=100,
+    sqlite_items=1_000,
+    startup_runs=3,
 )
 TINY = Sizes(
-    throughput_items=60, throughput_procs=2, throughput_batch=10, throughput_ledger_batch=10,
+    throughput_items=60,
+    throughput_procs=2,
+    throughput_batch=10,
+    throughput_ledger_batch=10,
     worker_concurrency=4,
-    append_items=50, append_batch=20, submit_items=200, submit_batch=50, store_events=400,
-    small_events=100, status_samples=10, sqlite_items=60, sqlite_batch=10, startup_runs=1,
+    append_items=50,
+    append_batch=20,
+    submit_items=200,
+    submit_batch=50,
+    store_events=400,
+    small_events=100,
+    status_samples=10,
+    sqlite_items=60,
+    sqlite_batch=10,
+    startup_runs=1,
     fill_batch=50,
 )
 
@@ -86,18 +102,37 @@ class Row:
         return asdict(self)
 
 
-def ratio_row(case: str, name: str, ledger: float | None, baseline: float | None, unit: str,
-              minimum: float, note: str = "", **extra: Any) -> Row:
+def ratio_row(
+    case: str,
+    name: str,
+    ledger: float | None,
+    baseline: float | None,
+    unit: str,
+    minimum: float,
+    note: str = "",
+    **extra: Any,
+) -> Row:
     """A throughput row: higher is better; met when ledger/baseline >= minimum."""
     ratio = ledger / baseline if ledger is not None and baseline else None
-    return Row(case, name, ledger, unit, baseline, unit, ratio, f"ratio >= {minimum:g}",
-               None if ratio is None else ratio >= minimum, note, dict(extra))
+    return Row(
+        case,
+        name,
+        ledger,
+        unit,
+        baseline,
+        unit,
+        ratio,
+        f"ratio >= {minimum:g}",
+        None if ratio is None else ratio >= minimum,
+        note,
+        dict(extra),
+    )
 
 
 class Clock:
     """Wall time of a block: `with Clock() as c: ...; c.seconds`."""
 
-    def __enter__(self) -> Clock:  # noqa: PYI034 - final in practice
+    def __enter__(self) -> Clock:
         self.start = time.perf_counter()
         self.seconds = 0.0
         return self
@@ -189,8 +224,9 @@ def running_run(lg: Any, n: int, prefix: str = "i") -> str:
     return str(status.run_id)
 
 
-def accept_all(lg: Any, run_id: str, worker: Any, batch: int,
-               limit_items: int | None = None) -> int:
+def accept_all(
+    lg: Any, run_id: str, worker: Any, batch: int, limit_items: int | None = None
+) -> int:
     """claim(limit=batch) + record(accepts) until nothing is claimable; items done."""
     from ledger.service import Outcome
 
@@ -216,8 +252,9 @@ def event_count(lg: Any) -> int:
     return int(row["n"]) if row else 0
 
 
-def fill_events(lg: Any, target: int, batch: int, items_per_run: int = 20_000,
-                prefix: str = "fill") -> int:
+def fill_events(
+    lg: Any, target: int, batch: int, items_per_run: int = 20_000, prefix: str = "fill"
+) -> int:
     """Add runs whose items are claimed and accepted until the store holds >= target events.
 
     Each item costs about 3 events (stream registered, claimed, accepted), each
@@ -255,12 +292,19 @@ def child_env() -> dict[str, str]:
 
 def run_json_child(code: str, args: list[str], timeout: float) -> dict[str, Any]:
     """Run `python -c code args...`; its last stdout line is a JSON object."""
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          env=child_env(), timeout=timeout, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=timeout,
+        check=False,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"child failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                           f"{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"child failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )
     result: dict[str, Any] = json.loads(lines[-1])
     return result
 

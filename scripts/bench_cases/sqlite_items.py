@@ -32,10 +32,14 @@ def raw_items(path: str, n: int, batch: int) -> float:
     conn = sqlite_connect(path)
     try:
         conn.execute("CREATE TABLE q (id INTEGER PRIMARY KEY, state TEXT NOT NULL, worker TEXT)")
-        conn.execute("CREATE TABLE ev (stream TEXT NOT NULL, version INTEGER NOT NULL, "
-                     "topic TEXT NOT NULL, state BLOB NOT NULL, PRIMARY KEY (stream, version))")
+        conn.execute(
+            "CREATE TABLE ev (stream TEXT NOT NULL, version INTEGER NOT NULL, "
+            "topic TEXT NOT NULL, state BLOB NOT NULL, PRIMARY KEY (stream, version))"
+        )
         conn.execute("BEGIN")
-        conn.executemany("INSERT INTO q (id, state) VALUES (?, 'pending')", [(k,) for k in range(n)])
+        conn.executemany(
+            "INSERT INTO q (id, state) VALUES (?, 'pending')", [(k,) for k in range(n)]
+        )
         conn.execute("COMMIT")
         streams = [uuid.uuid4().hex for _ in range(n)]
         pad = b"x" * PAYLOAD_BYTES
@@ -43,20 +47,30 @@ def raw_items(path: str, n: int, batch: int) -> float:
             done = 0
             while True:
                 conn.execute("BEGIN IMMEDIATE")
-                ids = [r[0] for r in conn.execute(
-                    "SELECT id FROM q WHERE state = 'pending' ORDER BY id LIMIT ?", (batch,))]
+                ids = [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT id FROM q WHERE state = 'pending' ORDER BY id LIMIT ?", (batch,)
+                    )
+                ]
                 if not ids:
                     conn.execute("COMMIT")
                     break
-                conn.executemany("UPDATE q SET state = 'in_progress', worker = 'w' WHERE id = ?",
-                                 [(i,) for i in ids])
-                conn.executemany("INSERT INTO ev VALUES (?, 1, 'claim', ?)",
-                                 [(streams[i], pad) for i in ids])
+                conn.executemany(
+                    "UPDATE q SET state = 'in_progress', worker = 'w' WHERE id = ?",
+                    [(i,) for i in ids],
+                )
+                conn.executemany(
+                    "INSERT INTO ev VALUES (?, 1, 'claim', ?)", [(streams[i], pad) for i in ids]
+                )
                 conn.execute("COMMIT")
                 conn.execute("BEGIN IMMEDIATE")
-                conn.executemany("UPDATE q SET state = 'accepted' WHERE id = ?", [(i,) for i in ids])
-                conn.executemany("INSERT INTO ev VALUES (?, 2, 'accept', ?)",
-                                 [(streams[i], pad) for i in ids])
+                conn.executemany(
+                    "UPDATE q SET state = 'accepted' WHERE id = ?", [(i,) for i in ids]
+                )
+                conn.executemany(
+                    "INSERT INTO ev VALUES (?, 2, 'accept', ?)", [(streams[i], pad) for i in ids]
+                )
                 conn.execute("COMMIT")
                 done += len(ids)
         if done != n:
@@ -66,8 +80,9 @@ def raw_items(path: str, n: int, batch: int) -> float:
     return n / clock.seconds
 
 
-def run(sizes: Sizes, say: Callback, profiler: Profiler | None = None,
-        tmp: Path | None = None) -> list[Row]:
+def run(
+    sizes: Sizes, say: Callback, profiler: Profiler | None = None, tmp: Path | None = None
+) -> list[Row]:
     from ledger import Actor, Ledger
 
     profiler = profiler or Profiler(None)
@@ -84,5 +99,14 @@ def run(sizes: Sizes, say: Callback, profiler: Profiler | None = None,
         say(f"  ledger {rate:,.0f} items/s ({clock.seconds:.1f}s)")
         base = raw_items(f"{d}/raw.db", n, batch)
         say(f"  raw sqlite3 {base:,.0f} items/s")
-    return [ratio_row("6", f"SQLite items/s, claim({batch})+record", rate, base, "items/s", 0.3,
-                      note=f"{n} items, {clock.seconds:.1f}s")]
+    return [
+        ratio_row(
+            "6",
+            f"SQLite items/s, claim({batch})+record",
+            rate,
+            base,
+            "items/s",
+            0.3,
+            note=f"{n} items, {clock.seconds:.1f}s",
+        )
+    ]

@@ -32,13 +32,18 @@ class SqlTrace:
 
     def report(self, title: str, wall: float | None = None, top: int = 25) -> str:
         total = sum(v[2] for v in self.stats.values())
-        lines = [f"== {title}: client-side SQL time {total:.3f}s"
-                 + (f" of {wall:.3f}s wall ({100 * total / wall:.0f}%)" if wall else "") + " =="]
+        lines = [
+            f"== {title}: client-side SQL time {total:.3f}s"
+            + (f" of {wall:.3f}s wall ({100 * total / wall:.0f}%)" if wall else "")
+            + " =="
+        ]
         lines.append(f"{'seconds':>8} {'%':>5} {'calls':>7} {'rows':>8} {'ms/call':>8}  statement")
         for key, (calls, rows, secs) in sorted(self.stats.items(), key=lambda kv: -kv[1][2])[:top]:
             share = 100 * secs / total if total else 0.0
-            lines.append(f"{secs:8.3f} {share:5.1f} {int(calls):7d} {int(rows):8d} "
-                         f"{1000 * secs / calls:8.2f}  {key}")
+            lines.append(
+                f"{secs:8.3f} {share:5.1f} {int(calls):7d} {int(rows):8d} "
+                f"{1000 * secs / calls:8.2f}  {key}"
+            )
         return "\n".join(lines)
 
 
@@ -46,7 +51,7 @@ def _key(query: Any) -> str:
     if not isinstance(query, (str, bytes)):
         try:
             query = query.as_string(None)
-        except Exception:  # noqa: BLE001 - a query psycopg cannot render without a connection
+        except Exception:
             query = repr(query)
     if isinstance(query, bytes):
         query = query.decode(errors="replace")
@@ -112,8 +117,9 @@ def _trace_sqlite(t: SqlTrace) -> Any:
             continue
         saved[name] = original
 
-        def wrapper(self: Any, sql: Any, params: Any = (), _orig: Any = original,
-                    _name: str = name) -> Any:
+        def wrapper(
+            self: Any, sql: Any, params: Any = (), _orig: Any = original, _name: str = name
+        ) -> Any:
             if _name == "executemany":
                 params = list(params)
             start = time.perf_counter()

@@ -25,8 +25,10 @@ def ledger_command() -> tuple[list[str], str]:
     script = Path(sys.executable).parent / "ledger"
     if script.exists():
         return [str(script)], "ledger console script"
-    return ([sys.executable, "-c", "import sys; from ledger.cli import main; sys.exit(main())"],
-            "no console script: python -c 'from ledger.cli import main'")
+    return (
+        [sys.executable, "-c", "import sys; from ledger.cli import main; sys.exit(main())"],
+        "no console script: python -c 'from ledger.cli import main'",
+    )
 
 
 def timed(cmd: list[str], runs: int, check_run_id: str | None = None) -> float:
@@ -34,8 +36,9 @@ def timed(cmd: list[str], runs: int, check_run_id: str | None = None) -> float:
     times = []
     for k in range(runs + 1):
         start = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=120,
-                              check=False)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=child_env(), timeout=120, check=False
+        )
         elapsed = time.perf_counter() - start
         if proc.returncode != 0:
             raise RuntimeError(f"{cmd} exited {proc.returncode}: {proc.stderr[-2000:]}")
@@ -54,9 +57,18 @@ def _row(store: str, dsn: str, sizes: Sizes, base: float, say: Callback) -> Row:
     cmd, how = ledger_command()
     median = timed([*cmd, "--dsn", dsn, "status", run_id, "--json"], sizes.startup_runs, run_id)
     say(f"  {store}: {median * 1000:.0f} ms median ({how})")
-    return Row("7", f"`ledger status RUN --json` start-up, {store}", median, "s", base, "s",
-               median / base if base else None, f"< {GOAL_S:g} s", median < GOAL_S,
-               note=f"median of {sizes.startup_runs}; {how}; baseline = python -c pass")
+    return Row(
+        "7",
+        f"`ledger status RUN --json` start-up, {store}",
+        median,
+        "s",
+        base,
+        "s",
+        median / base if base else None,
+        f"< {GOAL_S:g} s",
+        median < GOAL_S,
+        note=f"median of {sizes.startup_runs}; {how}; baseline = python -c pass",
+    )
 
 
 def python_floor(sizes: Sizes) -> float:

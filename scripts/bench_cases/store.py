@@ -52,7 +52,9 @@ def _peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 """
 
-REBUILD_CHILD = PEAK_RSS + r"""
+REBUILD_CHILD = (
+    PEAK_RSS
+    + r"""
 import importlib.util, json, sys, time
 from ledger import Ledger
 lg = Ledger.open(sys.argv[1])
@@ -76,8 +78,11 @@ lg.close()
 print(json.dumps({"seconds": seconds, "events": n,
                   "maxrss_mb": _peak_rss_mb()}))
 """
+)
 
-READ_CHILD_PG = PEAK_RSS + r"""
+READ_CHILD_PG = (
+    PEAK_RSS
+    + r"""
 import json, sys, time
 import psycopg
 from psycopg import sql
@@ -100,8 +105,11 @@ with psycopg.connect(dsn) as conn:
 print(json.dumps({"seconds": seconds, "events": n,
                   "maxrss_mb": _peak_rss_mb()}))
 """
+)
 
-READ_CHILD_SQLITE = PEAK_RSS + r"""
+READ_CHILD_SQLITE = (
+    PEAK_RSS
+    + r"""
 import json, sqlite3, sys, time
 path, table = sys.argv[1], sys.argv[2]
 assert table.isidentifier()
@@ -122,6 +130,7 @@ conn.close()
 print(json.dumps({"seconds": seconds, "events": n,
                   "maxrss_mb": _peak_rss_mb()}))
 """
+)
 
 
 def status_latency(lg: Any, run_id: str, samples: int, rounds: int = 3) -> float:
@@ -151,9 +160,16 @@ def settle(dsn: str) -> None:
         conn.execute("VACUUM ANALYZE")
 
 
-def _one_store(label: str, dsn: str, sizes: Sizes, say: Callback, store: str,
-               sqlite_path: str | None, timeout: float,
-               profile_dir: Path | None = None) -> list[Row]:
+def _one_store(
+    label: str,
+    dsn: str,
+    sizes: Sizes,
+    say: Callback,
+    store: str,
+    sqlite_path: str | None,
+    timeout: float,
+    profile_dir: Path | None = None,
+) -> list[Row]:
     from ledger import Actor, Ledger
 
     limit_ms = 2.0 if store == "PG" else 1.0
@@ -165,24 +181,42 @@ def _one_store(label: str, dsn: str, sizes: Sizes, say: Callback, store: str,
         small_events = event_count(lg)
         settle(dsn)
         small = status_latency(lg, run_id, sizes.status_samples)
-        say(f"  {store} status: {small:.3f} ms median with {small_events} events; filling to "
-            f"{sizes.store_events}")
+        say(
+            f"  {store} status: {small:.3f} ms median with {small_events} events; filling to "
+            f"{sizes.store_events}"
+        )
         with Clock() as fill:
             big_events = fill_events(lg, sizes.store_events, sizes.fill_batch)
-        say(f"  filled to {big_events} events in {fill.seconds:.1f}s "
-            f"({(big_events - small_events) / fill.seconds:,.0f} events/s through the ledger)")
+        say(
+            f"  filled to {big_events} events in {fill.seconds:.1f}s "
+            f"({(big_events - small_events) / fill.seconds:,.0f} events/s through the ledger)"
+        )
         settle(dsn)
         large = status_latency(lg, run_id, sizes.status_samples)
         say(f"  {store} status: {large:.3f} ms median with {big_events} events")
         table = lg.store.events_table()
     ratio = large / small if small else None
     met = ratio is not None and ratio <= 1.5 and large < limit_ms and small < limit_ms
-    rows.append(Row("5", f"{store} status() median, {small_events} vs {big_events} events",
-                    large, "ms", small, "ms", ratio, f"ratio <= 1.5, < {limit_ms:g} ms", met,
-                    note=f"lowest of 3 medians of {sizes.status_samples} calls each"
-                         + ("; VACUUM ANALYZE before each" if store == "PG" else ""),
-                    extra={"small_events": small_events, "large_events": big_events,
-                           "fill_seconds": fill.seconds}))
+    rows.append(
+        Row(
+            "5",
+            f"{store} status() median, {small_events} vs {big_events} events",
+            large,
+            "ms",
+            small,
+            "ms",
+            ratio,
+            f"ratio <= 1.5, < {limit_ms:g} ms",
+            met,
+            note=f"lowest of 3 medians of {sizes.status_samples} calls each"
+            + ("; VACUUM ANALYZE before each" if store == "PG" else ""),
+            extra={
+                "small_events": small_events,
+                "large_events": big_events,
+                "fill_seconds": fill.seconds,
+            },
+        )
+    )
 
     say(f"case 4: rebuild on {store}, {big_events} events")
     reader = READ_CHILD_PG if store == "PG" else READ_CHILD_SQLITE
@@ -193,35 +227,91 @@ def _one_store(label: str, dsn: str, sizes: Sizes, say: Callback, store: str,
     got = run_json_child(REBUILD_CHILD, [dsn, *profile], timeout)
     if "na" in got:
         say(f"  ledger: n/a ({got['na']})")
-        rows.append(Row("4", f"{store} rebuild {big_events} events", None, "events/s", base_rate,
-                        "events/s", None, "ratio >= 0.5", None, note=f"n/a: {got['na']}"))
-        rows.append(Row("4", f"{store} rebuild peak RSS", None, "MB", base["maxrss_mb"], "MB", None,
-                        f"< {RSS_LIMIT_MB:g} MB", None, note="n/a; baseline = reader's peak RSS"))
+        rows.append(
+            Row(
+                "4",
+                f"{store} rebuild {big_events} events",
+                None,
+                "events/s",
+                base_rate,
+                "events/s",
+                None,
+                "ratio >= 0.5",
+                None,
+                note=f"n/a: {got['na']}",
+            )
+        )
+        rows.append(
+            Row(
+                "4",
+                f"{store} rebuild peak RSS",
+                None,
+                "MB",
+                base["maxrss_mb"],
+                "MB",
+                None,
+                f"< {RSS_LIMIT_MB:g} MB",
+                None,
+                note="n/a; baseline = reader's peak RSS",
+            )
+        )
         return rows
     rate = got["events"] / got["seconds"] if got["seconds"] else None
-    say(f"  ledger rebuild {rate or 0:,.0f} events/s in {got['seconds']:.1f}s, "
-        f"peak RSS {got['maxrss_mb']:.0f} MB")
-    rows.append(ratio_row("4", f"{store} rebuild {big_events} events", rate, base_rate,
-                          "events/s", 0.5, note=f"{got['seconds']:.1f}s; {got['events']} replayed"))
+    say(
+        f"  ledger rebuild {rate or 0:,.0f} events/s in {got['seconds']:.1f}s, "
+        f"peak RSS {got['maxrss_mb']:.0f} MB"
+    )
+    rows.append(
+        ratio_row(
+            "4",
+            f"{store} rebuild {big_events} events",
+            rate,
+            base_rate,
+            "events/s",
+            0.5,
+            note=f"{got['seconds']:.1f}s; {got['events']} replayed",
+        )
+    )
     rss = float(got["maxrss_mb"])
-    rows.append(Row("4", f"{store} rebuild peak RSS", rss, "MB", base["maxrss_mb"], "MB",
-                    rss / base["maxrss_mb"] if base["maxrss_mb"] else None,
-                    f"< {RSS_LIMIT_MB:g} MB", rss < RSS_LIMIT_MB,
-                    note="baseline = reader's peak RSS"))
+    rows.append(
+        Row(
+            "4",
+            f"{store} rebuild peak RSS",
+            rss,
+            "MB",
+            base["maxrss_mb"],
+            "MB",
+            rss / base["maxrss_mb"] if base["maxrss_mb"] else None,
+            f"< {RSS_LIMIT_MB:g} MB",
+            rss < RSS_LIMIT_MB,
+            note="baseline = reader's peak RSS",
+        )
+    )
     return rows
 
 
-def run_pg(pg: PgTarget, sizes: Sizes, say: Callback, timeout: float = 1800.0,
-           profile_dir: Path | None = None) -> list[Row]:
+def run_pg(
+    pg: PgTarget,
+    sizes: Sizes,
+    say: Callback,
+    timeout: float = 1800.0,
+    profile_dir: Path | None = None,
+) -> list[Row]:
     say(f"cases 5 and 4 on PostgreSQL ({sizes.small_events} -> {sizes.store_events} events)")
     with pg.database("c45") as dsn:
         return _one_store("PG", dsn, sizes, say, "PG", None, timeout, profile_dir)
 
 
-def run_sqlite(sizes: Sizes, say: Callback, tmp: Path | None = None,
-               timeout: float = 1800.0, profile_dir: Path | None = None) -> list[Row]:
+def run_sqlite(
+    sizes: Sizes,
+    say: Callback,
+    tmp: Path | None = None,
+    timeout: float = 1800.0,
+    profile_dir: Path | None = None,
+) -> list[Row]:
     say(f"cases 5 and 4 on SQLite ({sizes.small_events} -> {sizes.store_events} events)")
     with tempfile.TemporaryDirectory(dir=tmp, prefix="bench-c45-") as d:
         path = f"{d}/ledger.db"
-        return _one_store("SQLite", f"sqlite:///{path}", sizes, say, "SQLite", path, timeout,
-                          profile_dir)
+        return _one_store(
+            "SQLite", f"sqlite:///{path}", sizes, say, "SQLite", path, timeout, profile_dir
+        )

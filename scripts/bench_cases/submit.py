@@ -38,8 +38,10 @@ def raw_pg(dsn: str, n: int, batch: int) -> float:
         with Clock() as clock:
             for k in range(0, n, batch):
                 with conn.transaction(), conn.cursor() as cur:
-                    cur.executemany("INSERT INTO bench_items VALUES (%s, %s, %s, %s, %s, %s)",
-                                    rows[k:k + batch])
+                    cur.executemany(
+                        "INSERT INTO bench_items VALUES (%s, %s, %s, %s, %s, %s)",
+                        rows[k : k + batch],
+                    )
         conn.execute("DROP TABLE bench_items")
     return n / clock.seconds
 
@@ -60,8 +62,9 @@ def raw_sqlite(path: str, n: int, batch: int) -> float:
         with Clock() as clock:
             for k in range(0, n, batch):
                 conn.execute("BEGIN IMMEDIATE")
-                conn.executemany("INSERT INTO bench_items VALUES (?, ?, ?, ?, ?, ?)",
-                                 rows[k:k + batch])
+                conn.executemany(
+                    "INSERT INTO bench_items VALUES (?, ?, ?, ?, ?, ?)", rows[k : k + batch]
+                )
                 conn.execute("COMMIT")
     finally:
         conn.close()
@@ -88,7 +91,9 @@ def ledger_submit(dsn: str, n: int, profiler: Profiler, name: str) -> float:
     return clock.seconds
 
 
-def run_pg(pg: PgTarget, sizes: Sizes, say: Callback, profiler: Profiler | None = None) -> list[Row]:
+def run_pg(
+    pg: PgTarget, sizes: Sizes, say: Callback, profiler: Profiler | None = None
+) -> list[Row]:
     profiler = profiler or Profiler(None)
     n, batch = sizes.submit_items, sizes.submit_batch
     say(f"case 3: bulk submit on PostgreSQL, {n} items")
@@ -97,12 +102,23 @@ def run_pg(pg: PgTarget, sizes: Sizes, say: Callback, profiler: Profiler | None 
         say(f"  ledger {n / seconds:,.0f} items/s ({seconds:.2f}s to claimable)")
         base = raw_pg(dsn, n, batch)
         say(f"  raw executemany {base:,.0f} rows/s")
-    return [ratio_row("3", f"PG submit {n} items to claimable", n / seconds, base, "items/s", 0.3,
-                      note=f"{seconds:.2f}s; raw: {batch} rows/txn", seconds=seconds)]
+    return [
+        ratio_row(
+            "3",
+            f"PG submit {n} items to claimable",
+            n / seconds,
+            base,
+            "items/s",
+            0.3,
+            note=f"{seconds:.2f}s; raw: {batch} rows/txn",
+            seconds=seconds,
+        )
+    ]
 
 
-def run_sqlite(sizes: Sizes, say: Callback, profiler: Profiler | None = None,
-               tmp: Path | None = None) -> list[Row]:
+def run_sqlite(
+    sizes: Sizes, say: Callback, profiler: Profiler | None = None, tmp: Path | None = None
+) -> list[Row]:
     profiler = profiler or Profiler(None)
     n, batch = sizes.submit_items, sizes.submit_batch
     say(f"case 3: bulk submit on SQLite, {n} items")
@@ -111,5 +127,15 @@ def run_sqlite(sizes: Sizes, say: Callback, profiler: Profiler | None = None,
         say(f"  ledger {n / seconds:,.0f} items/s ({seconds:.2f}s to claimable)")
         base = raw_sqlite(f"{d}/raw.db", n, batch)
         say(f"  raw executemany {base:,.0f} rows/s")
-    return [ratio_row("3", f"SQLite submit {n} items to claimable", n / seconds, base, "items/s",
-                      0.3, note=f"{seconds:.2f}s; raw: {batch} rows/txn", seconds=seconds)]
+    return [
+        ratio_row(
+            "3",
+            f"SQLite submit {n} items to claimable",
+            n / seconds,
+            base,
+            "items/s",
+            0.3,
+            note=f"{seconds:.2f}s; raw: {batch} rows/txn",
+            seconds=seconds,
+        )
+    ]

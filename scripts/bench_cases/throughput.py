@@ -44,11 +44,21 @@ DONE_SQL = "UPDATE bench_queue SET state = 'done', done_at = now() WHERE id = AN
 # --------------------------------------------------------------------------
 
 
-def _child(kind: str, dsn: str, target: str, index: int, batch: int, concurrency: int,
-           ready: Any, go: Any, results: Any, profile_dir: str | None) -> None:
+def _child(
+    kind: str,
+    dsn: str,
+    target: str,
+    index: int,
+    batch: int,
+    concurrency: int,
+    ready: Any,
+    go: Any,
+    results: Any,
+    profile_dir: str | None,
+) -> None:
     try:
         work = _prepare(kind, dsn, target, index, batch, concurrency)
-    except BaseException:  # noqa: BLE001 - reported to the parent
+    except BaseException:
         ready.put(("error", index, traceback.format_exc()))
         return
     ready.put(("ready", index, ""))
@@ -64,7 +74,7 @@ def _child(kind: str, dsn: str, target: str, index: int, batch: int, concurrency
             done = work()
         end = time.monotonic()
         results.put(("ok", index, done, end, ""))
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         results.put(("error", index, 0, time.monotonic(), traceback.format_exc()))
 
 
@@ -79,6 +89,7 @@ def _prepare(kind: str, dsn: str, target: str, index: int, batch: int, concurren
         worker = Actor(f"bench-w{index}", "worker")
 
         if kind == "ledger_loop":
+
             def work() -> int:
                 try:
                     return accept_all(lg, target, worker, batch)
@@ -89,15 +100,22 @@ def _prepare(kind: str, dsn: str, target: str, index: int, batch: int, concurren
 
             def work() -> int:
                 try:
-                    summary = Worker(lg, target, lambda lease: Accepted(), worker_id=worker.id,
-                                     concurrency=concurrency, prefetch=max(concurrency, batch),
-                                     poll_interval=0.05,
-                                     max_idle=5.0).run()
+                    summary = Worker(
+                        lg,
+                        target,
+                        lambda lease: Accepted(),
+                        worker_id=worker.id,
+                        concurrency=concurrency,
+                        prefetch=max(concurrency, batch),
+                        poll_interval=0.05,
+                        max_idle=5.0,
+                    ).run()
                     if summary.errors:
                         raise RuntimeError(f"worker errors: {summary.errors[:3]}")
                     return int(summary.accepted)
                 finally:
                     lg.close()
+
         return work
 
     import psycopg
@@ -128,9 +146,17 @@ def _prepare(kind: str, dsn: str, target: str, index: int, batch: int, concurren
     return queue_work
 
 
-def run_processes(kind: str, dsn: str, target: str, procs: int, batch: int, concurrency: int,
-                  profile_dir: Path | None = None, timeout: float = 900.0,
-                  start_method: str | None = None) -> tuple[float, int]:
+def run_processes(
+    kind: str,
+    dsn: str,
+    target: str,
+    procs: int,
+    batch: int,
+    concurrency: int,
+    profile_dir: Path | None = None,
+    timeout: float = 900.0,
+    start_method: str | None = None,
+) -> tuple[float, int]:
     """Start `procs` children, release them together; (seconds, items done)."""
     # fork by default: children start in milliseconds with the modules already
     # imported, and the parent holds no connection or pool at this point (every
@@ -140,9 +166,22 @@ def run_processes(kind: str, dsn: str, target: str, procs: int, batch: int, conc
     ctx = mp.get_context(start_method)
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     children = [
-        ctx.Process(target=_child, args=(kind, dsn, target, i, batch, concurrency, ready, go,
-                                         results, None if profile_dir is None else str(profile_dir)),
-                    daemon=True)
+        ctx.Process(
+            target=_child,
+            args=(
+                kind,
+                dsn,
+                target,
+                i,
+                batch,
+                concurrency,
+                ready,
+                go,
+                results,
+                None if profile_dir is None else str(profile_dir),
+            ),
+            daemon=True,
+        )
         for i in range(procs)
     ]
     for child in children:
@@ -176,17 +215,25 @@ def run_processes(kind: str, dsn: str, target: str, procs: int, batch: int, conc
 # --------------------------------------------------------------------------
 
 
-def _ledger_side(pg: PgTarget, kind: str, sizes: Sizes, profile_dir: Path | None,
-                 start_method: str | None) -> tuple[float, str]:
+def _ledger_side(
+    pg: PgTarget, kind: str, sizes: Sizes, profile_dir: Path | None, start_method: str | None
+) -> tuple[float, str]:
     from ledger import Ledger
 
     n = sizes.throughput_items
     with pg.database(f"c1_{kind}") as dsn:
         with Ledger.open(dsn) as lg:
             run_id = running_run(lg, n)
-        seconds, done = run_processes(kind, dsn, run_id, sizes.throughput_procs,
-                                      sizes.throughput_ledger_batch, sizes.worker_concurrency, profile_dir,
-                                      start_method=start_method)
+        seconds, done = run_processes(
+            kind,
+            dsn,
+            run_id,
+            sizes.throughput_procs,
+            sizes.throughput_ledger_batch,
+            sizes.worker_concurrency,
+            profile_dir,
+            start_method=start_method,
+        )
         with Ledger.open(dsn) as lg:
             accepted = lg.status(run_id).counts.get("accepted", 0)
         if accepted != n or done != n:
@@ -204,39 +251,82 @@ def _queue_side(pg: PgTarget, batch: int, sizes: Sizes, start_method: str | None
             conn.execute(QUEUE_INDEX)
             with conn.cursor() as cur:
                 pad = "x" * (PAYLOAD_BYTES - 20)
-                cur.executemany("INSERT INTO bench_queue (state, payload) VALUES ('pending', %s)",
-                                [(f"{k:020d}{pad}",) for k in range(n)])
+                cur.executemany(
+                    "INSERT INTO bench_queue (state, payload) VALUES ('pending', %s)",
+                    [(f"{k:020d}{pad}",) for k in range(n)],
+                )
             conn.execute("VACUUM ANALYZE bench_queue")
-        seconds, done = run_processes("queue", dsn, "bench_queue", sizes.throughput_procs, batch, 1,
-                                      start_method=start_method)
+        seconds, done = run_processes(
+            "queue", dsn, "bench_queue", sizes.throughput_procs, batch, 1, start_method=start_method
+        )
         with psycopg.connect(dsn) as conn:
-            row = conn.execute("SELECT count(*) FILTER (WHERE state = 'done'), max(claims) "
-                               "FROM bench_queue").fetchone()
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE state = 'done'), max(claims) FROM bench_queue"
+            ).fetchone()
         if row is None or row[0] != n or done != n or row[1] != 1:
             raise RuntimeError(f"queue baseline: {row} (done {done} of {n}; claims must be 1)")
     return n / seconds
 
 
-def run(pg: PgTarget, sizes: Sizes, say: Callback, profile_dir: Path | None = None,
-        start_method: str | None = None) -> list[Row]:
-    say(f"case 1: raw queue baselines ({sizes.throughput_items} rows, {sizes.throughput_procs} procs)")
+def run(
+    pg: PgTarget,
+    sizes: Sizes,
+    say: Callback,
+    profile_dir: Path | None = None,
+    start_method: str | None = None,
+) -> list[Row]:
+    say(
+        f"case 1: raw queue baselines ({sizes.throughput_items} rows, {sizes.throughput_procs} procs)"
+    )
     base_a = _queue_side(pg, 1, sizes, start_method)
     base_b = _queue_side(pg, sizes.throughput_batch, sizes, start_method)
     say(f"  baseline A {base_a:,.0f} items/s, B {base_b:,.0f} items/s")
     rows = []
     b, lb = sizes.throughput_batch, sizes.throughput_ledger_batch
-    for kind, label in (("ledger_loop", f"claim({lb})+record"),
-                        ("ledger_worker", f"Worker(concurrency={sizes.worker_concurrency}, prefetch={max(sizes.worker_concurrency, lb)})")):
+    for kind, label in (
+        ("ledger_loop", f"claim({lb})+record"),
+        (
+            "ledger_worker",
+            f"Worker(concurrency={sizes.worker_concurrency}, prefetch={max(sizes.worker_concurrency, lb)})",
+        ),
+    ):
         say(f"case 1: ledger {label}")
         try:
             rate, note = _ledger_side(pg, kind, sizes, profile_dir, start_method)
         except ImportError as e:  # ledger.Worker not there yet
-            rows.append(ratio_row("1", f"PG items/s, {label} vs queue 1/txn", None, base_a,
-                                  "items/s", 1.0, note=f"n/a: {e}"))
+            rows.append(
+                ratio_row(
+                    "1",
+                    f"PG items/s, {label} vs queue 1/txn",
+                    None,
+                    base_a,
+                    "items/s",
+                    1.0,
+                    note=f"n/a: {e}",
+                )
+            )
             continue
         say(f"  {rate:,.0f} items/s ({note})")
-        rows.append(ratio_row("1", f"PG items/s, {label} vs queue 1/txn (A)", rate, base_a,
-                              "items/s", 1.0, note=note))
-        rows.append(ratio_row("1", f"PG items/s, {label} vs queue {b}/txn (B)", rate, base_b,
-                              "items/s", 0.3, note=note))
+        rows.append(
+            ratio_row(
+                "1",
+                f"PG items/s, {label} vs queue 1/txn (A)",
+                rate,
+                base_a,
+                "items/s",
+                1.0,
+                note=note,
+            )
+        )
+        rows.append(
+            ratio_row(
+                "1",
+                f"PG items/s, {label} vs queue {b}/txn (B)",
+                rate,
+                base_b,
+                "items/s",
+                0.3,
+                note=note,
+            )
+        )
     return rows

@@ -55,12 +55,20 @@ def _write(lg: Ledger, batch: list[StoredEvent]) -> int:
 
 def to_json(se: StoredEvent) -> dict[str, Any]:
     """A stored event as a JSON object (its state parsed, so the file is readable)."""
-    return {"topic": se.topic, "originator_id": str(se.originator_id),
-            "originator_version": se.originator_version, "state": json.loads(bytes(se.state))}
+    return {
+        "topic": se.topic,
+        "originator_id": str(se.originator_id),
+        "originator_version": se.originator_version,
+        "state": json.loads(bytes(se.state)),
+    }
 
 
 def from_json(d: dict[str, Any]) -> StoredEvent:
     """Inverse of `to_json` (the state re-encoded as compact JSON)."""
     state = json.dumps(d["state"], separators=(",", ":"), ensure_ascii=False).encode()
-    return StoredEvent(originator_id=UUID(d["originator_id"]), originator_version=int(d["originator_version"]),
-                       topic=d["topic"], state=state)
+    return StoredEvent(
+        originator_id=UUID(d["originator_id"]),
+        originator_version=int(d["originator_version"]),
+        topic=d["topic"],
+        state=state,
+    )
