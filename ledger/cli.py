@@ -1162,6 +1162,10 @@ def demo(
     run_demo(_globals(ctx).dsn, items=items, workers=workers, seed=seed, as_json=as_json)
 
 
+# export, import, copy, archive, restore: their own module, on this app
+from . import cli_transfer  # noqa: F401
+
+
 def _command_name(args: Sequence[str]) -> str | None:
     """The subcommand named in `args` (global options skipped), if any."""
     i = 0

@@ -1977,6 +1977,29 @@ class Ledger:
             return 0  # longer ago than the calendar goes: no key is that old
         return prune(self.store, before)
 
+    def export(
+        self,
+        file: Any,
+        runs: Any = None,
+        since: datetime | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Any:
+        """Write the events (of `runs`, recorded since `since`) to the text file object `file`
+        as history lines with their hashes and a closing line of stream heads
+        (ledger/transfer.py); returns a TransferSummary."""
+        from .transfer import export
+
+        return export(self, file, runs=runs, since=since, progress=progress)
+
+    def import_file(
+        self, source: Any, progress: Callable[[int, int], None] | None = None, verify: bool = True
+    ) -> Any:
+        """Check a history file (a path or text file object) and append its events with their
+        hashes, projected, in one transaction; then verify (ledger/transfer.py)."""
+        from .transfer import import_file
+
+        return import_file(self, source, progress=progress, verify=verify)
+
     def rebuild_projections(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Drop and rebuild every projection from the first event; returns the events replayed."""
         from projections.rebuild import rebuild

@@ -1,0 +1,123 @@
+"""`ledger export`, `import`, `copy`, `archive` and `restore` (registered on the app by
+`ledger/cli.py`): moving the record between stores and into verified archives."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .cli import JsonOpt, RebuildProgress, _emit_json, _ledger, _one_command_only, _parse_time, app
+
+NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar on stderr")]
+
+
+@contextmanager
+def _progress(enabled: bool, label: str) -> Iterator[Any]:
+    if not enabled:
+        yield None
+        return
+    with RebuildProgress.on_stderr() as bar:
+        bar.label = label
+        yield bar
+
+
+@app.command("export")
+def export_cmd(
+    ctx: typer.Context,
+    run: Annotated[
+        list[str] | None, typer.Option("--run", metavar="RUN", help="Only this run (repeatable)")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", metavar="TIME", help="Only events recorded at or after TIME"),
+    ] = None,
+    to: Annotated[
+        Path | None, typer.Option("--to", metavar="FILE", help="Write here [default: stdout]")
+    ] = None,
+    no_progress: NoProgress = False,
+) -> None:
+    """Write the events (with their hashes, then the stream heads) as JSON lines."""
+    from .transfer import export
+
+    _one_command_only(ctx, "export")
+    with _ledger(ctx) as lg, _progress(not no_progress, "export: events") as bar:
+        if to is None:
+            summary = export(lg, sys.stdout, runs=run, since=_parse_time(since), progress=bar)
+        else:
+            with open(to, "w", encoding="utf-8") as out:
+                summary = export(lg, out, runs=run, since=_parse_time(since), progress=bar)
+    typer.echo(
+        f"exported {summary.events} events of {summary.streams} streams; heads {summary.digest}",
+        err=True,
+    )
+
+
+@app.command("import")
+def import_cmd(
+    ctx: typer.Context,
+    file: Annotated[str, typer.Argument(metavar="FILE", help="A history file, or - for stdin")],
+    no_verify: Annotated[
+        bool, typer.Option("--no-verify", help="Skip the verify that follows the import")
+    ] = False,
+    as_json: JsonOpt = False,
+    no_progress: NoProgress = False,
+) -> None:
+    """Check a history file, append its events with their hashes, project them, verify."""
+    from .transfer import import_file
+
+    _one_command_only(ctx, "import")
+    source: Any = sys.stdin if file == "-" else Path(file)
+    with _ledger(ctx) as lg, _progress(not no_progress, "import: events") as bar:
+        summary = import_file(lg, source, progress=bar, verify=not no_verify)
+    _show(summary, as_json, "imported")
+
+
+@app.command("copy")
+def copy_cmd(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Option("--from", metavar="DSN", help="The ledger to copy")],
+    target: Annotated[str, typer.Option("--to", metavar="DSN", help="The ledger to copy into")],
+    no_verify: Annotated[bool, typer.Option("--no-verify")] = False,
+    as_json: JsonOpt = False,
+    no_progress: NoProgress = False,
+) -> None:
+    """Copy every event of one ledger into another (export piped into import), then verify."""
+    from .transfer import copy_ledger
+
+    _one_command_only(ctx, "copy")
+    bars: dict[str, Any] = {}
+    with _progress(not no_progress, "copy: exported") as first:
+        if first is None:
+            summary = copy_ledger(source, target, verify=not no_verify)
+        else:
+
+            def progress(stage: str, done: int, total: int) -> None:
+                bar = bars.setdefault(stage, first)
+                bar.label = f"copy: {stage}ed" if stage == "export" else "copy: imported"
+                bar(done, total)
+
+            summary = copy_ledger(source, target, progress=progress, verify=not no_verify)
+    _show(summary, as_json, "copied")
+
+
+def _show(summary: Any, as_json: bool, verb: str) -> None:
+    if as_json:
+        _emit_json(summary)
+    else:
+        typer.echo(
+            f"{verb} {summary.events} events of {len(summary.runs)} runs "
+            f"({summary.skipped} already held); heads {summary.digest}"
+        )
+        if summary.verify_ok is not None:
+            typer.echo(
+                "verify: ok"
+                if summary.verify_ok
+                else f"verify: {len(summary.problems)} problem(s); run `ledger verify`"
+            )
+    if summary.verify_ok is False:
+        raise typer.Exit(1)

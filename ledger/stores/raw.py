@@ -1,0 +1,199 @@
+"""Stored events as they are: read with their recorded hashes, appended with the hashes they
+already carry, and deleted stream by stream in short transactions.
+
+Export, import, copy and archival (`ledger/transfer.py`, `ledger/archive.py`) move events
+between stores without decoding them: the bytes and hashes a store holds are the ones
+another store gets. These functions are the only SQL they need; the commands' write path
+(`Tx.append`) is untouched by them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+from uuid import UUID
+
+from eventsourcing.persistence import StoredEvent
+
+from .base import Tx
+from .hashchain import HASH_TABLE, as_uuid, oid_param
+
+_CHUNK = 300  # stream ids per IN list
+
+
+class RawEvent(NamedTuple):
+    """One stored event with its position and the hash recorded beside it (None for an
+    event written before the hash chain existed)."""
+
+    position: int
+    stream: UUID
+    version: int
+    topic: str
+    state: bytes
+    hash: str | None
+
+
+def position_sql(tx: Tx) -> str:
+    """The events table's position column."""
+    return "notification_id" if tx.store.dialect == "postgres" else "rowid"
+
+
+def max_position(tx: Tx) -> int:
+    """The highest position stored (0 when the store holds no event)."""
+    pos = position_sql(tx)
+    row = tx.fetchone(f"SELECT COALESCE(MAX({pos}), 0) AS p FROM {tx.store.events_table()}")
+    return int(row["p"]) if row else 0
+
+
+def read_raw(tx: Tx, after: int, limit: int, upto: int | None = None) -> list[RawEvent]:
+    """Events after position `after` (up to `upto`), in position order, with their hashes."""
+    pos = position_sql(tx)
+    sql = (
+        f"SELECT e.{pos} AS position, e.originator_id AS oid, e.originator_version AS version, "
+        f"e.topic, e.state, h.hash FROM {tx.store.events_table()} e LEFT JOIN {HASH_TABLE} h "
+        "ON h.originator_id = e.originator_id AND h.originator_version = e.originator_version "
+        f"WHERE e.{pos} > ?"
+    )
+    params: list[Any] = [after]
+    if upto is not None:
+        sql += f" AND e.{pos} <= ?"
+        params.append(upto)
+    sql += f" ORDER BY e.{pos} LIMIT ?"
+    params.append(limit)
+    return [
+        RawEvent(
+            int(r["position"]),
+            as_uuid(r["oid"]),
+            int(r["version"]),
+            r["topic"],
+            bytes(r["state"]),
+            r["hash"],
+        )
+        for r in tx.fetchall(sql, params)
+    ]
+
+
+def read_stream_events(tx: Tx, stream: UUID) -> list[RawEvent]:
+    """Every event of one stream, in version order, with their hashes."""
+    pos = position_sql(tx)
+    rows = tx.fetchall(
+        f"SELECT e.{pos} AS position, e.originator_version AS version, e.topic, e.state, h.hash "
+        f"FROM {tx.store.events_table()} e LEFT JOIN {HASH_TABLE} h ON h.originator_id = "
+        "e.originator_id AND h.originator_version = e.originator_version "
+        "WHERE e.originator_id = ? ORDER BY e.originator_version",
+        (oid_param(tx.store.dialect, stream),),
+    )
+    return [
+        RawEvent(
+            int(r["position"]), stream, int(r["version"]), r["topic"], bytes(r["state"]), r["hash"]
+        )
+        for r in rows
+    ]
+
+
+def stream_heads(tx: Tx, streams: Sequence[UUID]) -> dict[UUID, tuple[int, str | None]]:
+    """The last version of each given stream the store holds, with its recorded hash
+    (streams it does not hold are left out)."""
+    dialect = tx.store.dialect
+    out: dict[UUID, tuple[int, str | None]] = {}
+    ev = tx.store.events_table()
+    for i in range(0, len(streams), _CHUNK):
+        chunk = list(streams[i : i + _CHUNK])
+        marks = ", ".join("?" for _ in chunk)
+        rows = tx.fetchall(
+            f"SELECT e.originator_id AS oid, e.originator_version AS version, h.hash FROM {ev} e "
+            f"LEFT JOIN {HASH_TABLE} h ON h.originator_id = e.originator_id AND "
+            "h.originator_version = e.originator_version WHERE e.originator_id IN "
+            f"({marks}) AND e.originator_version = (SELECT MAX(m.originator_version) FROM {ev} m "
+            "WHERE m.originator_id = e.originator_id)",
+            [oid_param(dialect, o) for o in chunk],
+        )
+        for r in rows:
+            out[as_uuid(r["oid"])] = (int(r["version"]), r["hash"])
+    return out
+
+
+def stored_hash(tx: Tx, stream: UUID, version: int) -> str | None:
+    """The hash recorded for one event (None when there is none)."""
+    row = tx.fetchone(
+        f"SELECT hash FROM {HASH_TABLE} WHERE originator_id = ? AND originator_version = ?",
+        (oid_param(tx.store.dialect, stream), version),
+    )
+    return None if row is None else str(row["hash"])
+
+
+def append_raw(tx: Tx, events: Sequence[RawEvent], keep_positions: bool) -> list[int]:
+    """Append events exactly as given (bytes and hashes), in the given order; return their
+    positions in this store. With `keep_positions`, each keeps the position it carries (the
+    caller checked they are all above this store's highest); otherwise the store numbers
+    them as it numbers any append. A clash with a stored (stream, version) raises the
+    store's StreamConflict or integrity error and the transaction writes nothing."""
+    if not events:
+        return []
+    dialect = tx.store.dialect
+    if keep_positions:
+        positions = [e.position for e in events]
+        if dialect == "postgres":
+            _pg_insert_at(tx, events)
+        else:
+            tx.executemany(
+                "INSERT INTO stored_events (rowid, originator_id, originator_version, topic, state) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(e.position, e.stream.hex, e.version, e.topic, e.state) for e in events],
+            )
+    else:
+        stored = [
+            StoredEvent(
+                originator_id=e.stream, originator_version=e.version, topic=e.topic, state=e.state
+            )
+            for e in events
+        ]
+        positions = tx.insert_stored_events(stored)
+    tx.executemany(
+        f"INSERT INTO {HASH_TABLE} (originator_id, originator_version, hash) VALUES (?, ?, ?)",
+        [(oid_param(dialect, e.stream), e.version, e.hash) for e in events if e.hash is not None],
+    )
+    return positions
+
+
+def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
+    """PostgreSQL: insert at given positions under the events table's exclusive lock (so
+    readers by position never see one appear behind another, as with every append), as one
+    statement, then move the position sequence past them."""
+    ev = tx.store.events_table()
+    tx.execute(f"LOCK TABLE {ev} IN EXCLUSIVE MODE")
+    param = json.dumps(
+        [
+            [e.position, str(e.stream), e.version, e.topic, base64.b64encode(e.state).decode()]
+            for e in events
+        ]
+    )
+    tx.execute(
+        f"INSERT INTO {ev} (notification_id, originator_id, originator_version, topic, state) "
+        "SELECT (e->>0)::bigint, (e->>1)::uuid, (e->>2)::bigint, e->>3, decode(e->>4, 'base64') "
+        "FROM json_array_elements(?::json) AS x(e)",
+        (param,),
+    )
+    tx.execute(
+        f"SELECT setval(pg_get_serial_sequence('{ev}', 'notification_id'), "
+        f"(SELECT MAX(notification_id) FROM {ev}))"
+    )
+
+
+def delete_streams(tx: Tx, streams: Iterable[UUID]) -> int:
+    """Delete every event of the given streams and their hashes (one transaction: the
+    caller keeps batches short); returns the events deleted."""
+    dialect = tx.store.dialect
+    ids = [oid_param(dialect, s) for s in streams]
+    deleted = 0
+    ev = tx.store.events_table()
+    for i in range(0, len(ids), _CHUNK):
+        chunk = ids[i : i + _CHUNK]
+        marks = ", ".join("?" for _ in chunk)
+        row = tx.fetchone(f"SELECT COUNT(*) AS n FROM {ev} WHERE originator_id IN ({marks})", chunk)
+        deleted += int(row["n"]) if row else 0
+        tx.execute(f"DELETE FROM {ev} WHERE originator_id IN ({marks})", chunk)
+        tx.execute(f"DELETE FROM {HASH_TABLE} WHERE originator_id IN ({marks})", chunk)
+    return deleted

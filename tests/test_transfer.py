@@ -1,0 +1,228 @@
+"""Export, import and copy (issue 18): round trips between stores keep stream versions,
+hashes, heads and projections; a damaged file is refused with its position and writes
+nothing; importing twice changes nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger import Ledger
+from ledger.errors import RunNotFound
+from ledger.stores.raw import max_position
+from ledger.transfer import ImportRefused, copy_ledger
+from projections.checksums import checksums
+from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import make_ledger
+
+
+def _state(dsn: str) -> tuple[str, dict[str, str], int]:
+    """(verify heads, projection checksums, events) of a ledger whose verify is clean."""
+    with Ledger.open(dsn) as lg:
+        report = lg.verify()
+        assert report.ok, report.problems[:5]
+        with lg.store.read() as tx:
+            sums = checksums(tx)
+        return report.heads, sums, report.events
+
+
+def _export(dsn: str, **kw: Any) -> str:
+    out = io.StringIO()
+    with Ledger.open(dsn) as lg:
+        lg.export(out, **kw)
+    return out.getvalue()
+
+
+def _demo(dsn: str) -> None:
+    from ledger.demo import run_demo
+
+    run_demo(dsn, items=6, workers=2, seed=3, as_json=True)
+
+
+def test_demo_round_trip_sqlite_postgres_sqlite(
+    tmp_path: Path, pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = f"sqlite:///{tmp_path}/first.db"
+    back = f"sqlite:///{tmp_path}/back.db"
+    _demo(first)
+    capsys.readouterr()
+    before = _state(first)
+    to_pg = copy_ledger(first, pg_dsn)
+    assert to_pg.verify_ok and to_pg.events == before[2] and to_pg.digest == before[0]
+    assert _state(pg_dsn) == before
+    copy_ledger(pg_dsn, back)
+    assert _state(back) == before
+    # a second copy is a no-op: every event is held already, nothing changes
+    again = copy_ledger(first, back)
+    assert (again.events, again.skipped) == (0, before[2])
+    assert _state(back) == before
+
+
+@pytest.mark.parametrize(
+    "events",
+    [pytest.param(10_000, id="10k"), pytest.param(100_000, id="100k", marks=pytest.mark.slow)],
+)
+def test_large_round_trip_sqlite_postgres_sqlite(tmp_path: Path, pg_dsn: str, events: int) -> None:
+    first = f"sqlite:///{tmp_path}/big.db"
+    back = f"sqlite:///{tmp_path}/back.db"
+    make_ledger.fill(first, events, items_per_run=2_000, batch=250, seed=4, quiet=True)
+    before = _state(first)
+    assert before[2] >= events
+    copy_ledger(first, pg_dsn, verify=False)
+    assert _state(pg_dsn) == before
+    copy_ledger(pg_dsn, back, verify=False)
+    assert _state(back) == before
+
+
+def test_import_into_a_ledger_with_history_renumbers_positions_but_keeps_streams(
+    tmp_path: Path, store_dsn: str
+) -> None:
+    source = f"sqlite:///{tmp_path}/source.db"
+    with Ledger.open(source) as lg:
+        run = lg.submit(manifest(3), SUBMITTER).run_id
+        lg.start(run, CONTROLLER)
+        lease = lg.claim(run, WORKER)[0]
+        lg.accept(lease)
+        story = [(t.item_id, t.to_state, t.revision) for t in lg.history(run)]
+    text = _export(source, runs=[run])
+    with Ledger.open(store_dsn) as target:
+        other = target.submit(manifest(2), SUBMITTER).run_id  # positions 1.. are taken
+        summary = target.import_file(io.StringIO(text))
+        assert summary.verify_ok, summary.problems
+        assert summary.runs == [run]
+        assert target.status(run).counts["accepted"] == 1
+        assert [(t.item_id, t.to_state, t.revision) for t in target.history(run)] == story
+        assert target.status(other).state == "queued"
+        # same stream versions and hashes: the run's own export is the same file, bar positions
+        again = io.StringIO()
+        target.export(again, runs=[run])
+    mine = [json.loads(x) for x in text.splitlines()]
+    theirs = [json.loads(x) for x in again.getvalue().splitlines()]
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("position", "heads")}
+    assert [strip(d) for d in mine] == [strip(d) for d in theirs]
+    assert mine[-1]["digest"] == theirs[-1]["digest"]
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines(keepends=True)
+
+
+def _edit_state(line: str) -> str:
+    doc = json.loads(line)
+    doc["state"] = doc["state"].replace('"actor_id":"', '"actor_id":"x', 1)
+    assert doc["state"] != json.loads(line)["state"]
+    return json.dumps(doc) + "\n"
+
+
+def _damaged() -> dict[str, Any]:
+    def edited(lines: list[str]) -> tuple[list[str], int]:
+        k = 5
+        return lines[:k] + [_edit_state(lines[k])] + lines[k + 1 :], json.loads(lines[k])[
+            "position"
+        ]
+
+    def missing(lines: list[str]) -> tuple[list[str], int]:
+        k = 6
+        stream = json.loads(lines[k])["stream"]
+        after = next(json.loads(x) for x in lines[k + 1 : -1] if json.loads(x)["stream"] == stream)
+        return lines[:k] + lines[k + 1 :], after["position"]  # the stream's next event is named
+
+    def reordered(lines: list[str]) -> tuple[list[str], int]:
+        k = 4
+        return (
+            lines[:k] + [lines[k + 1], lines[k]] + lines[k + 2 :],
+            json.loads(lines[k])["position"],
+        )
+
+    def bad_digest(lines: list[str]) -> tuple[list[str], int | None]:
+        doc = json.loads(lines[-1])
+        doc["digest"] = "0" * 32
+        return lines[:-1] + [json.dumps(doc) + "\n"], None
+
+    def last_event_missing(lines: list[str]) -> tuple[list[str], int]:
+        return lines[:-2] + lines[-1:], json.loads(lines[-2])["position"]
+
+    def truncated(lines: list[str]) -> tuple[list[str], None]:
+        return lines[:-1], None
+
+    return {
+        "edited": edited,
+        "missing": missing,
+        "reordered": reordered,
+        "bad_digest": bad_digest,
+        "last_event_missing": last_event_missing,
+        "truncated": truncated,
+    }
+
+
+@pytest.mark.parametrize("damage", sorted(_damaged()))
+def test_a_damaged_file_is_refused_with_its_position_and_nothing_is_written(
+    tmp_path: Path, store_dsn: str, damage: str
+) -> None:
+    source = f"sqlite:///{tmp_path}/source.db"
+    with Ledger.open(source) as lg:
+        run = lg.submit(manifest(4), SUBMITTER).run_id
+        lg.start(run, CONTROLLER)
+        for lease in lg.claim(run, WORKER, limit=4):
+            lg.accept(lease)
+    lines, position = _damaged()[damage](_lines(_export(source)))
+    with Ledger.open(store_dsn) as target:
+        with pytest.raises(ImportRefused) as info:
+            target.import_file(io.StringIO("".join(lines)))
+        if position is not None:
+            assert info.value.position == position
+            assert f"position {position}" in str(info.value)
+        with target.store.read() as tx:
+            assert max_position(tx) == 0
+        assert target.runs() == []
+        with pytest.raises(RunNotFound):
+            target.status(run)
+
+
+def test_a_run_held_with_other_events_is_refused_and_nothing_is_written(
+    tmp_path: Path,
+) -> None:
+    a, b = f"sqlite:///{tmp_path}/a.db", f"sqlite:///{tmp_path}/b.db"
+    with Ledger.open(a) as lg:
+        run = lg.submit(manifest(2), SUBMITTER).run_id
+        lg.start(run, CONTROLLER)
+    text = _export(a)
+    with Ledger.open(b) as lg:
+        lg.import_file(io.StringIO(text))
+        lg.fail(run, CONTROLLER, "diverge", transient=True)  # b's run moves on
+    with Ledger.open(a) as lg:
+        lg.cancel(run, SUBMITTER, "another future")  # a's run moves elsewhere
+    with Ledger.open(b) as lg, lg.store.read() as tx:
+        top = max_position(tx)
+    with Ledger.open(b) as lg:
+        with pytest.raises(ImportRefused, match="other content"):
+            lg.import_file(io.StringIO(_export(a)))
+        with lg.store.read() as tx:
+            assert max_position(tx) == top
+        assert lg.status(run).state == "failed"
+
+
+def test_the_cli_exports_imports_and_copies(tmp_path: Path, pg_dsn: str) -> None:
+    from ledger.cli import main
+
+    first = f"sqlite:///{tmp_path}/first.db"
+    with Ledger.open(first) as lg:
+        run = lg.submit(manifest(2), SUBMITTER).run_id
+        lg.start(run, CONTROLLER)
+    heads = _state(first)[0]
+    path = tmp_path / "h.jsonl"
+    assert main(["--dsn", first, "export", "--to", str(path), "--no-progress"]) == 0
+    assert json.loads(path.read_text().splitlines()[-1])["digest"] == heads
+    second = f"sqlite:///{tmp_path}/second.db"
+    assert main(["--dsn", second, "import", str(path), "--no-progress"]) == 0
+    assert _state(second)[0] == heads
+    assert main(["copy", "--from", second, "--to", pg_dsn, "--no-progress"]) == 0
+    assert _state(pg_dsn)[0] == heads
