@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from eventsourcing.domain import DomainEvent
 
     from .manifest import Manifest, ManifestItem
+    from .overview import Overview
 
 # pydantic (ledger.manifest) loads on first use: read-only commands start faster without it.
 
@@ -1941,6 +1942,14 @@ class Ledger:
             if len(rows) < n:
                 return
             cursor = rows[-1]["position"]
+
+    @read_command
+    def overview(self) -> Overview:
+        """Open runs by state and waiting_on, the oldest wait per owner, stalled runs and
+        expired leases, across every run (ledger/overview.py)."""
+        from .overview import overview
+
+        return overview(self.store)
 
     @read_command
     def status_at(self, run_id: str, at: datetime) -> RunStatus:

@@ -1,0 +1,101 @@
+"""`GET /overview` (what is stuck, on whom) and `GET /metrics` (Prometheus text format).
+
+Both are reads: open to anonymous callers only with `public_reads`, else they need a
+bearer token (a Prometheus scrape config passes one with `authorization:`). Each app
+has its own metrics registry (no process-global state): the ledger collector and the
+HTTP request counter and latency histogram, labelled by route template so the label
+set stays bounded whatever paths clients ask for.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..metrics import LedgerCollector
+from ..overview import Overview
+from .auth import Reader
+from .deps import LedgerDep, view_response
+from .errors import error_responses
+
+router = APIRouter(tags=["operator"], responses=error_responses(401))
+
+REQUESTS = "ledger_http_requests"  # exposed as ledger_http_requests_total
+LATENCY = "ledger_http_request_duration_seconds"
+
+
+@router.get("/overview", response_model=Overview, summary="Open runs: what is stuck, on whom")
+def get_overview(_reader: Reader, lg: LedgerDep) -> JSONResponse:
+    """`lg.overview()`: open runs by state and waiting_on, the oldest wait per owner,
+    stalled runs and expired leases, across every run of the ledger."""
+    return view_response(lg.overview())
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Text format 0.0.4"}},
+)
+def get_metrics(_reader: Reader, request: Request) -> Response:
+    """Every `ledger_` metric: the ledger's state at this instant and this server's requests."""
+    registry: CollectorRegistry = request.app.state.metrics_registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class RequestMetrics:
+    """ASGI middleware counting requests and timing them, by method, route and status."""
+
+    def __init__(self, app: ASGIApp, requests: Counter, latency: Histogram) -> None:
+        self.app = app
+        self.requests = requests
+        self.latency = latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = [500]
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            # the router records the matched route in the scope; unmatched paths share one label
+            route: Any = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "")
+            self.requests.labels(method, path, str(status[0])).inc()
+            self.latency.labels(method, path).observe(time.perf_counter() - started)
+
+
+def install(app: FastAPI) -> None:
+    """Give `app` its metrics registry, the request middleware and the two routes."""
+    registry = CollectorRegistry()
+    registry.register(LedgerCollector(app.state.ledger))
+    requests = Counter(
+        REQUESTS,
+        "HTTP requests answered, by method, route template and status.",
+        ["method", "route", "status"],
+        registry=registry,
+    )
+    latency = Histogram(
+        LATENCY,
+        "HTTP request latency in seconds, by method and route template.",
+        ["method", "route"],
+        registry=registry,
+    )
+    app.state.metrics_registry = registry
+    app.add_middleware(RequestMetrics, requests=requests, latency=latency)
+    app.include_router(router)

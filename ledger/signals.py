@@ -1,0 +1,224 @@
+"""Who owns a run's delay, precisely (SPEC rules 9 and 19), computed from the projections.
+
+For a batch of `lg_runs` rows, a handful of indexed queries give each open run:
+- `waiting_on`: the rule-9 owner of its state, except `reconciler` when a lease has
+  expired and nobody has reconciled it yet (the item looks in flight, but its worker is gone);
+- `waiting_on_actors`: the person where one is known (the reviewer a review is routed
+  to, the workers holding live leases);
+- `waiting_since`: when that owner started owning the delay;
+- `last_activity_at`: the latest run *or item* transition (a run busy with items is
+  active even when its own state has not changed for hours);
+- `stalled`: waiting on workers with no activity for `policy.stall_seconds` (900 s);
+- `rate`: items finished (accepted, rejected, skipped) per minute over the last 5 minutes,
+  and `eta`: remaining required items / rate.
+
+Every query is bounded by the batch (the run index, the item state index, the
+transition run index), so a page of runs costs the same however large the ledger is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from projections.rows import iso, parse_dt
+
+from . import states as S
+
+DEFAULT_STALL_SECONDS = 900.0
+RATE_WINDOW_SECONDS = 300.0
+# Owners whose delay is a person's (or a process's) decision, in the order the overview lists them.
+OWNERS: tuple[str, ...] = ("reconciler", "reviewer", "operator", "controller", "workers", "nobody")
+# Item states that still need a worker before the run can finish.
+_REMAINING = (S.PENDING, S.IN_PROGRESS, S.RETRYABLE)
+_FINISHED = tuple(sorted(S.FINAL_ITEM_STATES))
+_MAX_ACTORS = 5
+
+
+@dataclass(frozen=True)
+class RunSignals:
+    """The delay signals of one run at time `now` (see the module docstring)."""
+
+    waiting_on: str
+    waiting_on_actors: tuple[str, ...]
+    waiting_since: datetime | None
+    last_activity_at: datetime | None
+    stalled: bool
+    rate: float
+    eta: datetime | None
+    expired_leases: int
+    remaining_required: int
+
+
+def base_waiting_on(state: str, counts: dict[str, int]) -> str:
+    """Who owns the next step by state and item counts alone (SPEC rule 9)."""
+    if state in S.TERMINAL_RUN_STATES:
+        return "nobody"
+    if state == S.QUEUED:
+        return "controller"
+    if state == S.AWAITING_REVIEW:
+        return "reviewer"
+    if state == S.PAUSED:
+        return "operator"
+    if state in (S.CANCELING, S.PAUSING):
+        return "workers" if counts.get(S.IN_PROGRESS, 0) else "controller"
+    if counts.get(S.PENDING, 0) or counts.get(S.RETRYABLE, 0) or counts.get(S.IN_PROGRESS, 0):
+        return "workers"
+    if counts.get(S.QUARANTINED, 0):
+        return "reviewer"
+    return "controller"
+
+
+def stall_seconds(policy: dict[str, Any]) -> float:
+    """The run's stall threshold: `policy.stall_seconds`, else 900 s."""
+    value = policy.get("stall_seconds")
+    return DEFAULT_STALL_SECONDS if value is None else float(value)
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[str, RunSignals]:
+    """The signals of each run row (`lg_runs` columns run_id, state, counts, policy, review,
+    created_at, updated_at, stopped_at), by run id, read in transaction `tx`."""
+    if not rows:
+        return {}
+    ids = [r["run_id"] for r in rows]
+    open_ids = [r["run_id"] for r in rows if r["state"] not in S.TERMINAL_RUN_STATES]
+    now_text = iso(now)
+    marks = _marks(len(ids))
+    last = {
+        r["run_id"]: r["at"]
+        for r in tx.fetchall(
+            "SELECT r.run_id, (SELECT t.at FROM lg_transitions t WHERE t.run_id = r.run_id "
+            "ORDER BY t.position DESC, t.ord DESC LIMIT 1) AS at "
+            f"FROM lg_runs r WHERE r.run_id IN ({marks})",
+            ids,
+        )
+    }
+    expired: dict[str, tuple[int, str]] = {}
+    holders: dict[str, list[str]] = {}
+    finished: dict[str, int] = {}
+    remaining: dict[str, int] = {}
+    if open_ids:
+        omarks = _marks(len(open_ids))
+        for r in tx.fetchall(
+            "SELECT run_id, COUNT(*) AS n, MIN(lease_expires_at) AS oldest FROM lg_items "
+            f"WHERE run_id IN ({omarks}) AND state = ? AND lease_expires_at < ? GROUP BY run_id",
+            (*open_ids, S.IN_PROGRESS, now_text),
+        ):
+            expired[r["run_id"]] = (int(r["n"]), r["oldest"])
+        for r in tx.fetchall(
+            "SELECT DISTINCT run_id, lease_worker FROM lg_items "
+            f"WHERE run_id IN ({omarks}) AND state = ? AND lease_expires_at >= ? "
+            "ORDER BY run_id, lease_worker",
+            (*open_ids, S.IN_PROGRESS, now_text),
+        ):
+            holders.setdefault(r["run_id"], []).append(r["lease_worker"])
+        window_start = iso(now - timedelta(seconds=RATE_WINDOW_SECONDS))
+        # The first position stamped inside the window (an index seek on lg_transitions_at),
+        # so counting a run's finished items reads only its recent transitions.
+        first = tx.fetchone(
+            "SELECT position FROM lg_transitions WHERE at >= ? ORDER BY at, position LIMIT 1",
+            (window_start,),
+        )
+        if first is not None:
+            for r in tx.fetchall(
+                "SELECT run_id, COUNT(*) AS n FROM lg_transitions "
+                f"WHERE run_id IN ({omarks}) AND position >= ? AND item_id IS NOT NULL "
+                f"AND to_state IN ({_marks(len(_FINISHED))}) AND at >= ? AND at <= ? "
+                "GROUP BY run_id",
+                (*open_ids, first["position"], *_FINISHED, window_start, now_text),
+            ):
+                finished[r["run_id"]] = int(r["n"])
+        for r in tx.fetchall(
+            "SELECT run_id, COUNT(*) AS n FROM lg_items "
+            f"WHERE run_id IN ({omarks}) AND state IN ({_marks(len(_REMAINING))}) "
+            "AND required <> 0 GROUP BY run_id",
+            (*open_ids, *_REMAINING),
+        ):
+            remaining[r["run_id"]] = int(r["n"])
+    out: dict[str, RunSignals] = {}
+    for row in rows:
+        run_id = row["run_id"]
+        out[run_id] = _one(
+            row,
+            now,
+            parse_dt(last.get(run_id)),
+            expired.get(run_id),
+            holders.get(run_id, []),
+            finished.get(run_id, 0),
+            remaining.get(run_id, 0),
+        )
+    return out
+
+
+def _one(
+    row: dict[str, Any],
+    now: datetime,
+    last_activity: datetime | None,
+    expired: tuple[int, str] | None,
+    holders: list[str],
+    finished: int,
+    remaining: int,
+) -> RunSignals:
+    state = row["state"]
+    counts = _json(row["counts"])
+    policy = _json(row.get("policy")) or {}
+    review = _json(row.get("review"))
+    updated = parse_dt(row["updated_at"])
+    owner = base_waiting_on(state, counts)
+    n_expired = expired[0] if expired else 0
+    actors: tuple[str, ...] = ()
+    since: datetime | None
+    if owner == "workers" and n_expired:
+        # the lease looks live to a reader of counts, but its worker is gone: until the
+        # reconciler expires it, nobody else can move that item
+        owner = "reconciler"
+        assert expired is not None
+        since = parse_dt(expired[1])
+    elif owner == "nobody":
+        since = parse_dt(row.get("stopped_at")) or updated
+    elif state == S.QUEUED:
+        since = parse_dt(row["created_at"])
+    elif state == S.AWAITING_REVIEW:
+        since = parse_dt((review or {}).get("requested_at")) or updated
+        reviewer = (review or {}).get("reviewer")
+        actors = (reviewer,) if reviewer else ()
+    elif state == S.RUNNING and owner in ("controller", "reviewer"):
+        # the last item transition left only final (or quarantined) items: it handed the
+        # run to this owner, and nothing has happened since
+        since = max(d for d in (last_activity, updated) if d is not None)
+    else:
+        since = updated
+    if owner == "workers":
+        actors = tuple(holders[:_MAX_ACTORS])
+    open_run = state not in S.TERMINAL_RUN_STATES
+    rate = finished * 60.0 / RATE_WINDOW_SECONDS if open_run else 0.0
+    eta = None
+    if open_run and rate > 0 and remaining:
+        eta = now + timedelta(minutes=remaining / rate)
+    stalled = (
+        owner == "workers"
+        and last_activity is not None
+        and (now - last_activity).total_seconds() > stall_seconds(policy)
+    )
+    return RunSignals(
+        waiting_on=owner,
+        waiting_on_actors=actors,
+        waiting_since=since,
+        last_activity_at=last_activity,
+        stalled=stalled,
+        rate=round(rate, 3),
+        eta=eta,
+        expired_leases=n_expired,
+        remaining_required=remaining if open_run else 0,
+    )

@@ -1,0 +1,105 @@
+"""What is stuck, on whom (SPEC rule 19; issue 17), on every store with the injected clock.
+
+`lg.overview()` counts every open run (not the newest N); each signal is checked
+where it starts and where it stops: activity on items keeps a run from being
+stalled, an expired lease puts the run on the reconciler until it is reconciled.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from ledger import Ledger
+from tests.clock import ManualClock
+from tests.conftest import CONTROLLER, RECONCILER, SUBMITTER, WORKER, manifest
+
+
+def started(lg: Ledger, n: int = 4, **policy: object) -> str:
+    run_id = lg.submit(manifest(n, **policy), SUBMITTER).run_id
+    lg.start(run_id, CONTROLLER)
+    return run_id
+
+
+def test_recent_item_activity_keeps_a_run_from_being_stalled(
+    lg: Ledger, clock: ManualClock
+) -> None:
+    busy = started(lg, 4, lease_seconds=3600)
+    idle = started(lg, 4, lease_seconds=3600)
+    clock.advance(20 * 60)  # both runs' own state is 20 minutes old
+    (lease,) = lg.claim(busy, WORKER)
+    lg.accept(lease)
+    ov = lg.overview()
+    assert ov.by_waiting_on["workers"] == 2
+    assert ov.stalled == 1
+    assert [s.run_id for s in ov.stuck] == [idle]
+    assert ov.stuck[0].stalled and ov.stuck[0].last_activity_at == clock() - timedelta(minutes=20)
+    # activity on the idle run ends its stall; the busy one stays fine until 15 minutes pass
+    (lease,) = lg.claim(idle, WORKER)
+    assert lg.overview().stalled == 0
+    clock.advance(15 * 60 + 1)
+    assert lg.overview().stalled == 2  # the idle run's lease is still live: workers own it
+    lg.heartbeat(lease)  # a heartbeat is not a transition: no activity recorded
+    assert lg.overview().stalled == 2
+
+
+def test_an_expired_lease_waits_on_the_reconciler_until_reconciled(
+    lg: Ledger, clock: ManualClock
+) -> None:
+    run_id = started(lg, 3, lease_seconds=30)
+    leases = lg.claim(run_id, WORKER, limit=3)
+    lg.accept(leases[0])
+    clock.advance(29)
+    ov = lg.overview()
+    assert ov.by_waiting_on["workers"] == 1 and ov.expired_leases == 0
+    clock.advance(2)  # the worker died: its two leases are past their expiry
+    ov = lg.overview()
+    assert ov.by_waiting_on == {
+        "reconciler": 1,
+        "reviewer": 0,
+        "operator": 0,
+        "controller": 0,
+        "workers": 0,
+    }
+    assert ov.expired_leases == 2 and ov.runs_with_expired_leases == 1
+    assert ov.oldest_wait["reconciler"].since == leases[1].expires_at
+    assert ov.oldest_wait["reconciler"].seconds == 1.0
+    assert ov.stuck[0].run_id == run_id and ov.stuck[0].expired_leases == 2
+    lg.reconcile(actor=RECONCILER)
+    ov = lg.overview()
+    assert ov.by_waiting_on["reconciler"] == 0 and ov.by_waiting_on["workers"] == 1
+    assert ov.expired_leases == 0 and ov.stuck == []
+
+
+def test_the_overview_counts_runs_beyond_the_newest_500(lg: Ledger, clock: ManualClock) -> None:
+    review = started(lg, 1, review={"decision": "sign-off"})
+    (lease,) = lg.claim(review, WORKER)
+    lg.accept(lease)
+    lg.request_review(review, CONTROLLER, "sign-off")
+    clock.advance(60)
+    for _ in range(505):
+        newer = lg.submit(manifest(1), SUBMITTER).run_id
+        lg.fail(newer, CONTROLLER, "not needed", transient=False)
+    assert review not in {r.run_id for r in lg.runs(limit=500)}
+    ov = lg.overview()
+    assert ov.open_runs == 1
+    assert ov.by_state["awaiting_review"] == 1
+    assert ov.by_waiting_on["reviewer"] == 1
+    assert ov.oldest_wait["reviewer"].run_id == review
+    assert ov.oldest_wait["reviewer"].seconds == 60.0
+    assert ov.items_by_state["accepted"] == 1  # items of open runs only
+
+
+def test_owners_by_state_and_items(lg: Ledger, clock: ManualClock) -> None:
+    lg.submit(manifest(2), SUBMITTER)  # queued: the controller
+    done = started(lg, 1)  # every item final: the controller again
+    (lease,) = lg.claim(done, WORKER)
+    lg.accept(lease)
+    held = started(lg, 2, max_attempts=1)  # only quarantined left: a reviewer
+    for lease in lg.claim(held, WORKER, limit=2):
+        lg.fail_attempt(lease, "bad row", retryable=False)
+    ov = lg.overview()
+    assert ov.open_runs == 3
+    assert ov.by_state["queued"] == 1 and ov.by_state["running"] == 2
+    assert ov.by_waiting_on["controller"] == 2 and ov.by_waiting_on["reviewer"] == 1
+    assert ov.items_by_state["quarantined"] == 2 and ov.items_by_state["pending"] == 2
+    assert ov.stalled == 0 and ov.stuck == []
