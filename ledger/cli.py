@@ -1162,8 +1162,8 @@ def demo(
     run_demo(_globals(ctx).dsn, items=items, workers=workers, seed=seed, as_json=as_json)
 
 
-# export, import, copy, archive, restore: their own module, on this app
-from . import cli_transfer  # noqa: F401
+# export, import, copy, archive, restore; top: their own modules, on this app
+from . import cli_top, cli_transfer  # noqa: F401
 
 
 def _command_name(args: Sequence[str]) -> str | None:

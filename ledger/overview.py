@@ -9,6 +9,7 @@ out because newer ones exist.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -63,6 +64,7 @@ class Overview(_View):
     runs_with_expired_leases: int
     items_by_state: dict[str, int]
     stuck: list[StuckRun] = field(default_factory=list)
+    longest_waiting: list[StuckRun] = field(default_factory=list)
 
 
 def overview(store: Any) -> Overview:
@@ -85,6 +87,7 @@ def overview(store: Any) -> Overview:
         oldest: dict[str, OldestWait] = {}
         items = {s: 0 for s in S.ITEM_STATES}
         stuck: list[StuckRun] = []
+        waits: list[StuckRun] = []
         stalled = 0
         after = -1
         while True:
@@ -109,19 +112,22 @@ def overview(store: Any) -> Overview:
                 for state, n in _counts(row["counts"]).items():
                     items[state] = items.get(state, 0) + int(n)
                 stalled += sig.stalled
+                entry = StuckRun(
+                    row["run_id"],
+                    row["state"],
+                    sig.waiting_on,
+                    sig.waiting_since,
+                    sig.last_activity_at,
+                    sig.expired_leases,
+                    sig.stalled,
+                    row["scope"],
+                )
                 if (sig.stalled or sig.expired_leases) and len(stuck) < MAX_LISTED:
-                    stuck.append(
-                        StuckRun(
-                            row["run_id"],
-                            row["state"],
-                            sig.waiting_on,
-                            sig.waiting_since,
-                            sig.last_activity_at,
-                            sig.expired_leases,
-                            sig.stalled,
-                            row["scope"],
-                        )
-                    )
+                    stuck.append(entry)
+                if since is not None:
+                    waits.append(entry)
+            # keep only the longest waits (bounded memory however many runs are open)
+            waits = heapq.nsmallest(MAX_LISTED, waits, key=_since)
             if len(rows) < PAGE:
                 break
     open_runs = sum(by_state[s] for s in OPEN_STATES)
@@ -136,7 +142,13 @@ def overview(store: Any) -> Overview:
         runs_with_expired_leases=int(lease["runs"]) if lease else 0,
         items_by_state=items,
         stuck=stuck,
+        longest_waiting=waits,
     )
+
+
+def _since(run: StuckRun) -> datetime:
+    assert run.waiting_since is not None
+    return run.waiting_since
 
 
 def _counts(value: Any) -> dict[str, int]:

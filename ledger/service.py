@@ -43,6 +43,7 @@ from .validation import check_identifier, check_unicode, input_version_of, input
 if TYPE_CHECKING:
     from eventsourcing.domain import DomainEvent
 
+    from .board import BoardPage
     from .manifest import Manifest, ManifestItem
     from .overview import Overview
 
@@ -1942,6 +1943,22 @@ class Ledger:
             if len(rows) < n:
                 return
             cursor = rows[-1]["position"]
+
+    @read_command
+    def board(
+        self,
+        state: str | None = None,
+        waiting_on: str | None = None,
+        stalled: bool = False,
+        terminal: bool = False,
+        after: int | None = None,
+        limit: int = 50,
+    ) -> BoardPage:
+        """A keyset page of runs with who they wait on since when, newest first: open runs,
+        or terminal ones with `terminal` (ledger/board.py)."""
+        from .board import board
+
+        return board(self.store, state, waiting_on, stalled, terminal, after, limit)
 
     @read_command
     def overview(self) -> Overview:

@@ -103,3 +103,24 @@ def test_owners_by_state_and_items(lg: Ledger, clock: ManualClock) -> None:
     assert ov.by_waiting_on["controller"] == 2 and ov.by_waiting_on["reviewer"] == 1
     assert ov.items_by_state["quarantined"] == 2 and ov.items_by_state["pending"] == 2
     assert ov.stalled == 0 and ov.stuck == []
+
+
+def test_board_pages_open_runs_first_and_filters_by_owner(lg: Ledger, clock: ManualClock) -> None:
+    old_done = lg.submit(manifest(1), SUBMITTER).run_id
+    lg.fail(old_done, CONTROLLER, "not needed", transient=False)
+    dead = started(lg, 2, lease_seconds=30)
+    lg.claim(dead, WORKER, limit=2)
+    idle = started(lg, 2, lease_seconds=3600)
+    queued = lg.submit(manifest(1), SUBMITTER).run_id
+    clock.advance(16 * 60)
+    page = lg.board(limit=2)
+    assert [r.run_id for r in page.runs] == [queued, idle]
+    assert page.next_after is not None
+    rest = lg.board(limit=2, after=page.next_after)
+    assert [r.run_id for r in rest.runs] == [dead] and rest.next_after is None
+    assert [r.run_id for r in lg.board(terminal=True).runs] == [old_done]
+    (row,) = lg.board(waiting_on="reconciler").runs
+    assert row.run_id == dead and row.expired_leases == 2
+    (row,) = lg.board(stalled=True).runs
+    assert row.run_id == idle and row.waiting_on == "workers"
+    assert lg.board(state="queued").runs[0].waiting_on == "controller"

@@ -10,16 +10,19 @@ set stays bounded whatever paths clients ask for.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..board import MAX_LIMIT, BoardPage
 from ..metrics import LedgerCollector
 from ..overview import Overview
+from ..signals import OWNERS
+from ..states import RUN_STATES
 from .auth import Reader
 from .deps import LedgerDep, view_response
 from .errors import error_responses
@@ -35,6 +38,33 @@ def get_overview(_reader: Reader, lg: LedgerDep) -> JSONResponse:
     """`lg.overview()`: open runs by state and waiting_on, the oldest wait per owner,
     stalled runs and expired leases, across every run of the ledger."""
     return view_response(lg.overview())
+
+
+@router.get("/board", response_model=BoardPage, summary="Runs with who they wait on, keyset paged")
+def get_board(
+    _reader: Reader,
+    lg: LedgerDep,
+    state: Annotated[
+        str | None,
+        Query(description="Only runs in this state.", json_schema_extra={"enum": list(RUN_STATES)}),
+    ] = None,
+    waiting_on: Annotated[
+        str | None,
+        Query(
+            description="Only runs waiting on this owner.", json_schema_extra={"enum": list(OWNERS)}
+        ),
+    ] = None,
+    stalled: Annotated[bool, Query(description="Only stalled runs.")] = False,
+    terminal: Annotated[bool, Query(description="Terminal runs instead of open ones.")] = False,
+    after: Annotated[
+        int | None,
+        Query(ge=0, le=2**63 - 1, description="Cursor: `next_after` of the previous page."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
+) -> JSONResponse:
+    """`lg.board(...)`: open runs (or terminal ones) newest first, each with waiting_on, the
+    person where known, waiting since, last activity, stalled, rate, ETA and expired leases."""
+    return view_response(lg.board(state, waiting_on, stalled, terminal, after, limit))
 
 
 @router.get(
