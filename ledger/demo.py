@@ -101,7 +101,7 @@ class _Demo:
     # -- helpers -------------------------------------------------------------------
 
     def rng(self, scenario: str) -> random.Random:
-        return random.Random(f"{self.seed}/{scenario}")
+        return random.Random(f"{self.seed}/{scenario}")  # noqa: S311 (seeded, reproducible scenarios; no secret)
 
     def manifest(self, scenario: str, scope: str, policy: dict[str, Any]) -> dict[str, Any]:
         rng = self.rng(f"{scenario}/payload")

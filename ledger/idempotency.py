@@ -224,7 +224,7 @@ def prune(store: Any, before: datetime) -> int:
     while True:
         with store.write() as tx:
             rows = tx.fetchall(
-                f"SELECT idempotency_key, recorded_at FROM {TABLE} WHERE idempotency_key > ? "
+                f"SELECT idempotency_key, recorded_at FROM {TABLE} WHERE idempotency_key > ? "  # noqa: S608 (our own table/column names; values are bound parameters)
                 "ORDER BY idempotency_key LIMIT ?",
                 (after, PRUNE_PAGE),
             )
@@ -237,13 +237,14 @@ def prune(store: Any, before: datetime) -> int:
                 if datetime.fromisoformat(r["recorded_at"]) < before
             ]
             if old:
-                tx.executemany(f"DELETE FROM {TABLE} WHERE idempotency_key = ?", old)
+                tx.executemany(f"DELETE FROM {TABLE} WHERE idempotency_key = ?", old)  # noqa: S608 (our own table/column names; values are bound parameters)
                 removed += len(old)
 
 
 def _lookup(tx: Tx, key: str) -> dict[str, Any] | None:
     return tx.fetchone(
-        f"SELECT command, fingerprint, response FROM {TABLE} WHERE idempotency_key = ?", (key,)
+        f"SELECT command, fingerprint, response FROM {TABLE} WHERE idempotency_key = ?",  # noqa: S608 (our own table/column names; values are bound parameters)
+        (key,),
     )
 
 
@@ -259,7 +260,7 @@ def _replay(row: dict[str, Any], key: str, name: str, fp: str) -> Any:
 def _record(tx: Tx, key: str, name: str, fp: str, run_id: str | None, result: Any) -> None:
     # RETURNING, not rowcount: the answer is read back even when statements are pipelined
     inserted = tx.fetchall(
-        f"INSERT INTO {TABLE} (idempotency_key, command, fingerprint, run_id, response, recorded_at) "
+        f"INSERT INTO {TABLE} (idempotency_key, command, fingerprint, run_id, response, recorded_at) "  # noqa: S608 (our own table/column names; values are bound parameters)
         "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key",
         (
             key,

@@ -41,11 +41,11 @@ def iter_rows(
     last: tuple[Any, ...] | None = None
     while True:
         if last is None:
-            rows = tx.fetchall(f"SELECT * FROM {table} ORDER BY {cols} LIMIT ?", (page,))
+            rows = tx.fetchall(f"SELECT * FROM {table} ORDER BY {cols} LIMIT ?", (page,))  # noqa: S608 (our own table/column names; values are bound parameters)
         else:
             marks = ", ".join("?" for _ in key)
             rows = tx.fetchall(
-                f"SELECT * FROM {table} WHERE ({cols}) > ({marks}) ORDER BY {cols} LIMIT ?",
+                f"SELECT * FROM {table} WHERE ({cols}) > ({marks}) ORDER BY {cols} LIMIT ?",  # noqa: S608 (our own table/column names; values are bound parameters)
                 (*last, page),
             )
         yield from rows
@@ -97,7 +97,7 @@ def diff_rows(
     out: list[dict[str, Any]] = []
     for change, left, right in (("missing", a, b), ("extra", b, a)):
         rows = tx.fetchall(
-            f"SELECT {keys}, x.run_id AS run_id_ FROM {left} x LEFT JOIN {right} y ON {on} "
+            f"SELECT {keys}, x.run_id AS run_id_ FROM {left} x LEFT JOIN {right} y ON {on} "  # noqa: S608 (our own table/column names; values are bound parameters)
             f"WHERE y.{key[0]} IS NULL LIMIT ?",
             (limit,),
         )
@@ -111,7 +111,7 @@ def diff_rows(
         )
         any_diff = " OR ".join(f"x.{c} {distinct} y.{c}" for c in cols)
         rows = tx.fetchall(
-            f"SELECT {keys}, x.run_id AS run_id_, {flags} FROM {a} x JOIN {b} y ON {on} "
+            f"SELECT {keys}, x.run_id AS run_id_, {flags} FROM {a} x JOIN {b} y ON {on} "  # noqa: S608 (our own table/column names; values are bound parameters)
             f"WHERE {any_diff} LIMIT ?",
             (limit,),
         )

@@ -220,7 +220,7 @@ class Replayer:
         for i in range(0, len(missing_runs), _CHUNK):
             chunk = missing_runs[i : i + _CHUNK]
             marks = ", ".join("?" for _ in chunk)
-            for row in tx.fetchall(f"SELECT * FROM {runs_t} WHERE run_id IN ({marks})", chunk):
+            for row in tx.fetchall(f"SELECT * FROM {runs_t} WHERE run_id IN ({marks})", chunk):  # noqa: S608 (our own table/column names; values are bound parameters)
                 run = run_from_row(row)
                 self.runs[run.run_id] = run
                 self.streams[run.id] = run
@@ -231,7 +231,7 @@ class Replayer:
                 id_chunk = item_ids[i : i + _CHUNK]
                 marks = ", ".join("?" for _ in id_chunk)
                 for row in tx.fetchall(
-                    f"SELECT * FROM {items_t} WHERE run_id = ? AND item_id IN ({marks})",
+                    f"SELECT * FROM {items_t} WHERE run_id = ? AND item_id IN ({marks})",  # noqa: S608 (our own table/column names; values are bound parameters)
                     [run_id, *id_chunk],
                 ):
                     item = item_from_row(row)
@@ -467,7 +467,7 @@ def position_column(store: Store) -> str:
 def count_events(tx: Tx, upto: int | None = None) -> int:
     """Events stored (up to a position)."""
     store = tx.store
-    sql = f"SELECT COUNT(*) AS n FROM {store.events_table()}"
+    sql = f"SELECT COUNT(*) AS n FROM {store.events_table()}"  # noqa: S608 (our own table/column names; values are bound parameters)
     params: tuple[Any, ...] = ()
     if upto is not None:
         sql += f" WHERE {position_column(store)} <= ?"
@@ -479,7 +479,7 @@ def count_events(tx: Tx, upto: int | None = None) -> int:
 def last_position(tx: Tx) -> int:
     """The position of the newest event (0 when there is none)."""
     row = tx.fetchone(
-        f"SELECT MAX({position_column(tx.store)}) AS p FROM {tx.store.events_table()}"
+        f"SELECT MAX({position_column(tx.store)}) AS p FROM {tx.store.events_table()}"  # noqa: S608 (our own table/column names; values are bound parameters)
     )
     return int(row["p"]) if row and row["p"] is not None else 0
 
@@ -487,7 +487,7 @@ def last_position(tx: Tx) -> int:
 def tracked_position(tx: Tx, name: str, lock: bool = False) -> int | None:
     """The position a rebuild recorded, or None when none is in progress."""
     row = tx.fetchone(
-        "SELECT position FROM lg_tracking WHERE name = ?" + (tx.lock_suffix() if lock else ""),
+        "SELECT position FROM lg_tracking WHERE name = ?" + (tx.lock_suffix() if lock else ""),  # noqa: S608 (our own table/column names; values are bound parameters)
         (name,),
     )
     return None if row is None else int(row["position"])
@@ -753,7 +753,7 @@ def _switch_postgres(
             # gave way to a writer; catch up outside the lock so the next try is short
             with store.write() as tx:
                 applied += _catch_up(tx, replayer, name, batch_size)
-            time.sleep(min(0.5, 0.02 * (attempt + 1)) * random.random())
+            time.sleep(min(0.5, 0.02 * (attempt + 1)) * random.random())  # noqa: S311 (jitter, not a secret)
     raise RuntimeError(
         f"could not lock the projection tables to switch within {SWITCH_PATIENCE_S:.0f}s "
         f"({attempt} tries); the rebuild can be resumed"

@@ -7,6 +7,7 @@ loading one gives back the aggregate at its last version without a replay.
 from __future__ import annotations
 
 import json
+from datetime import UTC as UTC_TZ
 from datetime import datetime
 from typing import Any, cast
 from uuid import UUID
@@ -25,9 +26,6 @@ def iso(dt: datetime | None) -> str | None:
 def parse_dt(text: str | None) -> datetime | None:
     """Inverse of `iso`."""
     return None if text is None else datetime.fromisoformat(text)
-
-
-from datetime import UTC as UTC_TZ
 
 
 def dumps(value: Any) -> str:

@@ -73,7 +73,7 @@ def read_streams(
         chunk = stream_ids[i : i + _CHUNK]
         marks = ", ".join("?" for _ in chunk)
         sql = (
-            f"SELECT {pos} AS position, originator_id, originator_version, topic, state "
+            f"SELECT {pos} AS position, originator_id, originator_version, topic, state "  # noqa: S608 (our own table/column names; values are bound parameters)
             f"FROM {store.events_table()} WHERE originator_id IN ({marks})"
         )
         if first_only:

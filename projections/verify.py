@@ -268,8 +268,8 @@ class RuleChecker:
                     "terminal_changed",
                     run_id,
                     position,
-                    f"item {e.item_id!r} changed ({_describe(e)}) after its run was {run.state} (terminal)",
-                )  # type: ignore[attr-defined]
+                    f"item {e.item_id!r} changed ({_describe(e)}) after its run was {run.state} (terminal)",  # type: ignore[attr-defined]
+                )
         if isinstance(e, Item.Transitioned) and e.command == "claim":
             item = rp.items.get((e.run_id, e.item_id))
             if (item is not None and item.state == S.IN_PROGRESS) or e.from_state == S.IN_PROGRESS:
@@ -318,7 +318,7 @@ class RuleChecker:
         if e.to_state != S.SUCCEEDED:
             return
         rows = tx.fetchall(
-            f"SELECT item_id, state FROM {self.items_table} WHERE run_id = ? AND in_manifest = 1 "
+            f"SELECT item_id, state FROM {self.items_table} WHERE run_id = ? AND in_manifest = 1 "  # noqa: S608 (our own table/column names; values are bound parameters)
             "AND required = 1 AND state <> 'accepted' ORDER BY seq LIMIT 5",
             (run_id,),
         )
@@ -392,7 +392,7 @@ def _stream_rows(tx: Tx, upto: int) -> Iterator[dict[str, Any]]:
     pos = position_column(store)
     ev = store.events_table()
     select = (
-        f"SELECT e.{pos} AS position, e.originator_id AS oid, e.originator_version AS version, e.topic, "
+        f"SELECT e.{pos} AS position, e.originator_id AS oid, e.originator_version AS version, e.topic, "  # noqa: S608 (our own table/column names; values are bound parameters)
         f"e.state, h.hash FROM {ev} e LEFT JOIN {HASH_TABLE} h ON h.originator_id = e.originator_id "
         "AND h.originator_version = e.originator_version"
     )
@@ -484,7 +484,7 @@ def _check_chains(tx: Tx, upto: int, problems: Problems) -> str:
     if current is not None:
         heads.add(current, prev_version, chain)
     for r in tx.fetchall(
-        f"SELECT h.originator_id AS oid, h.originator_version AS version FROM {HASH_TABLE} h "
+        f"SELECT h.originator_id AS oid, h.originator_version AS version FROM {HASH_TABLE} h "  # noqa: S608 (our own table/column names; values are bound parameters)
         f"LEFT JOIN {store.events_table()} e ON e.originator_id = h.originator_id AND "
         "e.originator_version = h.originator_version WHERE e.originator_id IS NULL LIMIT 100"
     ):

@@ -252,7 +252,8 @@ def check(lg: Ledger, run_ids: list[str], acks: list[dict[str, Any]]) -> dict[st
         page = lg.store.read_events(position, 5000)
         if not page:
             break
-        for position, e in page:
+        position = page[-1][0]  # the next page starts after this one
+        for _position, e in page:
             if isinstance(e, Item.Transitioned) and e.run_id in wanted:
                 token = e.evidence.get("lease_token")
                 if e.command == "claim":

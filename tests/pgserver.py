@@ -179,7 +179,7 @@ def memory_tmp_parent() -> str | None:
     env = os.environ.get("LEDGER_PG_TMPDIR")
     if env:
         return env
-    shm = "/dev/shm"
+    shm = "/dev/shm"  # noqa: S108 (a private directory per server is made under it, mkdtemp)
     if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
         return shm
     return None
@@ -510,10 +510,8 @@ class PgServer:
 
     def _fail(self, what: str, proc: subprocess.CompletedProcess[str]) -> PgServerError:
         log = ""
-        try:
+        with contextlib.suppress(OSError):
             log = self.log_path.read_text(errors="replace")[-4000:]
-        except OSError:
-            pass
         return PgServerError(
             f"{what} failed (exit {proc.returncode}): {shlex.join(proc.args)}\n"
             f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}\n"

@@ -56,7 +56,10 @@ def world(
     else:
         databases = request.getfixturevalue("pg_databases")
         name, dsn = databases.create()
-        cleanup = lambda: databases.drop(name)
+
+        def cleanup():
+            return databases.drop(name)
+
     lg = Ledger.open(dsn, clock=ManualClock())
     try:
         run_id = lg.submit(manifest(3), SUBMITTER).run_id
@@ -109,7 +112,7 @@ def expand(value: Any, world: World) -> Any:
 
 def snapshot(lg: Ledger, run_id: str) -> tuple[int, int, int, int]:
     with lg.store.read() as tx:
-        events = tx.fetchone(f"SELECT COUNT(*) AS n FROM {lg.store.events_table()}")
+        events = tx.fetchone(f"SELECT COUNT(*) AS n FROM {lg.store.events_table()}")  # noqa: S608 (our own table/column names; values are bound parameters)
         transitions = tx.fetchone("SELECT COUNT(*) AS n FROM lg_transitions")
         runs = tx.fetchone("SELECT COUNT(*) AS n FROM lg_runs")
     assert events is not None and transitions is not None and runs is not None

@@ -17,8 +17,8 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
-import bench_cases
-from bench_cases import TINY, BenchConfig, PgTarget, Row, format_table, run_all
+import bench_cases  # noqa: E402 (found on the sys.path set just above)
+from bench_cases import TINY, BenchConfig, PgTarget, Row, format_table, run_all  # noqa: E402
 
 
 def check_rows(rows: list[Row], expected_cases: set[str]) -> None:

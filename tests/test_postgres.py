@@ -66,7 +66,7 @@ def backends(dsn: str, where: str = "TRUE") -> int:
     (a look-up connection just closed may linger in pg_stat_activity for a moment)."""
     with psycopg.connect(dsn, autocommit=True, application_name=MONITOR) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "  # noqa: S608 (our own table/column names; values are bound parameters)
             "AND backend_type = 'client backend' AND application_name <> %s "
             f"AND {where}",
             (MONITOR,),
@@ -415,7 +415,7 @@ def test_many_threads_on_one_ledger_stay_within_the_pool(pg_dsn: str) -> None:
 def test_opening_and_closing_many_ledgers_leaks_nothing(pg_dsn: str) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for k in range(10):
+        for _k in range(10):
             with Ledger.open(pg_dsn) as lg:
                 run_id = running_run(lg, 1)
                 lg.status(run_id)

@@ -765,17 +765,24 @@ def test_item_rows_refused(lg: Ledger) -> None:
     z = item_zoo(lg)
     before = lg.items(z.run_id)
     # roles not listed
-    for command in sorted(ITEM_ACTS) + ["claim", "submit"]:
+    for command in [*sorted(ITEM_ACTS), "claim", "submit"]:
         rule = ITEM_RULES[command]
         for role in sorted(set(S.ROLES) - rule.roles):
             who = actor(role)
             if command == "claim":
-                fn: Callable[[], Any] = lambda: lg.claim(z.run_id, who, limit=10)
+
+                def fn() -> Any:
+                    return lg.claim(z.run_id, who, limit=10)
             elif command == "submit":  # items enter by amend(add) after the submit
-                fn = lambda: lg.amend(z.run_id, who, "more", items=[{"item_id": "x"}])
+
+                def fn():
+                    return lg.amend(z.run_id, who, "more", items=[{"item_id": "x"}])
             else:
                 source = min(rule.sources)
-                fn = lambda: ITEM_ACTS[command](lg, z.run_id, source, who)
+
+                def fn():
+                    return ITEM_ACTS[command](lg, z.run_id, source, who)
+
             e = refused(lg, NotAuthorized, fn)
             assert repr(role) in e.message, (command, role, e.message)
     # from-states not listed

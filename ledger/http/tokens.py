@@ -24,7 +24,7 @@ from ..views import Actor
 
 ENV_TOKENS = "LEDGER_TOKENS"
 DEFAULT_TOKENS_FILE = "ledger.tokens"
-TOKEN_PREFIX = "ledger_"
+TOKEN_PREFIX = "ledger_"  # noqa: S105 (the public prefix of every token, not a secret)
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 _WHITESPACE = re.compile(r"\s")
 # Longer bearer values are refused before hashing; real tokens are ~50 characters.

@@ -45,7 +45,7 @@ def apply_migrations(
         for sql in statements:
             run(sql)
         run(
-            "INSERT INTO ledger_meta (key, value) VALUES ('schema_version', " + mark + ") "
+            "INSERT INTO ledger_meta (key, value) VALUES ('schema_version', " + mark + ") "  # noqa: S608 (our own table/column names; values are bound parameters)
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (str(version),),
         )
@@ -124,7 +124,7 @@ class Tx(ABC):
     def select_run_sql(self, lock: bool) -> str:
         """The query loading one lg_runs row by run_id (`?`), locked for the rest of the
         transaction when `lock`, with the database clock as `db_now` where it has one."""
-        return f"SELECT *{self.now_column()} FROM lg_runs WHERE run_id = ?" + (
+        return f"SELECT *{self.now_column()} FROM lg_runs WHERE run_id = ?" + (  # noqa: S608 (our own table/column names; values are bound parameters)
             self.lock_suffix() if lock else ""
         )
 

@@ -99,7 +99,7 @@ def fetch_hashes(tx: Tx, keys: Sequence[tuple[UUID, int]]) -> dict[tuple[UUID, i
         marks = ", ".join("?" for _ in streams)
         low = min(v for _o, v in chunk)
         rows = tx.fetchall(
-            f"SELECT originator_id, originator_version, hash FROM {HASH_TABLE} "
+            f"SELECT originator_id, originator_version, hash FROM {HASH_TABLE} "  # noqa: S608 (our own table/column names; values are bound parameters)
             f"WHERE originator_id IN ({marks}) AND originator_version >= ?",
             [*(oid_param(dialect, o) for o in streams), low],
         )
@@ -130,5 +130,6 @@ def record_hashes(tx: Tx, stored: Sequence[StoredEvent]) -> None:
         batch[(oid, version)] = hx
         rows.append((oid_param(tx.store.dialect, oid), version, hx))
     tx.executemany(
-        f"INSERT INTO {HASH_TABLE} (originator_id, originator_version, hash) VALUES (?, ?, ?)", rows
+        f"INSERT INTO {HASH_TABLE} (originator_id, originator_version, hash) VALUES (?, ?, ?)",  # noqa: S608 (our own table/column names; values are bound parameters)
+        rows,
     )

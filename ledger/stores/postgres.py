@@ -109,7 +109,7 @@ def _bulk_form(sql: str) -> _Bulk | None:
                 f"v.{c}" if v == "?" else v for c, v in zip(cols, values, strict=True)
             )
             bulk = _Bulk(
-                f"INSERT INTO {table} ({', '.join(cols)}) SELECT {select} "
+                f"INSERT INTO {table} ({', '.join(cols)}) SELECT {select} "  # noqa: S608 (our own table/column names; values are bound parameters)
                 f"FROM json_populate_recordset(NULL::{table}, %s::json) AS v{tail}",
                 names,
             )
@@ -126,7 +126,7 @@ def _bulk_form(sql: str) -> _Bulk | None:
                 assign = ", ".join(f"{c} = v.{c}" for c in names[:n_set])
                 where = " AND ".join(f"t.{c} = v.{c}" for c in names[n_set:])
                 bulk = _Bulk(
-                    f"UPDATE {table} AS t SET {assign} "
+                    f"UPDATE {table} AS t SET {assign} "  # noqa: S608 (our own table/column names; values are bound parameters)
                     f"FROM json_populate_recordset(NULL::{table}, %s::json) AS v WHERE {where}",
                     names,
                 )
@@ -181,7 +181,7 @@ class LedgerPostgresRecorder(PostgresApplicationRecorder):
             else f'"{events_table_name}"'
         )
         self.insert_events_json_statement = (
-            f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
+            f"INSERT INTO {table} (originator_id, originator_version, topic, state) "  # noqa: S608 (our own table/column names; values are bound parameters)
             "SELECT (e->>0)::uuid, (e->>1)::bigint, e->>2, convert_to(e->>3, 'UTF8') "
             "FROM json_array_elements(%s::json) WITH ORDINALITY AS x(e, n) ORDER BY n "
             "RETURNING notification_id"
@@ -403,7 +403,7 @@ class PostgresStore(Store):
         self, tx: Tx, after: int, limit: int, upto: int | None = None
     ) -> list[tuple[int, StoredEvent]]:
         sql = (
-            f"SELECT notification_id, originator_id, originator_version, topic, state "
+            f"SELECT notification_id, originator_id, originator_version, topic, state "  # noqa: S608 (our own table/column names; values are bound parameters)
             f"FROM {EVENTS_TABLE} WHERE notification_id > ?"
         )
         params: list[Any] = [after]
@@ -483,10 +483,11 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
             "CREATE TABLE IF NOT EXISTS lg_tracking (name TEXT PRIMARY KEY, position BIGINT NOT NULL)",
         ]
     )
-    v2: list[Any] = hashchain.ddl("postgres") + [
+    v2: list[Any] = [
+        *hashchain.ddl("postgres"),
         # events written before the hash chain existed are not chained (see hashchain.py)
         (
-            f"INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
+            f"INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "  # noqa: S608 (our own table/column names; values are bound parameters)
             f"COALESCE(MAX(notification_id), 0)::text FROM {EVENTS_TABLE}"
         ),
     ]

@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -145,10 +145,8 @@ class SqliteStore(Store):
         self._closed = True
         with self._lock:
             for conn in self._all:
-                try:
+                with suppress(sqlite3.Error):
                     conn.close()
-                except sqlite3.Error:
-                    pass
             self._all.clear()
         self.recorder.datastore.close()
 
@@ -220,7 +218,8 @@ def migrations() -> list[list[str]]:
             "CREATE TABLE IF NOT EXISTS lg_tracking (name TEXT PRIMARY KEY, position INTEGER NOT NULL)",
         ]
     )
-    v2 = hashchain.ddl("sqlite") + [
+    v2 = [
+        *hashchain.ddl("sqlite"),
         # events written before the hash chain existed are not chained (see hashchain.py)
         (
             "INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
