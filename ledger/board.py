@@ -104,7 +104,7 @@ def board(
         for _ in range(_MAX_BATCHES):
             want = _BATCH if filtered else limit - len(out) + 1
             rows = tx.fetchall(
-                f"SELECT {_COLUMNS} FROM lg_runs WHERE state IN ({marks})"
+                f"SELECT {_COLUMNS} FROM lg_runs WHERE state IN ({marks})"  # noqa: S608 (our own table/column names; values are bound parameters)
                 + ("" if cursor is None else " AND seq < ?")
                 + " ORDER BY seq DESC LIMIT ?",
                 (*states, *(() if cursor is None else (cursor,)), want),

@@ -1163,7 +1163,7 @@ def demo(
 
 
 # export, import, copy, archive, restore; top: their own modules, on this app
-from . import cli_top, cli_transfer  # noqa: F401
+from . import cli_top, cli_transfer  # noqa: E402, F401 (they import `app` from this module)
 
 
 def _command_name(args: Sequence[str]) -> str | None:

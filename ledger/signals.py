@@ -98,7 +98,7 @@ def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
     last = {
         r["run_id"]: r["at"]
         for r in tx.fetchall(
-            "SELECT r.run_id, (SELECT t.at FROM lg_transitions t WHERE t.run_id = r.run_id "
+            "SELECT r.run_id, (SELECT t.at FROM lg_transitions t WHERE t.run_id = r.run_id "  # noqa: S608 (our own table/column names; values are bound parameters)
             "ORDER BY t.position DESC, t.ord DESC LIMIT 1) AS at "
             f"FROM lg_runs r WHERE r.run_id IN ({marks})",
             ids,
@@ -111,13 +111,13 @@ def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
     if open_ids:
         omarks = _marks(len(open_ids))
         for r in tx.fetchall(
-            "SELECT run_id, COUNT(*) AS n, MIN(lease_expires_at) AS oldest FROM lg_items "
+            "SELECT run_id, COUNT(*) AS n, MIN(lease_expires_at) AS oldest FROM lg_items "  # noqa: S608 (our own table/column names; values are bound parameters)
             f"WHERE run_id IN ({omarks}) AND state = ? AND lease_expires_at < ? GROUP BY run_id",
             (*open_ids, S.IN_PROGRESS, now_text),
         ):
             expired[r["run_id"]] = (int(r["n"]), r["oldest"])
         for r in tx.fetchall(
-            "SELECT DISTINCT run_id, lease_worker FROM lg_items "
+            "SELECT DISTINCT run_id, lease_worker FROM lg_items "  # noqa: S608 (our own table/column names; values are bound parameters)
             f"WHERE run_id IN ({omarks}) AND state = ? AND lease_expires_at >= ? "
             "ORDER BY run_id, lease_worker",
             (*open_ids, S.IN_PROGRESS, now_text),
@@ -132,7 +132,7 @@ def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
         )
         if first is not None:
             for r in tx.fetchall(
-                "SELECT run_id, COUNT(*) AS n FROM lg_transitions "
+                "SELECT run_id, COUNT(*) AS n FROM lg_transitions "  # noqa: S608 (our own table/column names; values are bound parameters)
                 f"WHERE run_id IN ({omarks}) AND position >= ? AND item_id IS NOT NULL "
                 f"AND to_state IN ({_marks(len(_FINISHED))}) AND at >= ? AND at <= ? "
                 "GROUP BY run_id",
@@ -140,7 +140,7 @@ def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
             ):
                 finished[r["run_id"]] = int(r["n"])
         for r in tx.fetchall(
-            "SELECT run_id, COUNT(*) AS n FROM lg_items "
+            "SELECT run_id, COUNT(*) AS n FROM lg_items "  # noqa: S608 (our own table/column names; values are bound parameters)
             f"WHERE run_id IN ({omarks}) AND state IN ({_marks(len(_REMAINING))}) "
             "AND required <> 0 GROUP BY run_id",
             (*open_ids, *_REMAINING),

@@ -106,7 +106,10 @@ def test_import_into_a_ledger_with_history_renumbers_positions_but_keeps_streams
         target.export(again, runs=[run])
     mine = [json.loads(x) for x in text.splitlines()]
     theirs = [json.loads(x) for x in again.getvalue().splitlines()]
-    strip = lambda d: {k: v for k, v in d.items() if k not in ("position", "heads")}
+
+    def strip(d):
+        return {k: v for k, v in d.items() if k not in ("position", "heads")}
+
     assert [strip(d) for d in mine] == [strip(d) for d in theirs]
     assert mine[-1]["digest"] == theirs[-1]["digest"]
 
@@ -125,7 +128,7 @@ def _edit_state(line: str) -> str:
 def _damaged() -> dict[str, Any]:
     def edited(lines: list[str]) -> tuple[list[str], int]:
         k = 5
-        return lines[:k] + [_edit_state(lines[k])] + lines[k + 1 :], json.loads(lines[k])[
+        return [*lines[:k], _edit_state(lines[k]), *lines[k + 1 :]], json.loads(lines[k])[
             "position"
         ]
 
@@ -138,14 +141,14 @@ def _damaged() -> dict[str, Any]:
     def reordered(lines: list[str]) -> tuple[list[str], int]:
         k = 4
         return (
-            lines[:k] + [lines[k + 1], lines[k]] + lines[k + 2 :],
+            [*lines[:k], lines[k + 1], lines[k], *lines[k + 2 :]],
             json.loads(lines[k])["position"],
         )
 
     def bad_digest(lines: list[str]) -> tuple[list[str], int | None]:
         doc = json.loads(lines[-1])
         doc["digest"] = "0" * 32
-        return lines[:-1] + [json.dumps(doc) + "\n"], None
+        return [*lines[:-1], json.dumps(doc) + "\n"], None
 
     def last_event_missing(lines: list[str]) -> tuple[list[str], int]:
         return lines[:-2] + lines[-1:], json.loads(lines[-2])["position"]
