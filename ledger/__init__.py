@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     AlreadyTerminal,
     Conflict,
+    FollowerBusy,
+    FollowerNotFound,
     IllegalTransition,
     InvalidInput,
     ItemNotFound,
@@ -21,6 +23,7 @@ from .errors import (
     NotComplete,
     RunNotFound,
     StaleReview,
+    WebhookNotFound,
 )
 from .views import (
     Actor,
@@ -36,12 +39,14 @@ from .views import (
 )
 
 if TYPE_CHECKING:
+    from .follower import Follower
     from .manifest import Manifest, Policy
     from .service import Ledger
     from .worker import Accepted, Quarantine, Rejected, Worker
 
 _LAZY = {
     "Ledger": "service",
+    "Follower": "follower",
     "Manifest": "manifest",
     "Policy": "manifest",
     "Worker": "worker",
@@ -67,6 +72,9 @@ __all__ = [
     "Attempt",
     "CancelOutcome",
     "Conflict",
+    "Follower",
+    "FollowerBusy",
+    "FollowerNotFound",
     "IllegalTransition",
     "InvalidInput",
     "ItemNotFound",
@@ -89,5 +97,6 @@ __all__ = [
     "StaleReview",
     "Transition",
     "VerifyReport",
+    "WebhookNotFound",
     "Worker",
 ]

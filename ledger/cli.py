@@ -1165,6 +1165,9 @@ def demo(
 # export, import, copy, archive, restore; top: their own modules, on this app
 from . import cli_top, cli_transfer  # noqa: E402, F401 (they import `app` from this module)
 
+# the change feed's commands: events, followers, webhooks (ledger/cli_feed.py)
+from . import cli_feed  # noqa: F401
+
 
 def _command_name(args: Sequence[str]) -> str | None:
     """The subcommand named in `args` (global options skipped), if any."""

@@ -127,10 +127,32 @@ class CommitUncertain(LedgerError):
     `idempotency_key` (a keyed command is repeated by the ledger itself)."""
 
 
+class FollowerNotFound(LedgerError):
+    """No follower checkpoint has this name (see `ledger followers`)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no follower is named {name!r}; `ledger followers` lists them")
+        self.name = name
+
+
+class WebhookNotFound(LedgerError):
+    """No webhook has this id (see `ledger webhooks list`)."""
+
+    def __init__(self, webhook_id: str) -> None:
+        super().__init__(f"no webhook has the id {webhook_id!r}; `ledger webhooks list` lists them")
+        self.webhook_id = webhook_id
+
+
+class FollowerBusy(LedgerError):
+    """Another process is running the follower of this name: one name delivers at a time."""
+
+
 __all__ = [
     "AlreadyTerminal",
     "CommitUncertain",
     "Conflict",
+    "FollowerBusy",
+    "FollowerNotFound",
     "IllegalTransition",
     "InvalidInput",
     "ItemNotFound",
@@ -142,4 +164,5 @@ __all__ = [
     "RunNotFound",
     "StaleReview",
     "StoreUnavailable",
+    "WebhookNotFound",
 ]

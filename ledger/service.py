@@ -1969,6 +1969,27 @@ class Ledger:
         return overview(self.store)
 
     @read_command
+    def events(
+        self,
+        after: int | None = None,
+        run_id: str | None = None,
+        kinds: Sequence[str] | str | None = None,
+        limit: int = 1000,
+    ) -> list[Transition]:
+        """The change feed: transitions after position `after` in position order (one page of
+        at most `limit`), of one run or all, whose command or new state is one of `kinds`."""
+        from .feed import events
+
+        return events(self.store, after, run_id, kinds, limit)
+
+    def wait_for_events(self, after: int | None, timeout: float) -> bool:
+        """Block until a transition past `after` has committed (True) or `timeout` seconds
+        pass (False). LISTEN/NOTIFY on PostgreSQL, short polling elsewhere (ledger/feed.py)."""
+        from .feed import wait_for_events
+
+        return wait_for_events(self.store, after, timeout)
+
+    @read_command
     def status_at(self, run_id: str, at: datetime) -> RunStatus:
         """The run's status as the store had accepted it at time `at`, replayed from its events."""
         from projections.timetravel import status_at

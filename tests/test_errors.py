@@ -93,6 +93,15 @@ def test_every_error_type_is_raised(lg: Ledger) -> None:
     lg.decide(rid, REVIEWER, lg.status(rid).input_version, False, "wrong totals")
     e = check(AlreadyTerminal, lambda: lg.start(rid, CONTROLLER))
     assert isinstance(e, AlreadyTerminal) and e.state == S.FAILED
+    # the change feed's (ledger/follower.py, ledger/webhooks.py)
+    from ledger.follower import Follower, reset
+    from ledger.webhooks import remove_webhook
+
+    check(ledger.FollowerNotFound, lambda: reset(lg, "nobody"))
+    with Follower(lg, "busy", lambda ts: None) as running:
+        running.run_once()
+        check(ledger.FollowerBusy, lambda: Follower(lg, "busy", lambda ts: None).run_once())
+    check(ledger.WebhookNotFound, lambda: remove_webhook(lg, "wh_none"))
     # LedgerError is the base of all of them, never raised bare here
     names = {
         n

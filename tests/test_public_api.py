@@ -45,10 +45,12 @@ API_NAMES = {
     "Accepted",
     "Rejected",
     "Quarantine",
+    # the change feed (API.md, third version)
+    "Follower",
 }
 # Extras the package also exports: the manifest models API.md describes ("validated by
 # pydantic") and the `links` entry type of RunStatus.
-EXTRA_NAMES = {"Manifest", "Policy", "Link"}
+EXTRA_NAMES = {"Manifest", "Policy", "Link", "FollowerBusy", "FollowerNotFound", "WebhookNotFound"}
 
 ERROR_NAMES = {
     "LedgerError",

@@ -21,7 +21,8 @@ from eventsourcing.persistence import (
 
 from .hashchain import record_hashes
 
-SCHEMA_VERSION = 3  # 2: ledger_event_hashes (hash chain); 3: ledger_idempotency (keys)
+SCHEMA_VERSION = 4  # 2: ledger_event_hashes (hash chain); 3: ledger_idempotency (keys);
+# 4: lg_followers, lg_webhooks, lg_webhook_deliveries (the change feed)
 
 
 def refuse_newer(current: int, known: int) -> None:

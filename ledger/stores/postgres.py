@@ -32,7 +32,7 @@ from projections.schema import projection_ddl
 from ..errors import CommitUncertain, StoreUnavailable
 from ..idempotency import ddl as idempotency_ddl
 from ..redact import redact, truncate_bytes
-from . import hashchain
+from . import feed_schema, hashchain
 from .base import SCHEMA_VERSION, Store, StreamConflict, Tx, apply_migrations, refuse_newer
 
 EVENTS_TABLE = "ledger_events"
@@ -494,6 +494,7 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
     v3: list[Any] = idempotency_ddl(
         "postgres"
     )  # idempotency keys of commands (ledger/idempotency.py)
-    out = [v1, v2, v3]
+    v4: list[Any] = feed_schema.ddl("postgres")  # follower checkpoints, webhooks
+    out = [v1, v2, v3, v4]
     assert len(out) == SCHEMA_VERSION
     return out

@@ -22,7 +22,7 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLite
 from projections.schema import projection_ddl
 
 from ..idempotency import ddl as idempotency_ddl
-from . import hashchain
+from . import feed_schema, hashchain
 from .base import SCHEMA_VERSION, Store, StreamConflict, Tx, apply_migrations
 
 BUSY_TIMEOUT_S = 60.0
@@ -227,7 +227,8 @@ def migrations() -> list[list[str]]:
         ),
     ]
     v3 = idempotency_ddl("sqlite")  # idempotency keys of commands (ledger/idempotency.py)
-    out = [v1, v2, v3]
+    v4 = feed_schema.ddl("sqlite")  # follower checkpoints and webhooks (ledger/follower.py)
+    out = [v1, v2, v3, v4]
     assert len(out) == SCHEMA_VERSION
     return out
 

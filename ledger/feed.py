@@ -1,0 +1,255 @@
+"""The change feed: every transition in position order, and a wake-up when new ones commit.
+
+`Ledger.events(...)` and `Ledger.wait_for_events(...)` are thin wrappers over this
+module; `ledger/follower.py` builds durable followers on it.
+
+Reading by position is safe because a position never appears behind one already
+read (SPEC rule 18): every page is bounded by the feed's *head*, read first, and
+everything at or below the head has committed. `head()` and `page()` are the one
+place that reads `lg_transitions` for the feed, so a change of the write path's
+ordering scheme changes them and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import states as S
+from .errors import InvalidInput, RunNotFound
+from .validation import check_identifier
+from .views import Transition
+
+if TYPE_CHECKING:
+    from .stores.base import Store, Tx
+
+MAX_POSITION = 2**63 - 1  # positions are BIGINT
+MAX_LIMIT = 10_000
+SQLITE_POLL_S = 0.05  # SQLite has no notifications: look this often (an indexed probe)
+PG_RECHECK_S = 1.0  # even with no notification, look again this often (a lost one only delays)
+
+
+def commands() -> frozenset[str]:
+    """Every command a transition can record (the rule book's rows)."""
+    names = {r.command for r in (*S.RUN_TRANSITIONS, *S.ITEM_TRANSITIONS)}
+    names.update(getattr(S, "RUN_COMMAND_ROLES", {}))
+    return frozenset(names)
+
+
+def check_position(value: Any, what: str = "after") -> int:
+    """A position: a non-negative integer a BIGINT holds (None means 0, the start)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{what} must be a position (a non-negative integer), not {value!r}")
+    if value < 0 or value > MAX_POSITION:
+        raise InvalidInput(f"{what} must be a position between 0 and {MAX_POSITION}, not {value}")
+    return value
+
+
+def check_limit(value: Any, maximum: int = MAX_LIMIT, what: str = "limit") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise InvalidInput(f"{what} must be an integer from 1 to {maximum}, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class FeedFilter:
+    """Which transitions a reader wants: one run's or all, and by command or target state
+    (a transition matches when its command or its new state is one of `kinds`)."""
+
+    run_id: str | None = None
+    kinds: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, run_id: Any = None, kinds: Any = None) -> FeedFilter:
+        """Validated: a run id and kinds that are commands or run or item states."""
+        if run_id is not None:
+            run_id = check_identifier(run_id, "run_id")
+        return cls(run_id, check_kinds(kinds))
+
+    def sql(self) -> tuple[str, list[Any]]:
+        """The WHERE conditions (joined by AND, leading ' AND ') and their parameters."""
+        where = ""
+        params: list[Any] = []
+        if self.run_id is not None:
+            where += " AND run_id = ?"
+            params.append(self.run_id)
+        if self.kinds:
+            marks = ", ".join("?" for _ in self.kinds)
+            where += f" AND (command IN ({marks}) OR to_state IN ({marks}))"
+            params += [*self.kinds, *self.kinds]
+        return where, params
+
+    def kinds_json(self) -> str | None:
+        return json.dumps(list(self.kinds)) if self.kinds else None
+
+    def matches(self, t: Transition) -> bool:
+        if self.run_id is not None and t.run_id != self.run_id:
+            return False
+        return not self.kinds or t.command in self.kinds or t.to_state in self.kinds
+
+
+def check_kinds(kinds: Any) -> tuple[str, ...]:
+    """`kinds`: None, one name, or names; each a command or a run or item state."""
+    if kinds is None:
+        return ()
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    if not isinstance(kinds, Iterable) or isinstance(kinds, (bytes, dict)):
+        raise InvalidInput("kinds must be a list of commands or states")
+    known = commands() | set(S.RUN_STATES) | set(S.ITEM_STATES)
+    out: list[str] = []
+    for kind in kinds:
+        if not isinstance(kind, str) or kind not in known:
+            raise InvalidInput(
+                f"kind {kind!r} is neither a command nor a state; commands: "
+                f"{', '.join(sorted(commands()))}; states: "
+                f"{', '.join(sorted(set(S.RUN_STATES) | set(S.ITEM_STATES)))}"
+            )
+        if kind not in out:
+            out.append(kind)
+    return tuple(sorted(out))
+
+
+def head(tx: Tx) -> int:
+    """The highest position a reader may read up to now: every transition at or below it
+    has committed (commit order is position order on the write path: see stores/)."""
+    row = tx.fetchone("SELECT COALESCE(MAX(position), 0) AS head FROM lg_transitions")
+    return int(row["head"]) if row else 0
+
+
+def page(
+    tx: Tx, after: int, flt: FeedFilter, limit: int, upto: int | None = None
+) -> tuple[list[Transition], int]:
+    """Up to `limit` transitions after `after` that match `flt`, in position order, and the
+    cursor to resume after: the last one's position on a full page, else the head the page
+    was bounded by (the reader has seen everything up to it, matching or not)."""
+    from .service import _transition
+
+    bound = head(tx) if upto is None else upto
+    if bound <= after:
+        return [], after
+    where, params = flt.sql()
+    rows = tx.fetchall(
+        "SELECT * FROM lg_transitions WHERE position > ? AND position <= ?"
+        + where
+        + " ORDER BY position, ord LIMIT ?",
+        (after, bound, *params, limit),
+    )
+    found = [_transition(r) for r in rows]
+    cursor = found[-1].position if len(found) == limit else bound
+    return found, cursor
+
+
+def read(store: Store, after: int, flt: FeedFilter, limit: int) -> list[Transition]:
+    """One page of the feed in its own read transaction."""
+    with store.read() as tx:
+        return page(tx, after, flt, limit)[0]
+
+
+def has_after(store: Store, after: int) -> bool:
+    with store.read() as tx:
+        row = tx.fetchone(
+            "SELECT position FROM lg_transitions WHERE position > ? ORDER BY position LIMIT 1",
+            (after,),
+        )
+        return row is not None
+
+
+class Waiter:
+    """Waits for a transition past a position. On PostgreSQL it LISTENs on the channel the
+    write path NOTIFYs (on a connection of its own, opened on first use) and looks again
+    at least every PG_RECHECK_S, so a lost notification only delays the wake-up; on SQLite
+    and memory it polls every SQLITE_POLL_S. Not shared between threads."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._conn: Any = None
+
+    def _listen(self) -> Any:
+        if self._conn is None:
+            import psycopg
+            from psycopg import sql
+
+            dsn = getattr(self.store, "dsn", None)
+            conn = psycopg.connect(dsn, autocommit=True) if dsn else None
+            if conn is not None:
+                conn.execute(
+                    sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(self.store)))
+                )
+            self._conn = conn
+        return self._conn
+
+    def wait(self, after: int, timeout: float, stop: threading.Event | None = None) -> bool:
+        """True as soon as a transition past `after` has committed; False after `timeout`
+        seconds (or once `stop` is set) without one."""
+        deadline = time.monotonic() + timeout
+        conn = self._listen() if self.store.dialect == "postgres" else None
+        while True:
+            # LISTEN came first: a commit after this look still wakes the wait below
+            if has_after(self.store, after):
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (stop is not None and stop.is_set()):
+                return False
+            if conn is not None:
+                for _ in conn.notifies(timeout=min(remaining, PG_RECHECK_S), stop_after=1):
+                    pass
+            elif stop is not None:
+                stop.wait(min(remaining, SQLITE_POLL_S))
+            else:
+                time.sleep(min(remaining, SQLITE_POLL_S))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+
+def notify_channel(store: Store) -> str:
+    """The channel the PostgreSQL write path NOTIFYs after appending events."""
+    recorder = getattr(store, "recorder", None)
+    channel = getattr(recorder, "channel_name", None) or store.events_table()
+    return str(channel)
+
+
+def wait_for_events(store: Store, after: Any, timeout: Any) -> bool:
+    """`Ledger.wait_for_events`: validated, with a waiter of its own."""
+    after = check_position(after)
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not (0 <= timeout <= 86_400)
+    ):
+        raise InvalidInput(f"timeout must be a number of seconds from 0 to 86400, not {timeout!r}")
+    waiter = Waiter(store)
+    try:
+        return waiter.wait(after, float(timeout))
+    finally:
+        waiter.close()
+
+
+def events(
+    store: Store, after: Any = None, run_id: Any = None, kinds: Any = None, limit: Any = 1000
+) -> list[Transition]:
+    """`Ledger.events`: validated, one page of the feed."""
+    position = check_position(after)
+    flt = FeedFilter.of(run_id, kinds)
+    limit = check_limit(limit)
+    with store.read() as tx:
+        if flt.run_id is not None:
+            check_run(tx, flt.run_id)
+        return page(tx, position, flt, limit)[0]
+
+
+def check_run(tx: Tx, run_id: str) -> None:
+    """RunNotFound unless the run exists (a feed of a mistyped run would stay empty)."""
+    if tx.fetchone("SELECT run_id FROM lg_runs WHERE run_id = ?", (run_id,)) is None:
+        raise RunNotFound(run_id)

@@ -1,0 +1,319 @@
+"""Followers: handlers fed the ledger's transitions in position order, with a durable
+checkpoint (name -> position) in the ledger's own database.
+
+Two delivery modes:
+
+- *in-database, exactly once*: `handler(transitions, tx)` runs inside the write
+  transaction that advances the checkpoint. `tx` is the ledger's transaction
+  (`tx.execute(sql, params)`, `tx.executemany`, `tx.fetchall`, `tx.fetchone`, `?`
+  placeholders on every store; `tx.conn` is the driver's connection): the user's own
+  tables in the ledger's database change exactly when the checkpoint does. This is
+  eventsourcing's tracking-recorder idea (a projection records its position with its
+  rows), with the ledger's positions as notification ids.
+- *external, at least once*: `handler(transitions)` makes its side effect and returns;
+  the checkpoint advances afterwards. A crash in between delivers the batch again, so
+  use `transition.position` as the idempotency key.
+
+The mode follows the handler's arity (two required positional parameters: in-database)
+unless `in_database=` says. One follower name runs in one process at a time
+(`ledger/follower_lock.py`); a second one waits (`wait=True`) or gets `FollowerBusy`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from projections.rows import iso, parse_dt
+
+from . import feed
+from .errors import FollowerBusy, FollowerNotFound, InvalidInput
+from .follower_lock import FollowerLock
+from .stores.feed_schema import FOLLOWERS
+from .validation import check_identifier
+from .views import _View
+
+if TYPE_CHECKING:
+    from .service import Ledger
+    from .stores.base import Tx
+
+MAX_BATCH = 10_000
+IDLE_WAIT_S = 5.0  # run(): the longest one wait for new transitions lasts before looking again
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _in_database(handler: Callable[..., Any]) -> bool:
+    """True when the handler takes (transitions, tx)."""
+    try:
+        params = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(positional) >= 2
+
+
+def check_name(name: Any) -> str:
+    """A follower name is an identifier (1-200 characters, no control characters)."""
+    return check_identifier(name, "follower name")
+
+
+class Follower:
+    """Feeds `handler` the transitions after its checkpoint, `batch` at a time, of one run
+    or all (`run_id`) and of some commands or target states (`kinds`).
+
+    `run_once()` handles one batch and returns how many transitions it handled; `run()`
+    repeats until `stop()` (from another thread or a signal handler), waiting for new
+    commits between batches; `catch_up()` runs batches until none is left; `rebuild(clear)`
+    starts again from position 0 (in-database: `clear(tx)` in the same transaction). The
+    lock on the name is taken by the first of these and kept until `close()` (or the end
+    of `run()`, or of a `with` block)."""
+
+    def __init__(
+        self,
+        lg: Ledger,
+        name: str,
+        handler: Callable[..., Any],
+        run_id: str | None = None,
+        kinds: Sequence[str] | str | None = None,
+        batch: int = 500,
+        *,
+        in_database: bool | None = None,
+        wait: bool = False,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.lg = lg
+        self.name = check_name(name)
+        if not callable(handler):
+            raise InvalidInput("handler must be callable: handler(transitions[, tx])")
+        self.handler = handler
+        self.filter = feed.FeedFilter.of(run_id, kinds)
+        self.batch = feed.check_limit(batch, MAX_BATCH, "batch")
+        self.in_database = _in_database(handler) if in_database is None else bool(in_database)
+        self.wait = wait
+        self._lock = FollowerLock(lg.store, self.name)
+        self._stop = stop if stop is not None else threading.Event()
+        self._ready = False
+        self._cursor = 0
+        if self.filter.run_id is not None:
+            with lg.store.read() as tx:
+                feed.check_run(tx, self.filter.run_id)
+
+    # -- lifecycle ------------------------------------------------------------------
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the name's lock (another process may then run this follower)."""
+        self._lock.release()
+        self._ready = False
+
+    def stop(self) -> None:
+        """Make `run()` return after the batch in hand (safe from any thread); final."""
+        self._stop.set()
+
+    def _start(self) -> None:
+        if self._lock.held and self._ready:
+            return
+        self._lock.acquire(wait=self.wait, stop=self._stop)
+        with self.lg.store.write() as tx:
+            ensure(tx, self.name, self.filter)
+        self._ready = True
+
+    # -- delivering -----------------------------------------------------------------
+    @property
+    def position(self) -> int:
+        """The checkpoint: every transition up to it has been handled (0 before any)."""
+        with self.lg.store.read() as tx:
+            found = checkpoint(tx, self.name)
+        return 0 if found is None else found
+
+    def run_once(self) -> int:
+        """Handle the next batch (if any); returns how many transitions were handled."""
+        return self._step()[0]
+
+    def catch_up(self) -> int:
+        """Handle batches until none is left; returns how many transitions were handled."""
+        total = 0
+        while True:
+            handled, more = self._step()
+            total += handled
+            if not more:
+                return total
+
+    def run(self) -> None:
+        """Handle batches as transitions commit, until `stop()`; releases the lock at the end."""
+        waiter = feed.Waiter(self.lg.store)
+        try:
+            while not self._stop.is_set():
+                _, more = self._step()
+                if not more:
+                    waiter.wait(self._cursor, IDLE_WAIT_S, stop=self._stop)
+        finally:
+            waiter.close()
+            self.close()
+
+    def _step(self) -> tuple[int, bool]:
+        """One batch: (transitions handled, whether more may be waiting right now)."""
+        self._start()
+        store = self.lg.store
+        if self.in_database:
+            with store.write() as tx:
+                before = _position(tx, self.name)
+                found, cursor = feed.page(tx, before, self.filter, self.batch)
+                if cursor != before:
+                    if found:
+                        self.handler(found, tx)
+                    _advance(tx, self.name, before, cursor, self.filter)
+        else:
+            self._lock.check()
+            with store.read() as tx:
+                before = _position(tx, self.name)
+                found, cursor = feed.page(tx, before, self.filter, self.batch)
+            if cursor != before:
+                if found:
+                    self.handler(found)
+                with store.write() as tx:
+                    _advance(tx, self.name, before, cursor, self.filter)
+        self._cursor = cursor
+        return len(found), len(found) == self.batch
+
+    def rebuild(self, clear: Callable[[Tx], Any] | None = None) -> int:
+        """Start again from position 0 and catch up; returns the transitions handled.
+        `clear(tx)` (e.g. `DELETE FROM my_table`) runs in the transaction that resets the
+        checkpoint, so an in-database projection is never seen half cleared."""
+        self._start()
+        with self.lg.store.write() as tx:
+            if clear is not None:
+                clear(tx)
+            before = _position(tx, self.name)
+            _advance(tx, self.name, before, 0, self.filter)
+        return self.catch_up()
+
+
+# -- the checkpoint table -------------------------------------------------------------
+
+
+def ensure(tx: Tx, name: str, flt: feed.FeedFilter, position: int = 0) -> None:
+    """The checkpoint row of `name`, created at `position` if missing."""
+    now = iso(tx.now())
+    tx.execute(
+        f"INSERT INTO {FOLLOWERS} (name, position, run_id, kinds, created_at, updated_at, owner) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
+        (name, position, flt.run_id, flt.kinds_json(), now, now, _owner()),
+    )
+
+
+def checkpoint(tx: Tx, name: str) -> int | None:
+    """The position of follower `name`, None when there is no such follower."""
+    row = tx.fetchone(f"SELECT position FROM {FOLLOWERS} WHERE name = ?", (name,))
+    return None if row is None else int(row["position"])
+
+
+def _position(tx: Tx, name: str) -> int:
+    found = checkpoint(tx, name)
+    if found is None:
+        raise FollowerNotFound(name)
+    return found
+
+
+def _advance(tx: Tx, name: str, before: int, after: int, flt: feed.FeedFilter) -> None:
+    """Move the checkpoint from `before` to `after`, refusing (and so rolling back the
+    batch) when someone else moved it meanwhile (a reset, or a holder of a lost lock)."""
+    moved = tx.fetchall(
+        f"UPDATE {FOLLOWERS} SET position = ?, updated_at = ?, owner = ?, run_id = ?, kinds = ? "
+        "WHERE name = ? AND position = ? RETURNING name",
+        (after, iso(tx.now()), _owner(), flt.run_id, flt.kinds_json(), name, before),
+    )
+    if not moved:
+        raise FollowerBusy(
+            f"the checkpoint of follower {name!r} moved while a batch was handled "
+            "(reset, or another holder): the batch was not recorded"
+        )
+
+
+@dataclass(frozen=True)
+class FollowerStatus(_View):
+    """A follower's checkpoint and how far behind the feed it is."""
+
+    name: str
+    position: int
+    lag: int  # transitions after the checkpoint that it will be handed
+    lag_seconds: float  # age of the oldest of them (0 when caught up)
+    run_id: str | None
+    kinds: list[str]
+    updated_at: datetime | None
+    owner: str | None
+
+
+def followers(lg: Ledger) -> list[FollowerStatus]:
+    """Every follower: name, position, lag in transitions and seconds."""
+    out: list[FollowerStatus] = []
+    with lg.store.read() as tx:
+        now = tx.now()
+        for row in tx.fetchall(f"SELECT * FROM {FOLLOWERS} ORDER BY name"):
+            kinds = json.loads(row["kinds"]) if row["kinds"] else []
+            flt = feed.FeedFilter(row["run_id"], tuple(kinds))
+            where, params = flt.sql()
+            lag = tx.fetchone(
+                "SELECT COUNT(*) AS n, MIN(at) AS oldest FROM lg_transitions WHERE position > ?"
+                + where,
+                (row["position"], *params),
+            )
+            assert lag is not None
+            oldest = parse_dt(lag["oldest"])
+            out.append(
+                FollowerStatus(
+                    name=row["name"],
+                    position=int(row["position"]),
+                    lag=int(lag["n"]),
+                    lag_seconds=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
+                    run_id=row["run_id"],
+                    kinds=kinds,
+                    updated_at=parse_dt(row["updated_at"]),
+                    owner=row["owner"],
+                )
+            )
+    return out
+
+
+def reset(lg: Ledger, name: Any, to: Any = 0) -> int:
+    """Set follower `name`'s checkpoint to position `to` (0: replay everything), while it
+    is not running (FollowerBusy otherwise). Its handler is given everything after `to`
+    again: an in-database projection should clear its rows with `Follower.rebuild`."""
+    name = check_name(name)
+    to = feed.check_position(to, "to")
+    lock = FollowerLock(lg.store, name)
+    lock.acquire()
+    try:
+        with lg.store.write() as tx:
+            before = _position(tx, name)
+            top = feed.head(tx)
+            if to > top:
+                raise InvalidInput(f"to must be at most the feed's head, position {top}; got {to}")
+            row = tx.fetchone(f"SELECT run_id, kinds FROM {FOLLOWERS} WHERE name = ?", (name,))
+            assert row is not None
+            kinds = tuple(json.loads(row["kinds"])) if row["kinds"] else ()
+            _advance(tx, name, before, to, feed.FeedFilter(row["run_id"], kinds))
+    finally:
+        lock.release()
+    return int(to)

@@ -1,0 +1,125 @@
+"""One follower name delivers at a time: a lock per name that dies with its holder.
+
+PostgreSQL: a session advisory lock on a connection of the lock's own (the server
+drops it when the process dies, even by SIGKILL). SQLite file: `flock` on a file
+beside the database (the kernel drops it with the process). Memory store: a
+process-local registry (a memory ledger is private to its process anyway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from .errors import FollowerBusy, StoreUnavailable
+
+if TYPE_CHECKING:
+    from .stores.base import Store
+
+RETRY_S = 0.2  # a waiting acquire looks again this often
+_LOCAL: dict[tuple[int, str], threading.Lock] = {}
+_LOCAL_GUARD = threading.Lock()
+
+
+def _key(name: str) -> int:
+    """A signed 64-bit advisory lock key for the name (sha256: collisions are not a worry)."""
+    digest = hashlib.sha256(b"run-ledger follower\x00" + name.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class FollowerLock:
+    """The lock of one follower name on one store."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.store = store
+        self.name = name
+        self.held = False
+        self._conn: Any = None
+        self._fd: int | None = None
+        self._local: threading.Lock | None = None
+
+    def acquire(self, wait: bool = False, stop: threading.Event | None = None) -> None:
+        """Take the lock; FollowerBusy when another holder has it and `wait` is false
+        (with `wait`, look again every RETRY_S until it is free or `stop` is set)."""
+        if self.held:
+            return
+        while not self._try():
+            if not wait or (stop is not None and stop.is_set()):
+                raise FollowerBusy(
+                    f"follower {self.name!r} is running in another process (or thread); "
+                    "one follower name delivers at a time"
+                )
+            time.sleep(RETRY_S)
+        self.held = True
+
+    def _try(self) -> bool:
+        dialect = self.store.dialect
+        if dialect == "postgres":
+            return self._try_pg()
+        path = getattr(self.store, "path", None)
+        if path:
+            return self._try_file(str(path))
+        return self._try_local()
+
+    def _try_pg(self) -> bool:
+        import psycopg
+
+        if self._conn is None:
+            try:
+                self._conn = psycopg.connect(self.store.dsn, autocommit=True)  # type: ignore[attr-defined]
+            except psycopg.OperationalError as e:
+                raise StoreUnavailable(f"the database is unavailable ({e})") from e
+        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (_key(self.name),)).fetchone()
+        return bool(row and row[0])
+
+    def _try_file(self, db_path: str) -> bool:
+        import fcntl
+
+        if self._fd is None:
+            digest = hashlib.sha256(self.name.encode()).hexdigest()[:16]
+            self._fd = os.open(f"{db_path}.follower-{digest}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def _try_local(self) -> bool:
+        with _LOCAL_GUARD:
+            lock = _LOCAL.setdefault((id(self.store), self.name), threading.Lock())
+        if lock.acquire(blocking=False):
+            self._local = lock
+            return True
+        return False
+
+    def check(self) -> None:
+        """FollowerBusy if the lock may have been lost (its PostgreSQL connection died)."""
+        if self._conn is not None and self.held:
+            import psycopg
+
+            try:
+                self._conn.execute("SELECT 1")
+            except psycopg.Error as e:
+                self.held = False
+                raise FollowerBusy(
+                    f"follower {self.name!r} lost its lock (the connection holding it "
+                    f"failed: {type(e).__name__}); start it again"
+                ) from e
+
+    def release(self) -> None:
+        """Give the lock up (closing its connection or file)."""
+        self.held = False
+        if self._conn is not None:
+            with contextlib.suppress(OSError, ImportError):
+                self._conn.close()  # ends the session, and so its advisory lock
+            self._conn = None
+        if self._fd is not None:
+            os.close(self._fd)  # drops the flock
+            self._fd = None
+        if self._local is not None:
+            self._local.release()
+            self._local = None

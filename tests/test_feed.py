@@ -1,0 +1,277 @@
+"""The change feed on every store: `events()` pages in position order, `wait_for_events()`
+wakes on a commit, followers keep a durable checkpoint; bad input is refused, writing
+nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from ledger import InvalidInput, Ledger, RunNotFound, Transition
+from ledger import feed as feed_module
+from ledger.errors import FollowerBusy, FollowerNotFound
+from ledger.follower import Follower, followers, reset
+from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+
+WAIT = 30.0  # a bound on waiting, never a timing assertion
+
+
+def _busy_run(lg: Ledger, n: int = 3) -> str:
+    run_id = lg.submit(manifest(n), SUBMITTER).run_id
+    lg.start(run_id, CONTROLLER)
+    for lease in lg.claim(run_id, WORKER, limit=n):
+        lg.accept(lease)
+    lg.complete(run_id, CONTROLLER)
+    return run_id
+
+
+def _everything(lg: Ledger) -> list[Transition]:
+    return list(lg.audit())
+
+
+def test_events_is_the_audit_trail_in_position_order_paged(lg: Ledger) -> None:
+    a = _busy_run(lg)
+    b = _busy_run(lg, 2)
+    every = _everything(lg)
+    assert lg.events() == every  # the same Transition values as history/audit
+    paged: list[Transition] = []
+    cursor = 0
+    while page := lg.events(after=cursor, limit=2):
+        assert len(page) <= 2
+        paged += page
+        cursor = page[-1].position
+    assert paged == every
+    assert [t.position for t in paged] == sorted({t.position for t in paged})
+    assert lg.events(run_id=b) == lg.history(b)
+    assert lg.events(after=every[-1].position) == []
+    starts = lg.events(kinds=["start"])
+    assert [t.run_id for t in starts] == [a, b]
+    # a kind is a command or a target state; several kinds: either
+    accepted = lg.events(kinds="accepted", run_id=a)
+    assert [t.to_state for t in accepted] == ["accepted"] * 3
+    both = lg.events(kinds=["start", "succeeded"])
+    assert [(t.command, t.to_state) for t in both] == [
+        ("start", "running"),
+        ("complete", "succeeded"),
+        ("start", "running"),
+        ("complete", "succeeded"),
+    ]
+
+
+def _footprint(lg: Ledger) -> Any:
+    with lg.store.read() as tx:
+        return (
+            tx.fetchall("SELECT * FROM lg_followers ORDER BY name"),
+            tx.fetchone("SELECT COUNT(*) AS n FROM lg_transitions"),
+            tx.fetchone(f"SELECT COUNT(*) AS n FROM {lg.store.events_table()}"),
+        )
+
+
+BAD_EVENTS = [
+    {"after": -1},
+    {"after": 2**63},
+    {"after": 10**30},
+    {"after": True},
+    {"after": "5"},
+    {"after": 1.5},
+    {"kinds": ["bogus"]},
+    {"kinds": ["start", "runing"]},
+    {"kinds": [1]},
+    {"kinds": {"start": 1}},
+    {"limit": 0},
+    {"limit": 10**6},
+    {"run_id": ""},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_EVENTS, ids=lambda b: repr(b))
+def test_bad_feed_arguments_are_refused(lg: Ledger, bad: dict[str, Any]) -> None:
+    _busy_run(lg, 1)
+    before = _footprint(lg)
+    with pytest.raises(InvalidInput):
+        lg.events(**bad)
+    with pytest.raises(InvalidInput):
+        if "after" in bad:
+            lg.wait_for_events(bad["after"], 0.01)
+        else:
+            Follower(
+                lg,
+                "f",
+                lambda ts: None,
+                **{k: v for k, v in bad.items() if k != "limit"},
+                **({"batch": bad["limit"]} if "limit" in bad else {}),
+            )
+    assert _footprint(lg) == before
+
+
+def test_unknown_run_and_unknown_follower_are_typed_errors(lg: Ledger) -> None:
+    _busy_run(lg, 1)
+    before = _footprint(lg)
+    with pytest.raises(RunNotFound):
+        lg.events(run_id="no-such-run")
+    with pytest.raises(RunNotFound):
+        Follower(lg, "f", lambda ts: None, run_id="no-such-run")
+    with pytest.raises(FollowerNotFound):
+        reset(lg, "nobody")
+    for name in ("", "x" * 201, "a\x00b", 7):
+        with pytest.raises(InvalidInput):
+            Follower(lg, name, lambda ts: None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        lg.wait_for_events(0, -1)
+    with pytest.raises(InvalidInput):
+        lg.wait_for_events(0, float("nan"))
+    assert _footprint(lg) == before
+
+
+def test_reset_refuses_positions_outside_the_feed(lg: Ledger) -> None:
+    _busy_run(lg, 1)
+    f = Follower(lg, "f", lambda ts: None)
+    f.catch_up()
+    f.close()
+    before = _footprint(lg)
+    head = lg.events()[-1].position
+    for bad in (-1, head + 1, 2**63, 10**30, True, "3"):
+        with pytest.raises(InvalidInput):
+            reset(lg, "f", bad)
+    assert _footprint(lg) == before
+    assert reset(lg, "f", 1) == 1
+    assert f.position == 1
+
+
+def test_wait_for_events_wakes_on_a_commit_before_the_timeout(lg: Ledger) -> None:
+    run_id = lg.submit(manifest(1), SUBMITTER).run_id
+    head = lg.events()[-1].position
+    assert lg.wait_for_events(0, 0) is True  # already there: no wait
+    assert lg.wait_for_events(head, 0.05) is False  # nothing new
+    timer = threading.Timer(0.2, lambda: lg.start(run_id, CONTROLLER))
+    timer.start()
+    started = time.monotonic()
+    try:
+        assert lg.wait_for_events(head, WAIT) is True
+    finally:
+        timer.join()
+    assert time.monotonic() - started < WAIT
+    assert [t.command for t in lg.events(after=head)] == ["start"]
+
+
+@pytest.mark.postgres
+def test_a_lost_notification_only_delays_the_wake_up(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # listening on a channel nobody notifies: every notification is "lost"
+    monkeypatch.setattr(feed_module, "notify_channel", lambda store: "nobody_notifies_this")
+    monkeypatch.setattr(feed_module, "PG_RECHECK_S", 0.2)
+    with Ledger.open(pg_dsn) as lg:
+        run_id = lg.submit(manifest(1), SUBMITTER).run_id
+        head = lg.events()[-1].position
+        timer = threading.Timer(0.1, lambda: lg.start(run_id, CONTROLLER))
+        timer.start()
+        try:
+            assert lg.wait_for_events(head, WAIT) is True
+        finally:
+            timer.join()
+
+
+def test_in_database_follower_updates_its_table_with_its_checkpoint(lg: Ledger) -> None:
+    with lg.store.write() as tx:
+        tx.execute("CREATE TABLE seen (position BIGINT NOT NULL, run_id TEXT NOT NULL)")
+
+    def project(batch: list[Transition], tx: Any) -> None:
+        tx.executemany(
+            "INSERT INTO seen (position, run_id) VALUES (?, ?)",
+            [(t.position, t.run_id) for t in batch],
+        )
+
+    run_id = _busy_run(lg)
+    f = Follower(lg, "seen", project, batch=2)
+    assert f.in_database
+    assert f.run_once() == 2
+    assert f.position == lg.events()[1].position
+
+    calls = 0
+
+    def broken(batch: list[Transition], tx: Any) -> None:
+        nonlocal calls
+        calls += 1
+        project(batch, tx)
+        raise RuntimeError("the projection broke")
+
+    f.handler = broken
+    with pytest.raises(RuntimeError):
+        f.run_once()
+    assert calls == 1
+    assert f.position == lg.events()[1].position  # rolled back with the rows
+    f.handler = project
+    f.catch_up()
+    with lg.store.read() as tx:
+        rows = tx.fetchall("SELECT position FROM seen")
+    assert [r["position"] for r in rows] == [t.position for t in lg.history(run_id)]
+    (status,) = followers(lg)
+    assert (status.name, status.position, status.lag) == ("seen", lg.events()[-1].position, 0)
+
+    # rebuild: the table is cleared in the checkpoint's transaction, then replayed
+    n = len(lg.history(run_id))
+    assert f.rebuild(lambda tx: tx.execute("DELETE FROM seen")) == n
+    with lg.store.read() as tx:
+        assert tx.fetchall("SELECT COUNT(*) AS n FROM seen") == [{"n": n}]
+    f.close()
+
+
+def test_external_follower_is_at_least_once_with_the_position_as_key(lg: Ledger) -> None:
+    _busy_run(lg)
+    got: list[int] = []
+    fail = [True]
+
+    def deliver(batch: list[Transition]) -> None:
+        got.extend(t.position for t in batch)
+        if fail[0]:
+            fail[0] = False
+            raise ConnectionError("the receiver went away after taking the batch")
+
+    f = Follower(lg, "out", deliver, kinds=["accept", "complete"], batch=3)
+    assert not f.in_database
+    with pytest.raises(ConnectionError):
+        f.run_once()
+    f.catch_up()
+    wanted = [t.position for t in lg.events(kinds=["accept", "complete"])]
+    assert got[:3] == wanted[:3] and got[3:] == wanted  # the failed batch came again
+    assert sorted(set(got)) == wanted
+    (status,) = followers(lg)
+    assert status.lag == 0 and status.kinds == ["accept", "complete"]
+    _busy_run(lg, 1)
+    assert followers(lg)[0].lag == 2  # the new accept and complete, not the start or claims
+    f.close()
+
+
+def test_one_follower_name_delivers_at_a_time(lg: Ledger) -> None:
+    _busy_run(lg, 1)
+    first = Follower(lg, "only", lambda ts: None)
+    first.run_once()
+    second = Follower(lg, "only", lambda ts: None)
+    with pytest.raises(FollowerBusy):
+        second.run_once()
+    with pytest.raises(FollowerBusy):
+        reset(lg, "only")  # not while it runs
+    first.close()
+    second.run_once()  # free now
+    second.close()
+
+
+def test_run_follows_new_commits_until_stopped(lg: Ledger) -> None:
+    got: list[Transition] = []
+    f = Follower(lg, "live", lambda ts: got.extend(ts))
+    thread = threading.Thread(target=f.run)
+    thread.start()
+    try:
+        run_id = _busy_run(lg, 2)
+        deadline = time.monotonic() + WAIT
+        while len(got) < len(lg.history(run_id)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        f.stop()
+        thread.join(WAIT)
+    assert not thread.is_alive()
+    assert got == lg.history(run_id)
