@@ -1162,11 +1162,9 @@ def demo(
     run_demo(_globals(ctx).dsn, items=items, workers=workers, seed=seed, as_json=as_json)
 
 
-# export, import, copy, archive, restore; top: their own modules, on this app
-from . import cli_top, cli_transfer  # noqa: E402, F401 (they import `app` from this module)
-
-# the change feed's commands: events, followers, webhooks (ledger/cli_feed.py)
-from . import cli_feed  # noqa: F401
+# export, import, copy, archive, restore; top; the change feed (events, followers,
+# webhooks): their own modules, on this app
+from . import cli_feed, cli_top, cli_transfer  # noqa: E402, F401 (they import `app` from this module)
 
 
 def _command_name(args: Sequence[str]) -> str | None:

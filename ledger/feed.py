@@ -136,7 +136,7 @@ def page(
         return [], after
     where, params = flt.sql()
     rows = tx.fetchall(
-        "SELECT * FROM lg_transitions WHERE position > ? AND position <= ?"
+        "SELECT * FROM lg_transitions WHERE position > ? AND position <= ?"  # noqa: S608 (fixed conditions; values are bound parameters)
         + where
         + " ORDER BY position, ord LIMIT ?",
         (after, bound, *params, limit),

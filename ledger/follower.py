@@ -37,7 +37,6 @@ from projections.rows import iso, parse_dt
 from . import feed
 from .errors import FollowerBusy, FollowerNotFound, InvalidInput
 from .follower_lock import FollowerLock
-from .stores.feed_schema import FOLLOWERS
 from .validation import check_identifier
 from .views import _View
 
@@ -217,7 +216,7 @@ def ensure(tx: Tx, name: str, flt: feed.FeedFilter, position: int = 0) -> None:
     """The checkpoint row of `name`, created at `position` if missing."""
     now = iso(tx.now())
     tx.execute(
-        f"INSERT INTO {FOLLOWERS} (name, position, run_id, kinds, created_at, updated_at, owner) "
+        "INSERT INTO lg_followers (name, position, run_id, kinds, created_at, updated_at, owner) "
         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
         (name, position, flt.run_id, flt.kinds_json(), now, now, _owner()),
     )
@@ -225,7 +224,7 @@ def ensure(tx: Tx, name: str, flt: feed.FeedFilter, position: int = 0) -> None:
 
 def checkpoint(tx: Tx, name: str) -> int | None:
     """The position of follower `name`, None when there is no such follower."""
-    row = tx.fetchone(f"SELECT position FROM {FOLLOWERS} WHERE name = ?", (name,))
+    row = tx.fetchone("SELECT position FROM lg_followers WHERE name = ?", (name,))
     return None if row is None else int(row["position"])
 
 
@@ -240,7 +239,7 @@ def _advance(tx: Tx, name: str, before: int, after: int, flt: feed.FeedFilter) -
     """Move the checkpoint from `before` to `after`, refusing (and so rolling back the
     batch) when someone else moved it meanwhile (a reset, or a holder of a lost lock)."""
     moved = tx.fetchall(
-        f"UPDATE {FOLLOWERS} SET position = ?, updated_at = ?, owner = ?, run_id = ?, kinds = ? "
+        "UPDATE lg_followers SET position = ?, updated_at = ?, owner = ?, run_id = ?, kinds = ? "
         "WHERE name = ? AND position = ? RETURNING name",
         (after, iso(tx.now()), _owner(), flt.run_id, flt.kinds_json(), name, before),
     )
@@ -270,12 +269,12 @@ def followers(lg: Ledger) -> list[FollowerStatus]:
     out: list[FollowerStatus] = []
     with lg.store.read() as tx:
         now = tx.now()
-        for row in tx.fetchall(f"SELECT * FROM {FOLLOWERS} ORDER BY name"):
+        for row in tx.fetchall("SELECT * FROM lg_followers ORDER BY name"):
             kinds = json.loads(row["kinds"]) if row["kinds"] else []
             flt = feed.FeedFilter(row["run_id"], tuple(kinds))
             where, params = flt.sql()
             lag = tx.fetchone(
-                "SELECT COUNT(*) AS n, MIN(at) AS oldest FROM lg_transitions WHERE position > ?"
+                "SELECT COUNT(*) AS n, MIN(at) AS oldest FROM lg_transitions WHERE position > ?"  # noqa: S608 (fixed conditions; values are bound parameters)
                 + where,
                 (row["position"], *params),
             )
@@ -310,7 +309,7 @@ def reset(lg: Ledger, name: Any, to: Any = 0) -> int:
             top = feed.head(tx)
             if to > top:
                 raise InvalidInput(f"to must be at most the feed's head, position {top}; got {to}")
-            row = tx.fetchone(f"SELECT run_id, kinds FROM {FOLLOWERS} WHERE name = ?", (name,))
+            row = tx.fetchone("SELECT run_id, kinds FROM lg_followers WHERE name = ?", (name,))
             assert row is not None
             kinds = tuple(json.loads(row["kinds"])) if row["kinds"] else ()
             _advance(tx, name, before, to, feed.FeedFilter(row["run_id"], kinds))

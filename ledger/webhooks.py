@@ -38,7 +38,6 @@ from projections.rows import iso, parse_dt
 from . import feed
 from .errors import InvalidInput, LedgerError, WebhookNotFound
 from .follower import Follower, checkpoint, ensure
-from .stores.feed_schema import DELIVERIES, FOLLOWERS, WEBHOOKS
 from .validation import check_identifier
 from .views import Transition, _View
 
@@ -148,7 +147,7 @@ def add_webhook(
         position = feed.head(tx) if start is None else start
         now = iso(tx.now())
         tx.execute(
-            f"INSERT INTO {WEBHOOKS} (webhook_id, url, secret, run_id, kinds, created_at) "
+            "INSERT INTO lg_webhooks (webhook_id, url, secret, run_id, kinds, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?)",
             (webhook_id, url, secret.strip(), flt.run_id, flt.kinds_json(), now),
         )
@@ -170,7 +169,7 @@ def _webhook(row: dict[str, Any], position: int | None) -> Webhook:
 def get_webhook(lg: Ledger, webhook_id: str) -> Webhook:
     check_identifier(webhook_id, "webhook_id")
     with lg.store.read() as tx:
-        row = tx.fetchone(f"SELECT * FROM {WEBHOOKS} WHERE webhook_id = ?", (webhook_id,))
+        row = tx.fetchone("SELECT * FROM lg_webhooks WHERE webhook_id = ?", (webhook_id,))
         if row is None:
             raise WebhookNotFound(webhook_id)
         return _webhook(row, checkpoint(tx, FOLLOWER_PREFIX + webhook_id))
@@ -179,7 +178,7 @@ def get_webhook(lg: Ledger, webhook_id: str) -> Webhook:
 def list_webhooks(lg: Ledger) -> list[Webhook]:
     """Every webhook, oldest first, with its delivery position."""
     with lg.store.read() as tx:
-        rows = tx.fetchall(f"SELECT * FROM {WEBHOOKS} ORDER BY created_at, webhook_id")
+        rows = tx.fetchall("SELECT * FROM lg_webhooks ORDER BY created_at, webhook_id")
         return [_webhook(r, checkpoint(tx, FOLLOWER_PREFIX + r["webhook_id"])) for r in rows]
 
 
@@ -188,26 +187,31 @@ def remove_webhook(lg: Ledger, webhook_id: str) -> None:
     check_identifier(webhook_id, "webhook_id")
     with lg.store.write() as tx:
         gone = tx.fetchall(
-            f"DELETE FROM {WEBHOOKS} WHERE webhook_id = ? RETURNING webhook_id", (webhook_id,)
+            "DELETE FROM lg_webhooks WHERE webhook_id = ? RETURNING webhook_id", (webhook_id,)
         )
         if not gone:
             raise WebhookNotFound(webhook_id)
-        tx.execute(f"DELETE FROM {FOLLOWERS} WHERE name = ?", (FOLLOWER_PREFIX + webhook_id,))
+        tx.execute("DELETE FROM lg_followers WHERE name = ?", (FOLLOWER_PREFIX + webhook_id,))
 
 
 def deliveries(lg: Ledger, webhook_id: str | None = None, limit: int = 100) -> list[Delivery]:
     """Delivery attempts, newest first (of one webhook, or all)."""
     limit = feed.check_limit(limit)
-    where, params = "", []
     if webhook_id is not None:
         check_identifier(webhook_id, "webhook_id")
-        where, params = " WHERE webhook_id = ?", [webhook_id]
     with lg.store.read() as tx:
-        rows = tx.fetchall(
-            f"SELECT * FROM {DELIVERIES}{where} ORDER BY at DESC, position DESC, attempt DESC "
-            "LIMIT ?",
-            (*params, limit),
-        )
+        if webhook_id is None:
+            rows = tx.fetchall(
+                "SELECT * FROM lg_webhook_deliveries "
+                "ORDER BY at DESC, position DESC, attempt DESC LIMIT ?",
+                (limit,),
+            )
+        else:
+            rows = tx.fetchall(
+                "SELECT * FROM lg_webhook_deliveries WHERE webhook_id = ? "
+                "ORDER BY at DESC, position DESC, attempt DESC LIMIT ?",
+                (webhook_id, limit),
+            )
     return [
         Delivery(
             webhook_id=r["webhook_id"],
@@ -285,7 +289,7 @@ class Dispatcher:
 
     def _spawn(self, webhook_id: str) -> None:
         with self.lg.store.read() as tx:
-            row = tx.fetchone(f"SELECT * FROM {WEBHOOKS} WHERE webhook_id = ?", (webhook_id,))
+            row = tx.fetchone("SELECT * FROM lg_webhooks WHERE webhook_id = ?", (webhook_id,))
         if row is None:
             return
         key = secret_key(row["secret"])
@@ -326,7 +330,7 @@ class Dispatcher:
         """POST one transition until a 2xx answer (or stop), recording each attempt."""
         with self.lg.store.read() as tx:
             row = tx.fetchone(
-                f"SELECT MAX(attempt) AS n, MAX(ok) AS ok FROM {DELIVERIES} "
+                "SELECT MAX(attempt) AS n, MAX(ok) AS ok FROM lg_webhook_deliveries "
                 "WHERE webhook_id = ? AND position = ?",
                 (webhook_id, t.position),
             )
@@ -344,7 +348,7 @@ class Dispatcher:
             ok = status is not None and 200 <= status < 300
             with self.lg.store.write() as tx:
                 tx.execute(
-                    f"INSERT INTO {DELIVERIES} (webhook_id, position, attempt, message_id, "
+                    "INSERT INTO lg_webhook_deliveries (webhook_id, position, attempt, message_id, "
                     "status, ok, error, at, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         webhook_id,
@@ -361,7 +365,7 @@ class Dispatcher:
                 if (
                     not ok
                     and tx.fetchone(
-                        f"SELECT 1 AS x FROM {WEBHOOKS} WHERE webhook_id = ?", (webhook_id,)
+                        "SELECT 1 AS x FROM lg_webhooks WHERE webhook_id = ?", (webhook_id,)
                     )
                     is None
                 ):
@@ -378,7 +382,7 @@ class Dispatcher:
     ) -> tuple[int | None, str | None, int]:
         """(status, error, milliseconds) of one POST, signed at the time it is made."""
         timestamp = int(time.time())
-        request = urllib.request.Request(
+        request = urllib.request.Request(  # noqa: S310 (add_webhook allows http and https only)
             url,
             data=body,
             method="POST",
@@ -394,7 +398,7 @@ class Dispatcher:
         status: int | None = None
         error: str | None = None
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 (http/https only)
                 status = int(response.status)
                 response.read(65536)
         except urllib.error.HTTPError as e:
