@@ -11,7 +11,16 @@ from typing import Annotated, Any
 
 import typer
 
-from .cli import JsonOpt, RebuildProgress, _emit_json, _ledger, _one_command_only, _parse_time, app
+from .cli import (
+    JsonOpt,
+    RebuildProgress,
+    _actor,
+    _emit_json,
+    _ledger,
+    _one_command_only,
+    _parse_time,
+    app,
+)
 
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar on stderr")]
 
@@ -90,18 +99,21 @@ def copy_cmd(
     from .transfer import copy_ledger
 
     _one_command_only(ctx, "copy")
-    bars: dict[str, Any] = {}
-    with _progress(not no_progress, "copy: exported") as first:
-        if first is None:
-            summary = copy_ledger(source, target, verify=not no_verify)
-        else:
+    if no_progress:
+        summary = copy_ledger(source, target, verify=not no_verify)
+    else:
+        bars: dict[str, RebuildProgress] = {}
 
-            def progress(stage: str, done: int, total: int) -> None:
-                bar = bars.setdefault(stage, first)
-                bar.label = f"copy: {stage}ed" if stage == "export" else "copy: imported"
-                bar(done, total)
+        def progress(stage: str, done: int, total: int) -> None:
+            # one line-mode reporter per stage: each counts its own rate from its start
+            if stage not in bars:
+                label = "copy: exported" if stage == "export" else "copy: imported"
+                bars[stage] = RebuildProgress(
+                    write=lambda line: typer.echo(line, err=True), label=label
+                )
+            bars[stage](done, total)
 
-            summary = copy_ledger(source, target, progress=progress, verify=not no_verify)
+        summary = copy_ledger(source, target, progress=progress, verify=not no_verify)
     _show(summary, as_json, "copied")
 
 
@@ -121,3 +133,94 @@ def _show(summary: Any, as_json: bool, verb: str) -> None:
             )
     if summary.verify_ok is False:
         raise typer.Exit(1)
+
+
+def _checkpoints() -> Any:
+    """Fault injection for the crash tests: LEDGER_ARCHIVE_KILL_AT=N kills this process
+    (SIGKILL) at the archiver's N-th checkpoint."""
+    import os
+    import signal
+
+    target = int(os.environ.get("LEDGER_ARCHIVE_KILL_AT", "0") or 0)
+    seen = [0]
+
+    def checkpoint(point: str) -> None:
+        seen[0] += 1
+        if seen[0] == target:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return checkpoint
+
+
+@app.command("archive")
+def archive_cmd(
+    ctx: typer.Context,
+    to: Annotated[Path, typer.Option("--to", metavar="FILE", help="The archive file")],
+    terminal_before: Annotated[
+        str | None,
+        typer.Option("--terminal-before", metavar="DATE", help="Runs terminal since before DATE"),
+    ] = None,
+    run: Annotated[
+        list[str] | None, typer.Option("--run", metavar="RUN", help="This run (repeatable)")
+    ] = None,
+    reason: Annotated[str | None, typer.Option("--reason")] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Move the events of old terminal runs into a verified archive file; one Archived
+    event per run stays in the chain (operator role)."""
+    from .archive import archive
+
+    _one_command_only(ctx, "archive")
+    before = _parse_time(terminal_before)
+    with _ledger(ctx) as lg:
+        actor = _actor(ctx, "archive")
+        if not yes and not to.exists():
+            from .archive import _choose
+
+            chosen = _choose(lg, before, run)
+            if chosen and not typer.confirm(
+                f"archive the events of {len(chosen)} run(s) to {to} and remove them from "
+                "the store?",
+                err=True,
+            ):
+                raise typer.Abort()
+        summary = archive(
+            lg,
+            actor,
+            to,
+            terminal_before=before,
+            runs=run,
+            reason=reason,
+            checkpoint=_checkpoints(),
+        )
+    if as_json:
+        _emit_json(summary)
+        return
+    typer.echo(
+        f"archived {len(summary.runs)} run(s), {summary.events} events removed from the store, "
+        f"to {summary.archive} (sha256 {summary.sha256 or '-'})"
+        + (f"; finished {len(summary.resumed)} interrupted" if summary.resumed else "")
+    )
+
+
+@app.command("restore")
+def restore_cmd(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="An archive file")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Bring archived runs back from their archive file, after proving it holds the
+    events that left (operator role)."""
+    from .archive import restore
+
+    _one_command_only(ctx, "restore")
+    with _ledger(ctx) as lg:
+        summary = restore(lg, _actor(ctx, "restore"), file)
+    if as_json:
+        _emit_json(summary)
+        return
+    typer.echo(
+        f"restored {len(summary.runs)} run(s), {summary.events} events from {summary.archive} "
+        f"(sha256 {summary.sha256})"
+    )

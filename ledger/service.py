@@ -2047,6 +2047,28 @@ class Ledger:
 
         return import_file(self, source, progress=progress, verify=verify)
 
+    def archive(
+        self,
+        actor: Actor,
+        to: Any,
+        terminal_before: datetime | None = None,
+        runs: list[str] | None = None,
+        reason: str | None = None,
+    ) -> Any:
+        """Move the events of runs terminal since before `terminal_before` (or of `runs`)
+        into the verified archive file `to`, leaving one Archived event per run in its
+        chain (operator role; ledger/archive.py). Resumes an interrupted archive."""
+        from .archive import archive
+
+        return archive(self, actor, to, terminal_before=terminal_before, runs=runs, reason=reason)
+
+    def restore(self, actor: Actor, source: Any) -> Any:
+        """Bring archived runs back from their archive file, once it is proven to hold the
+        events that left (operator role; ledger/archive.py)."""
+        from .archive import restore
+
+        return restore(self, actor, source)
+
     def rebuild_projections(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Drop and rebuild every projection from the first event; returns the events replayed."""
         from projections.rebuild import rebuild

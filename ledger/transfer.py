@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 from uuid import UUID
 
+from .archived import ARCHIVED_TOPIC
 from .domain import item_stream_id, run_stream_id
 from .errors import InvalidInput, LedgerError, RunNotFound
 from .stores import hashchain as hc
@@ -43,7 +44,6 @@ from .stores.raw import RawEvent, append_raw, max_position, read_raw, stream_hea
 
 FORMAT = "run-ledger/history/1"
 PAGE = 2000
-ARCHIVED_TOPIC = "ledger.archive:Archived"
 
 Progress = Callable[[int, int], None]
 

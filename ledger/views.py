@@ -187,3 +187,5 @@ class VerifyReport(_View):
     problems: list[dict[str, Any]]
     events: int = 0
     heads: str = ""
+    # runs whose events went to an archive (ledger/archive.py): where, how many, when
+    archived: list[dict[str, Any]] = field(default_factory=list)

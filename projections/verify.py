@@ -41,6 +41,7 @@ from eventsourcing.domain import CanInitAggregate, DomainEvent
 from eventsourcing.persistence import StoredEvent
 
 from ledger import states as S
+from ledger.archived import Archived, archived_record
 from ledger.domain import Item, Run
 from ledger.stores.base import Store, Tx
 from ledger.stores.hashchain import (
@@ -157,10 +158,11 @@ def _verify(lg: Any, progress: Progress) -> VerifyReport:
         with store.write() as tx:
             drop_tables(tx, suffix)
     progress("chains", events, events)
+    archived: list[dict[str, Any]] = []
     with store.read() as tx:
-        heads = _check_chains(tx, position, problems)
+        heads = _check_chains(tx, position, problems, archived)
     found = problems.result()
-    return VerifyReport(ok=not found, problems=found, events=events, heads=heads)
+    return VerifyReport(ok=not found, problems=found, events=events, heads=heads, archived=archived)
 
 
 def _consistent(store: Store) -> Any:
@@ -241,6 +243,12 @@ class RuleChecker:
     def __call__(self, tx: Tx, position: int, event: DomainEvent, replayer: Replayer) -> None:
         e, rp = event, replayer
         run_id = str(getattr(e, "run_id", None) or e.originator_id)
+        if isinstance(e, Archived):
+            # The run's history went to a verified archive (checked when it was written).
+            # Events of it still here are ones an interrupted archive has not deleted yet:
+            # a partial history, whose rule checks say nothing. Its chains are still walked.
+            self.problems.items = [p for p in self.problems.items if p["run_id"] != run_id]
+            return
         run = rp.runs.get(run_id)
         created = isinstance(e, CanInitAggregate)
         agg = None if created else rp.streams.get(e.originator_id)
@@ -268,7 +276,8 @@ class RuleChecker:
                     "terminal_changed",
                     run_id,
                     position,
-                    f"item {e.item_id!r} changed ({_describe(e)}) after its run was {run.state} (terminal)",  # type: ignore[attr-defined]
+                    f"item {getattr(e, 'item_id', None)!r} changed ({_describe(e)}) after its run "
+                    f"was {run.state} (terminal)",
                 )
         if isinstance(e, Item.Transitioned) and e.command == "claim":
             item = rp.items.get((e.run_id, e.item_id))
@@ -415,7 +424,13 @@ def _stream_rows(tx: Tx, upto: int) -> Iterator[dict[str, Any]]:
         last = (rows[-1]["oid"], rows[-1]["version"])
 
 
-def _check_chains(tx: Tx, upto: int, problems: Problems) -> str:
+def _check_chains(
+    tx: Tx, upto: int, problems: Problems, archived: list[dict[str, Any]] | None = None
+) -> str:
+    """Walk every stream's chain; returns the heads digest. Runs whose events went to an
+    archive are appended to `archived` (where their events went)."""
+    if archived is None:
+        archived = []
     store: Store = tx.store
     meta = tx.fetchone("SELECT value FROM ledger_meta WHERE key = ?", (HASH_CHAIN_FROM,))
     chain_from = int(meta["value"]) if meta else 0
@@ -425,11 +440,18 @@ def _check_chains(tx: Tx, upto: int, problems: Problems) -> str:
     prev_recorded = chain = GENESIS
     for r in _stream_rows(tx, upto):
         oid, version, position = as_uuid(r["oid"]), int(r["version"]), int(r["position"])
+        state, topic, recorded = bytes(r["state"]), r["topic"], r["hash"]
         if oid != current:
             if current is not None:
                 heads.add(current, prev_version, chain)
             current, prev_version, prev_position, prev_recorded, chain = oid, 0, 0, GENESIS, GENESIS
-        state, topic, recorded = bytes(r["state"]), r["topic"], r["hash"]
+            record = archived_record(topic, state) if version > 1 else None
+            if record is not None and isinstance(record.get("head_hash"), str):
+                # the run's earlier events went to a verified archive: its chain goes on
+                # from the head hash the Archived event recorded (ledger/archived.py)
+                prev_version, prev_recorded = version - 1, record["head_hash"]
+                chain = prev_recorded
+                archived.append({**record, "position": position})
         stored = StoredEvent(
             originator_id=oid, originator_version=version, topic=topic, state=state
         )

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from eventsourcing.domain import DomainEvent
 
+from ledger.archived import Archived
 from ledger.domain import Item, Run
 from ledger.states import IN_PROGRESS, NEW, QUEUED
 
@@ -97,6 +98,7 @@ class Projector:
         transitions: list[tuple[Any, ...]] = []
         touched_runs: dict[str, Run] = {}
         touched_items: dict[tuple[str, str], Item] = {}
+        archived: list[tuple[str]] = []
 
         for position, e in events:
             at = iso(e.timestamp)
@@ -265,6 +267,21 @@ class Projector:
                         e.originator_version,
                     )
                 )
+            elif isinstance(e, Archived):
+                # the run's events left for an archive: its rows go with them, its run row
+                # (final state, counts, links) stays as the event carries it
+                archived.append((e.run_id,))
+                touched_runs[e.run_id] = runs[e.run_id]
+                for link in e.links:  # its submit may be gone: keep the linked run's back link
+                    original = runs.get(link["run_id"])
+                    back = {"relation": REVERSE.get(link["relation"], ""), "run_id": e.run_id}
+                    if (
+                        original is not None
+                        and link["relation"] in REVERSE
+                        and back not in original.links
+                    ):
+                        original.links = [*original.links, back]
+                        touched_runs[original.run_id] = original
             elif isinstance(e, Item.LeaseExtended):
                 key = (e.run_id, e.item_id)
                 item = items[key]
@@ -291,6 +308,9 @@ class Projector:
                 cur.executemany(sql, rows)
         if transitions:
             cur.executemany(self.insert_transition, transitions)
+        for table in (self.items_table, self.attempts_table, self.transitions_table):
+            if archived:
+                cur.executemany(f"DELETE FROM {table} WHERE run_id = ?", archived)  # noqa: S608 (our own table/column names; values are bound parameters)
         if touched_runs:
             cur.executemany(self.upsert_run, [run_to_row(r) for r in touched_runs.values()])
         if touched_items:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -75,15 +75,15 @@ def read_raw(tx: Tx, after: int, limit: int, upto: int | None = None) -> list[Ra
     ]
 
 
-def read_stream_events(tx: Tx, stream: UUID) -> list[RawEvent]:
-    """Every event of one stream, in version order, with their hashes."""
+def read_stream_events(tx: Tx, stream: UUID, since_version: int = 1) -> list[RawEvent]:
+    """The events of one stream from `since_version` on, in version order, with hashes."""
     pos = position_sql(tx)
     rows = tx.fetchall(
         f"SELECT e.{pos} AS position, e.originator_version AS version, e.topic, e.state, h.hash "  # noqa: S608 (our own table/column names; values are bound parameters)
         f"FROM {tx.store.events_table()} e LEFT JOIN {HASH_TABLE} h ON h.originator_id = "
         "e.originator_id AND h.originator_version = e.originator_version "
-        "WHERE e.originator_id = ? ORDER BY e.originator_version",
-        (oid_param(tx.store.dialect, stream),),
+        "WHERE e.originator_id = ? AND e.originator_version >= ? ORDER BY e.originator_version",
+        (oid_param(tx.store.dialect, stream), since_version),
     )
     return [
         RawEvent(
@@ -182,18 +182,42 @@ def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
     )
 
 
-def delete_streams(tx: Tx, streams: Iterable[UUID]) -> int:
-    """Delete every event of the given streams and their hashes (one transaction: the
-    caller keeps batches short); returns the events deleted."""
+def delete_stream_events(
+    tx: Tx, streams: Sequence[tuple[UUID, int]], from_version: int | None = None
+) -> int:
+    """Delete the events of each (stream, version) up to that version (from `from_version`
+    on only, when given), with their hashes, in the caller's transaction (keep it short:
+    a few thousand events); returns how many events went."""
     dialect = tx.store.dialect
-    ids = [oid_param(dialect, s) for s in streams]
-    deleted = 0
     ev = tx.store.events_table()
-    for i in range(0, len(ids), _CHUNK):
-        chunk = ids[i : i + _CHUNK]
-        marks = ", ".join("?" for _ in chunk)
-        row = tx.fetchone(f"SELECT COUNT(*) AS n FROM {ev} WHERE originator_id IN ({marks})", chunk)  # noqa: S608 (our own table/column names; values are bound parameters)
-        deleted += int(row["n"]) if row else 0
-        tx.execute(f"DELETE FROM {ev} WHERE originator_id IN ({marks})", chunk)  # noqa: S608 (our own table/column names; values are bound parameters)
-        tx.execute(f"DELETE FROM {HASH_TABLE} WHERE originator_id IN ({marks})", chunk)  # noqa: S608 (our own table/column names; values are bound parameters)
+    by_bound: dict[int, list[Any]] = {}
+    for stream, version in streams:
+        by_bound.setdefault(version, []).append(oid_param(dialect, stream))
+    low = "" if from_version is None else " AND originator_version >= ?"
+    extra: list[Any] = [] if from_version is None else [from_version]
+    deleted = 0
+    for bound, ids in by_bound.items():
+        for i in range(0, len(ids), _CHUNK):
+            chunk = ids[i : i + _CHUNK]
+            where = (
+                f"originator_id IN ({', '.join('?' for _ in chunk)}) AND originator_version <= ?"
+                + low
+            )
+            params = [*chunk, bound, *extra]
+            row = tx.fetchone(f"SELECT COUNT(*) AS n FROM {ev} WHERE {where}", params)  # noqa: S608 (our own table/column names; values are bound parameters)
+            deleted += int(row["n"]) if row else 0
+            tx.execute(f"DELETE FROM {ev} WHERE {where}", params)  # noqa: S608 (our own table/column names; values are bound parameters)
+            tx.execute(f"DELETE FROM {HASH_TABLE} WHERE {where}", params)  # noqa: S608 (our own table/column names; values are bound parameters)
     return deleted
+
+
+def occupied_positions(tx: Tx, positions: Sequence[int]) -> bool:
+    """Whether the store holds an event at any of the given positions."""
+    pos = position_sql(tx)
+    ev = tx.store.events_table()
+    for i in range(0, len(positions), _CHUNK):
+        chunk = list(positions[i : i + _CHUNK])
+        marks = ", ".join("?" for _ in chunk)
+        if tx.fetchone(f"SELECT 1 AS x FROM {ev} WHERE {pos} IN ({marks}) LIMIT 1", chunk):  # noqa: S608 (our own table/column names; values are bound parameters)
+            return True
+    return False
