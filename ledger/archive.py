@@ -304,6 +304,15 @@ def _archived(lg: Any, stream: UUID) -> dict[str, Any] | None:
         return _archived_tx(tx, stream)
 
 
+def archived_run(lg: Any, run_id: str) -> dict[str, Any] | None:
+    """The record of an archived run's `Archived` event; None when it is not archived."""
+    try:
+        stream = run_stream_id(run_id)
+    except (ValueError, TypeError, AttributeError):
+        raise InvalidInput(f"run id {run_id!r} is not a run id (a UUID)") from None
+    return _archived(lg, stream)
+
+
 def _archive_run(
     lg: Any,
     part: RunPart,

@@ -792,6 +792,7 @@ def attempts(
     """Every attempt of a run's items (or of one item)."""
     with _ledger(ctx) as lg:
         result = lg.attempts(run_id, item_id=item)
+        _say_if_archived(lg, run_id, result)
     if as_json:
         _emit_json(result)
         return
@@ -800,11 +801,25 @@ def attempts(
     show_attempts(_console(), result)
 
 
+def _say_if_archived(lg: Any, run_id: str, result: Any) -> None:
+    """An archived run's history and attempts are in its archive file: say where (stderr)."""
+    if not result:
+        record = lg.archived(run_id)
+        if record is not None:
+            typer.echo(
+                f"run {run_id} is archived: its {record['events']} events are in "
+                f"{record['archive']} (sha256 {record['archive_sha256']}); "
+                f"`ledger restore {record['archive']}` brings them back",
+                err=True,
+            )
+
+
 @app.command()
 def history(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
     """Every run and item transition of a run, in order."""
     with _ledger(ctx) as lg:
         result = list(lg.history(run_id))
+        _say_if_archived(lg, run_id, result)
     if as_json:
         _emit_json(result)
         return

@@ -214,6 +214,12 @@ def show_transitions(
 
 def show_verify(out: Console, report: Any) -> None:
     """The verify report: ok, or every problem found."""
+    for a in getattr(report, "archived", None) or ():  # events that left for an archive
+        out.print(
+            f"archived: run {a['run_id']}: {a['events']} event(s) in {escape(str(a['archive']))} "
+            f"(sha256 {str(a['archive_sha256'])[:12]}), at position {a['position']}",
+            highlight=False,
+        )
     if report.ok:
         out.print(f"[green]ok[/]: {report.events} event(s) replayed, no problems")
         return

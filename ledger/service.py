@@ -2062,6 +2062,13 @@ class Ledger:
 
         return archive(self, actor, to, terminal_before=terminal_before, runs=runs, reason=reason)
 
+    def archived(self, run_id: str) -> dict[str, Any] | None:
+        """Where an archived run's events went (file, sha256, digest, events, when, by whom);
+        None when the run is not archived. Its history and attempts are in that file."""
+        from .archive import archived_run
+
+        return archived_run(self, run_id)
+
     def restore(self, actor: Actor, source: Any) -> Any:
         """Bring archived runs back from their archive file, once it is proven to hold the
         events that left (operator role; ledger/archive.py)."""

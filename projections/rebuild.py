@@ -299,7 +299,9 @@ class Replayer:
                 continue
             if self.observer is not None:
                 self.observer(tx, pos, e, self)
-            if e.originator_id in self._hazards:
+            if e.originator_id in self._hazards or not isinstance(e, _GROUPABLE):
+                # an event type not grouped (an Archived one replaces its run's aggregate)
+                # is projected alone: what came before it is projected first
                 self._project_pending()
             self._mutate(e)
             self._pending.append((pos, e))

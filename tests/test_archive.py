@@ -88,6 +88,8 @@ def test_archive_then_restore_on_every_store(lg: Ledger, clock: Any, tmp_path: P
         )
         assert st.summary.startswith("archived: ") and "archive.jsonl" in st.summary
         assert lg.history(r) == [] and lg.attempts(r) == []
+        where = lg.archived(r)
+        assert where is not None and where["archive"] == str(path)
     assert lg.status(open_run).state == "running"  # untouched
     left = _all_events(lg)
     assert len(left) == len(events) - summary.events + len(runs)  # one Archived event per run
@@ -101,6 +103,7 @@ def test_archive_then_restore_on_every_store(lg: Ledger, clock: Any, tmp_path: P
     again = lg.archive(OPERATOR, path, terminal_before=clock() - timedelta(minutes=30))
     assert (again.runs, again.events) == ([], 0)
 
+    assert lg.archived(open_run) is None
     back = lg.restore(OPERATOR, path)
     assert sorted(back.runs) == sorted(runs)
     assert _snapshot(lg) == before  # same heads, same projections: the events that left
@@ -245,7 +248,7 @@ def _file_events(path: Path) -> set[tuple[Any, int, str | None]]:
     return out
 
 
-def test_cli_archive_and_restore(tmp_path: Path) -> None:
+def test_cli_archive_and_restore(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from ledger.cli import main
 
     dsn = f"sqlite:///{tmp_path}/l.db"
@@ -287,6 +290,12 @@ def test_cli_archive_and_restore(tmp_path: Path) -> None:
         main(["--dsn", dsn, "archive", "--terminal-before", "now", "--to", str(path), "--yes"]) == 0
     )
     assert path.exists()
+    with Ledger.open(dsn) as lg:
+        runs = [r.run_id for r in lg.runs()]
+    assert main(["--dsn", dsn, "history", runs[0]]) == 0
+    assert "is archived" in capsys.readouterr().err
+    assert main(["--dsn", dsn, "verify", "--no-progress"]) == 0
+    assert "archived: run" in capsys.readouterr().out
     assert main(["--dsn", dsn, "restore", str(path)]) == 0
     with Ledger.open(dsn) as lg:
         assert _snapshot(lg)[0] == heads
