@@ -125,7 +125,9 @@ def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
             holders.setdefault(r["run_id"], []).append(r["lease_worker"])
         window_start = iso(now - timedelta(seconds=RATE_WINDOW_SECONDS))
         # The first position stamped inside the window (an index seek on lg_transitions_at),
-        # so counting a run's finished items reads only its recent transitions.
+        # so counting a run's finished items reads only its recent transitions. Positions
+        # follow the store's clock (one clock per store stamps every event in commit
+        # order); were that clock set back, the rate would undercount, never overcount.
         first = tx.fetchone(
             "SELECT position FROM lg_transitions WHERE at >= ? ORDER BY at, position LIMIT 1",
             (window_start,),

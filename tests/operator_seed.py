@@ -30,7 +30,7 @@ def _m(n: int, scope: str, **policy: Any) -> dict[str, Any]:
 
 
 def seed(dsn: str, finished: int = 595, big_items: int = 0) -> dict[str, str]:
-    """Write the runs; returns their ids by name (review, dead, idle, healthy, paused, big,
+    """Write the runs (in time order: the store's clock never runs backwards); returns their ids by name (review, dead, idle, healthy, paused, big,
     failed)."""
     now = datetime.now(UTC)
     clock = ManualClock(now - timedelta(hours=2))
@@ -58,6 +58,10 @@ def seed(dsn: str, finished: int = 595, big_items: int = 0) -> dict[str, str]:
             else:
                 lg.fail(run_id, OPERATOR, "superseded by a newer sync", transient=True)
         runs["failed"] = run_id
+        # healthy: started an hour ago, items finished in the last minutes
+        clock.set(now - timedelta(minutes=59))
+        runs["healthy"] = lg.submit(_m(40, "catalogue images, batch 12"), SUBMITTER).run_id
+        lg.start(runs["healthy"], CONTROLLER)
         clock.set(now - timedelta(minutes=50))
         runs["paused"] = lg.submit(_m(4, "warehouse stock sync"), SUBMITTER).run_id
         lg.start(runs["paused"], CONTROLLER)
@@ -76,29 +80,25 @@ def seed(dsn: str, finished: int = 595, big_items: int = 0) -> dict[str, str]:
         ).run_id
         lg.start(runs["idle"], CONTROLLER)
         (lease,) = lg.claim(runs["idle"], Actor("w-slow", "worker"))
-        # healthy: started an hour ago, items finished in the last minutes
-        clock.set(now - timedelta(minutes=59))
-        runs["healthy"] = lg.submit(_m(40, "catalogue images, batch 12"), SUBMITTER).run_id
-        lg.start(runs["healthy"], CONTROLLER)
-        clock.set(now - timedelta(minutes=4))
-        for _ in range(10):
-            clock.advance(20)
-            for lease in lg.claim(runs["healthy"], Actor("w-ok", "worker"), limit=2):
-                lg.accept(lease)
         if big_items:
             clock.set(now - timedelta(minutes=30))
             runs["big"] = lg.submit(
                 _m(big_items, "search index rebuild, 5k shards", lease_seconds=600), SUBMITTER
             ).run_id
             lg.start(runs["big"], CONTROLLER)
-            clock.set(now - timedelta(minutes=3))
+            clock.set(now - timedelta(minutes=4, seconds=30))
             done = 0
             while done < big_items // 2:
                 leases = lg.claim(runs["big"], Actor("w-index", "worker"), limit=250)
                 lg.record([_accepted(lease) for lease in leases])
                 done += len(leases)
-                clock.advance(10)
+                clock.advance(9)
             lg.claim(runs["big"], Actor("w-index", "worker"), limit=20)
+        clock.set(now - timedelta(minutes=2))
+        for _ in range(10):
+            clock.advance(10)
+            for lease in lg.claim(runs["healthy"], Actor("w-ok", "worker"), limit=2):
+                lg.accept(lease)
         clock.set(now - timedelta(seconds=5))
     return runs
 

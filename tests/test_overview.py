@@ -124,3 +124,30 @@ def test_board_pages_open_runs_first_and_filters_by_owner(lg: Ledger, clock: Man
     (row,) = lg.board(stalled=True).runs
     assert row.run_id == idle and row.waiting_on == "workers"
     assert lg.board(state="queued").runs[0].waiting_on == "controller"
+
+
+def test_run_page_reads_one_page_and_mark_expired_leases(lg: Ledger, clock: ManualClock) -> None:
+    from ledger import runpage
+
+    run_id = started(lg, 5, lease_seconds=30)
+    leases = lg.claim(run_id, WORKER, limit=3)
+    lg.accept(leases[0])
+    clock.advance(31)
+    first = runpage.item_page(lg.store, run_id, limit=2)
+    assert [i.item_id for i in first.items] == ["i0", "i1"] and first.total == 5
+    assert first.items[1].lease_expired and not first.items[0].lease_expired
+    rest = runpage.item_page(lg.store, run_id, after=first.next_after, limit=10)
+    assert [i.item_id for i in rest.items] == ["i2", "i3", "i4"] and rest.next_after is None
+    assert [i.lease_expired for i in rest.items] == [True, False, False]
+    assert runpage.item_page(lg.store, run_id, state="in_progress").total == 2
+    page = runpage.attempt_page(lg.store, run_id, limit=2)
+    assert page.total == 3 and len(page.attempts) == 2 and page.next_after is not None
+    older = runpage.attempt_page(lg.store, run_id, after=page.next_after, limit=2)
+    seen = [a.item_id for a in page.attempts + older.attempts]
+    assert sorted(seen) == ["i0", "i1", "i2"] and older.next_after is None
+    expired = {a.item_id for a in page.attempts + older.attempts if a.lease_expired}
+    assert expired == {"i1", "i2"}
+    lg.reconcile(actor=RECONCILER)
+    assert not any(i.lease_expired for i in runpage.item_page(lg.store, run_id).items)
+    row = runpage.board_row(lg.store, run_id)
+    assert row.waiting_on == "workers" and row.expired_leases == 0

@@ -23,6 +23,7 @@ from ..metrics import LedgerCollector
 from ..overview import Overview
 from ..signals import OWNERS
 from ..states import RUN_STATES
+from . import board
 from .auth import Reader
 from .deps import LedgerDep, view_response
 from .errors import error_responses
@@ -129,3 +130,4 @@ def install(app: FastAPI) -> None:
     app.state.metrics_registry = registry
     app.add_middleware(RequestMetrics, requests=requests, latency=latency)
     app.include_router(router)
+    app.include_router(board.router)
