@@ -30,6 +30,7 @@ EXPIRED = "ledger_expired_leases"
 TRANSITIONS = "ledger_transitions"  # exposed as ledger_transitions_total
 EXPIRATIONS = "ledger_lease_expirations"  # exposed as ledger_lease_expirations_total
 FOLLOWER_LAG = "ledger_follower_lag_events"
+FOLLOWER_LAG_SECONDS = "ledger_follower_lag_seconds"
 # The reconciler's item command: the lease expired and the attempt ended `lease_expired`.
 EXPIRE_COMMAND = "expire"
 _TALLY_PAGE = 50_000
@@ -128,24 +129,25 @@ class LedgerCollector(Collector):
             "Leases the reconciler expired (attempts ended lease_expired).",
             value=totals.get(EXPIRE_COMMAND, 0),
         )
-        lag = follower_lag(self.lg)
-        if lag:
-            family = GaugeMetricFamily(
-                FOLLOWER_LAG, "Events a follower has yet to handle.", labels=["follower"]
+        lags = follower_lags(self.lg)
+        if lags:
+            events = GaugeMetricFamily(
+                FOLLOWER_LAG, "Transitions a follower has yet to handle.", labels=["follower"]
             )
-            for name, behind in sorted(lag.items()):
-                family.add_metric([name], behind)
-            yield family
+            seconds = GaugeMetricFamily(
+                FOLLOWER_LAG_SECONDS,
+                "Age of the oldest transition a follower has yet to handle (0 when caught up).",
+                labels=["follower"],
+            )
+            for name, behind, age in lags:
+                events.add_metric([name], behind)
+                seconds.add_metric([name], age)
+            yield events
+            yield seconds
 
 
-def follower_lag(lg: Ledger) -> dict[str, int]:
-    """Events each registered follower is behind the head of the log (none without followers)."""
-    try:
-        from . import follower
-    except ImportError:  # followers are not part of this version
-        return {}
-    lags = getattr(follower, "follower_lags", None)
-    if lags is None:
-        return {}
-    out: dict[str, int] = lags(lg)
-    return out
+def follower_lags(lg: Ledger) -> list[tuple[str, int, float]]:
+    """(name, transitions behind, seconds behind) of each follower; empty without followers."""
+    from .follower import followers
+
+    return [(f.name, f.lag, f.lag_seconds) for f in followers(lg)]

@@ -85,7 +85,8 @@ def _check(limit: int) -> None:
 
 def _run_exists(tx: Any, run_id: str) -> dict[str, Any]:
     row: dict[str, Any] | None = tx.fetchone(
-        f"SELECT {_COLUMNS} FROM lg_runs WHERE run_id = ?", (run_id,)
+        f"SELECT {_COLUMNS} FROM lg_runs WHERE run_id = ?",  # noqa: S608 (our own names)
+        (run_id,),
     )
     if row is None:
         raise RunNotFound(run_id)
@@ -118,7 +119,7 @@ def item_page(
         counts = json.loads(run["counts"])
         total = int(counts.get(state, 0)) if state is not None else int(run["item_count"])
         rows = tx.fetchall(
-            "SELECT item_id, seq, state, required, attempts, lease_worker, lease_expires_at, "
+            "SELECT item_id, seq, state, required, attempts, lease_worker, lease_expires_at, "  # noqa: S608 (our own table/column names; values are bound parameters)
             f"reason, last_error, updated_at FROM lg_items WHERE {where}"
             + ("" if after is None else " AND seq > ?")
             + " ORDER BY seq LIMIT ?",
@@ -162,7 +163,7 @@ def attempt_page(store: Any, run_id: str, after: str | None = None, limit: int =
         now = tx.now()
         total_row = tx.fetchone("SELECT COUNT(*) AS n FROM lg_attempts WHERE run_id = ?", (run_id,))
         rows = tx.fetchall(
-            "SELECT item_id, attempt, worker_id, started_at, expires_at, finished_at, stage, "
+            "SELECT item_id, attempt, worker_id, started_at, expires_at, finished_at, stage, "  # noqa: S608 (our own table/column names; values are bound parameters)
             "outcome, error FROM lg_attempts WHERE run_id = ?"
             + ("" if key is None else " AND (started_at, item_id, attempt) < (?, ?, ?)")
             + " ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?",

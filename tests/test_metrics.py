@@ -107,3 +107,27 @@ def test_overview_and_metrics_are_reads(
     assert body["open_runs"] == 1
     assert body["by_waiting_on"]["controller"] == 1
     assert body["oldest_wait"]["controller"]["run_id"] == lg.runs()[0].run_id
+
+
+def test_follower_lag_appears_once_followers_exist(
+    served: tuple[Ledger, ManualClock, TestClient, str],
+) -> None:
+    from ledger.follower import Follower
+
+    lg, clock, client, token = served
+    run_id = lg.submit(manifest(3), SUBMITTER).run_id
+    assert not [k for k in scrape(client, token) if k[0].startswith("ledger_follower")]
+    handled: list[object] = []
+    with Follower(lg, "mailer", lambda batch: handled.extend(batch), batch=1) as follower:
+        follower.run_once()  # registers the follower and hands it one transition
+        lg.start(run_id, CONTROLLER)
+        clock.advance(30)
+        m = scrape(client, token)
+        behind = len(list(lg.audit())) - len(handled)
+        assert behind == 1
+        assert m[("ledger_follower_lag_events", (("follower", "mailer"),))] == behind
+        assert m[("ledger_follower_lag_seconds", (("follower", "mailer"),))] == 30.0
+        follower.catch_up()
+    m = scrape(client, token)
+    assert m[("ledger_follower_lag_events", (("follower", "mailer"),))] == 0
+    assert m[("ledger_follower_lag_seconds", (("follower", "mailer"),))] == 0.0

@@ -10,15 +10,14 @@ with LEDGER_UPDATE_SCREENSHOTS=1 (the README shows those).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from ledger.http import add_token
@@ -62,9 +61,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         deadline = time.monotonic() + 30
         while True:
             try:
-                urllib.request.urlopen(base + "/healthz", timeout=1).close()
+                httpx.get(base + "/healthz", timeout=1).raise_for_status()
                 break
-            except OSError:
+            except httpx.HTTPError:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     pytest.fail("ledger serve did not start")
                 time.sleep(0.1)
@@ -210,11 +209,11 @@ def test_every_stuck_run_is_visible_and_says_on_whom(served: dict[str, Any]) -> 
 
 
 def test_overview_counts_every_open_run(served: dict[str, Any]) -> None:
-    request = urllib.request.Request(
-        served["base"] + "/overview", headers={"Authorization": f"Bearer {served['token']}"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        body = json.load(response)
+    body = httpx.get(
+        served["base"] + "/overview",
+        headers={"Authorization": f"Bearer {served['token']}"},
+        timeout=10,
+    ).json()
     assert body["open_runs"] == 6
     assert body["oldest_wait"]["reviewer"]["run_id"] == served["runs"]["review"]
     assert body["by_waiting_on"] == {
