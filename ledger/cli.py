@@ -186,12 +186,7 @@ def _ledger(ctx: typer.Context) -> Iterator[Ledger]:
         check_key(key)  # refused before anything is opened
     lg = Ledger.open(_globals(ctx).dsn)
     try:
-        if key is None:
-            yield lg
-        else:
-            from .idempotency import Keyed
-
-            yield Keyed(lg, key)  # type: ignore[misc]
+        yield lg if key is None else lg.keyed(key)
     finally:
         lg.close()
 

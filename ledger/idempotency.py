@@ -1,6 +1,6 @@
 """Idempotency keys and transient-fault retry for the ledger's commands.
 
-Every public command is wrapped by `command(name)`:
+Every public command runs through `ledger.commands.pipeline.execute`:
 
 - **Transient faults are retried where that is safe.** A store raises
   `StoreUnavailable` when the database could not be reached or dropped the
@@ -20,7 +20,8 @@ Every public command is wrapped by `command(name)`:
   call with the same key; the ledger retries that way by itself after a fault
   during COMMIT. A refused command records nothing: the key stays unused.
 
-Reads are wrapped by `read_command`: retried on `StoreUnavailable` only.
+Reads are wrapped by `read_command`: retried on `StoreUnavailable` only. This module
+holds the record (lookup, replay, record, prune), the response codec and the retry loop.
 """
 
 from __future__ import annotations
@@ -28,9 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import inspect
 import json
-import threading
 import time
 import types
 import typing
@@ -43,7 +42,6 @@ from .errors import CommitUncertain, InvalidInput, LedgerError, StoreUnavailable
 from .validation import check_identifier
 
 if TYPE_CHECKING:
-    from .service import Ledger
     from .stores.base import Tx
 
 P = ParamSpec("P")
@@ -69,17 +67,8 @@ def ddl(dialect: str) -> list[str]:
     ]
 
 
-class _KeyTaken(Exception):
+class KeyTaken(Exception):
     """Another transaction recorded the same key first: roll back and read its record."""
-
-
-def _local(ledger: Ledger) -> threading.local:
-    # per ledger and thread: whether a wrapped command is already running (nested
-    # calls such as approve -> decide run inside the outer one, without their own retry)
-    local = ledger.__dict__.get("_command_local")
-    if local is None:
-        local = ledger.__dict__.setdefault("_command_local", threading.local())
-    return local  # type: ignore[no-any-return]
 
 
 def check_key(key: Any) -> str:
@@ -193,7 +182,7 @@ def decode(data: Any) -> Any:
     return data
 
 
-def _run_id_of(result: Any, arguments: dict[str, Any]) -> str | None:
+def run_id_of(result: Any, arguments: dict[str, Any]) -> str | None:
     for candidate in (
         result[0] if isinstance(result, list) and result else result,
         arguments.get("run_id"),
@@ -241,14 +230,14 @@ def prune(store: Any, before: datetime) -> int:
                 removed += len(old)
 
 
-def _lookup(tx: Tx, key: str) -> dict[str, Any] | None:
+def lookup(tx: Tx, key: str) -> dict[str, Any] | None:
     return tx.fetchone(
         f"SELECT command, fingerprint, response FROM {TABLE} WHERE idempotency_key = ?",  # noqa: S608 (our own table/column names; values are bound parameters)
         (key,),
     )
 
 
-def _replay(row: dict[str, Any], key: str, name: str, fp: str) -> Any:
+def replay(row: dict[str, Any], key: str, name: str, fp: str) -> Any:
     if row["command"] != name or row["fingerprint"] != fp:
         raise InvalidInput(
             f"idempotency_key {key!r} was already used for {row['command']} with other arguments; "
@@ -257,7 +246,7 @@ def _replay(row: dict[str, Any], key: str, name: str, fp: str) -> Any:
     return decode(json.loads(row["response"]))
 
 
-def _record(tx: Tx, key: str, name: str, fp: str, run_id: str | None, result: Any) -> None:
+def record(tx: Tx, key: str, name: str, fp: str, run_id: str | None, result: Any) -> None:
     # RETURNING, not rowcount: the answer is read back even when statements are pipelined
     inserted = tx.fetchall(
         f"INSERT INTO {TABLE} (idempotency_key, command, fingerprint, run_id, response, recorded_at) "  # noqa: S608 (our own table/column names; values are bound parameters)
@@ -272,32 +261,20 @@ def _record(tx: Tx, key: str, name: str, fp: str, run_id: str | None, result: An
         ),
     )
     if len(inserted) != 1:
-        raise _KeyTaken(key)
-
-
-def _keyed_once(
-    ledger: Ledger, call: Callable[[], T], key: str, name: str, fp: str, arguments: dict[str, Any]
-) -> T:
-    with ledger.store.joined() as tx:  # the command's own writes join this transaction
-        row = _lookup(tx, key)
-        if row is not None:
-            return _replay(row, key, name, fp)  # type: ignore[no-any-return]
-        result = call()
-        _record(tx, key, name, fp, _run_id_of(result, arguments), result)
-        return result
+        raise KeyTaken(key)
 
 
 # --------------------------------------------------------------------------
 # retry
 # --------------------------------------------------------------------------
-def _with_retry(
+def with_retry(
     call: Callable[[], T], keyed: bool, sleep: Callable[[float], None] = time.sleep
 ) -> T:
     delays = iter(RETRY_DELAYS)
     while True:
         try:
             return call()
-        except _KeyTaken:
+        except KeyTaken:
             continue  # a concurrent repeat committed first: its record answers us now
         except CommitUncertain:
             if not keyed:
@@ -316,94 +293,7 @@ def _with_retry(
 def retry_transient(step: Callable[..., T], *args: Any) -> T:
     """Run `step(*args)` (one transaction of an idempotent step, such as one run's reconcile
     pass), repeating it on StoreUnavailable and CommitUncertain: repeating it is always safe."""
-    return _with_retry(lambda: step(*args), keyed=True)
-
-
-def command(name: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
-    """Wrap a `Ledger` command: transient-fault retry and the `idempotency_key=` keyword."""
-
-    def wrap(fn: Callable[P, T]) -> Callable[P, T]:
-        sig = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            key = kwargs.pop("idempotency_key", None)
-            ledger: Ledger = args[0]
-            local = _local(ledger)
-            if getattr(local, "depth", 0):  # nested inside another command: it retries
-                if key is not None:
-                    raise InvalidInput("idempotency_key applies to the outermost command only")
-                return fn(*args, **kwargs)
-            if key is not None:
-                key = check_key(key)
-                bound = sig.bind(*args, **kwargs)
-                bound.apply_defaults()
-                arguments = dict(list(bound.arguments.items())[1:])  # without self
-                fp = fingerprint(name, arguments)
-
-            def once() -> Any:
-                local.depth = 1
-                try:
-                    if key is None:
-                        return fn(*args, **kwargs)
-                    return _keyed_once(
-                        ledger, lambda: fn(*args, **kwargs), key, name, fp, arguments
-                    )
-                finally:
-                    local.depth = 0
-
-            return _with_retry(once, keyed=key is not None)
-
-        params = list(sig.parameters.values())
-        if "idempotency_key" not in sig.parameters:
-            params.append(
-                inspect.Parameter(
-                    "idempotency_key",
-                    inspect.Parameter.KEYWORD_ONLY,
-                    default=None,
-                    annotation="str | None",
-                )
-            )
-            wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-        wrapper.__ledger_command__ = name  # type: ignore[attr-defined]
-        wrapper.__doc__ = (fn.__doc__ or "") + (
-            "\n\nidempotency_key: optional; a repeat with the same key returns the first result "
-            "without writing (see ledger.idempotency)."
-        )
-        return wrapper
-
-    return wrap
-
-
-class Keyed:
-    """A `Ledger` whose next command carries one idempotency key: how the HTTP API's
-    `Idempotency-Key` header and the CLI's `--idempotency-key` reach the command a request
-    or an invocation makes. Reads pass through; a second command through the same view is
-    refused (a key names one command)."""
-
-    def __init__(self, ledger: Ledger, key: Any) -> None:
-        self._ledger = ledger
-        self._key = check_key(key)
-        self._used: str | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._ledger, name)
-        command = getattr(attr, "__ledger_command__", None)
-        if command is None:
-            return attr
-
-        def keyed(*args: Any, **kwargs: Any) -> Any:
-            if self._used is not None:
-                raise InvalidInput(
-                    f"an idempotency key names one command; this one already went to "
-                    f"{self._used}, not also to {command}"
-                )
-            if "idempotency_key" in kwargs:
-                raise InvalidInput("idempotency_key is given twice")
-            self._used = command
-            return attr(*args, idempotency_key=self._key, **kwargs)
-
-        return keyed
+    return with_retry(lambda: step(*args), keyed=True)
 
 
 def read_command(fn: Callable[P, T]) -> Callable[P, T]:
@@ -411,10 +301,7 @@ def read_command(fn: Callable[P, T]) -> Callable[P, T]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        ledger: Ledger = args[0]  # type: ignore[assignment]
-        if getattr(_local(ledger), "depth", 0):
-            return fn(*args, **kwargs)
-        return _with_retry(lambda: fn(*args, **kwargs), keyed=False)
+        return with_retry(lambda: fn(*args, **kwargs), keyed=False)
 
     return wrapper
 
@@ -423,14 +310,18 @@ __all__ = [
     "PRUNE_PAGE",
     "RETRY_DELAYS",
     "TABLE",
-    "Keyed",
+    "KeyTaken",
     "check_key",
-    "command",
     "ddl",
     "decode",
     "encode",
     "fingerprint",
+    "lookup",
     "prune",
     "read_command",
+    "record",
+    "replay",
     "retry_transient",
+    "run_id_of",
+    "with_retry",
 ]

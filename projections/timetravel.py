@@ -22,6 +22,7 @@ from eventsourcing.persistence import StoredEvent
 
 from ledger.domain import Run, item_stream_id
 from ledger.errors import RunNotFound
+from ledger.queries import status_tx
 from ledger.stores.base import Store, Tx
 from ledger.stores.hashchain import as_uuid, oid_param
 from ledger.views import RunStatus
@@ -123,7 +124,7 @@ def status_at(lg: Any, run_id: str, at: datetime) -> RunStatus:
     tables = MemoryTables()
     try:
         Replayer("").apply(tables, events)  # type: ignore[arg-type]
-        status: RunStatus = lg._status_tx(tables, run_id)
+        status: RunStatus = status_tx(tables, run_id)  # type: ignore[arg-type]
         return status
     finally:
         tables.close()

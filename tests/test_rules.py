@@ -646,16 +646,18 @@ def test_rule6_cancel_retries_on_a_revision_conflict(
     make a real one rare.)"""
     rid = submit(lg, 1)
     lg.start(rid, CONTROLLER)
-    real = Ledger._cancel_once  # type: ignore[attr-defined]
+    from ledger.commands import runs
+
+    real = runs.cancel_once
     calls = {"n": 0, "fail": 1}
 
-    def flaky(self: Ledger, *args: Any, **kwargs: Any) -> Any:
+    def flaky(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
         if calls["n"] <= calls["fail"]:
             raise Conflict("injected", current_revision=0, current_state=S.RUNNING)
-        return real(self, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(Ledger, "_cancel_once", flaky)
+    monkeypatch.setattr(runs, "cancel_once", flaky)
     rev = lg.status(rid).revision
     with pytest.raises(Conflict):
         lg.cancel(rid, OPERATOR, "stop", expected_revision=rev)

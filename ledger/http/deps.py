@@ -18,7 +18,7 @@ def ledger_of(request: Request) -> Ledger:
     return lg
 
 
-LedgerDep = Annotated[Any, Depends(ledger_of)]
+LedgerDep = Annotated["Ledger", Depends(ledger_of)]
 
 
 def command_ledger_of(
@@ -32,18 +32,14 @@ def command_ledger_of(
             "is refused (422). Keys are global to the ledger: use a UUID.",
         ),
     ] = None,
-) -> Any:
+) -> Ledger:
     """The ledger for a command route; with an `Idempotency-Key` header, the command the
-    route makes carries that key (ledger.idempotency)."""
+    route makes carries that key (`Ledger.keyed`)."""
     lg = ledger_of(request)
-    if idempotency_key is None:
-        return lg
-    from ..idempotency import Keyed
-
-    return Keyed(lg, idempotency_key)
+    return lg if idempotency_key is None else lg.keyed(idempotency_key)
 
 
-CommandLedgerDep = Annotated[Any, Depends(command_ledger_of)]
+CommandLedgerDep = Annotated["Ledger", Depends(command_ledger_of)]
 
 
 def aware(value: datetime | None) -> datetime | None:

@@ -53,8 +53,9 @@ def run_status(
     ] = None,
 ) -> JSONResponse:
     """`lg.status(run_id)`, or `lg.status_at(run_id, at)` with `at`."""
-    if at is not None:
-        status: RunStatus = lg.status_at(run_id, aware(at))
+    when = aware(at)
+    if when is not None:
+        status: RunStatus = lg.status_at(run_id, when)
     else:
         status = lg.status(run_id)
     return view_response(status)

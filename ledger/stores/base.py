@@ -139,7 +139,6 @@ class Store(ABC):
         self.clock = clock
         self.mapper = make_mapper()
         self._lock = threading.Lock()
-        self._ambient = threading.local()  # see joined()
 
     @abstractmethod
     def write(self) -> Any:
@@ -154,23 +153,6 @@ class Store(ABC):
 
     @abstractmethod
     def events_table(self) -> str: ...
-
-    def ambient(self) -> Tx | None:
-        """The transaction `joined()` holds open on this thread, if any: write() and read()
-        on this thread yield it instead of starting their own."""
-        tx: Tx | None = getattr(self._ambient, "tx", None)
-        return tx
-
-    @contextmanager
-    def joined(self) -> Iterator[Tx]:
-        """One write transaction that every write() and read() on this thread joins until it
-        ends: a command and its idempotency record commit together (ledger/idempotency.py)."""
-        with self.write() as tx:
-            self._ambient.tx = tx
-            try:
-                yield tx
-            finally:
-                self._ambient.tx = None
 
     def read_events(
         self, after: int, limit: int, upto: int | None = None

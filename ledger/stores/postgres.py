@@ -337,11 +337,6 @@ class PostgresStore(Store):
 
     @contextmanager
     def _tx(self, write: bool) -> Iterator[PgTx]:
-        ambient = self.ambient()
-        if ambient is not None:  # inside joined(): part of that transaction
-            assert isinstance(ambient, PgTx)
-            yield ambient
-            return
         committing = False
         try:
             with (

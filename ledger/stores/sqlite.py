@@ -114,11 +114,6 @@ class SqliteStore(Store):
     def _tx(self, write: bool) -> Iterator[SqliteTx]:
         if self._closed:
             raise RuntimeError("ledger is closed")
-        ambient = self.ambient()
-        if ambient is not None:  # inside joined(): part of that transaction
-            assert isinstance(ambient, SqliteTx)
-            yield ambient
-            return
         with self._mem_lock if self.memory else _null():
             conn = self._conn()
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")

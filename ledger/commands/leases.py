@@ -1,0 +1,368 @@
+"""Worker commands on leases: claim, heartbeat, and the outcomes accept, reject,
+fail_attempt (one at a time, or many in one transaction per run with `record`)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from projections.rows import iso, item_from_row
+
+from .. import queries
+from .. import states as S
+from ..domain import Item, Run
+from ..errors import (
+    AlreadyTerminal,
+    IllegalTransition,
+    InvalidInput,
+    ItemNotFound,
+    LeaseLost,
+    LedgerError,
+    RunNotFound,
+)
+from ..redact import clean_error
+from ..stores.base import Tx
+from ..validation import check_identifier
+from ..views import Actor, ItemStatus, Lease
+from . import args as A
+from .args import Outcome
+from .runs import finish_if_drained
+from .uow import UnitOfWork, stamp
+
+MAX_CLAIM = 1000
+
+
+def claim(
+    uow: UnitOfWork,
+    run_id: str,
+    worker: Actor,
+    limit: int = 1,
+    expected_revision: int | None = None,
+) -> list[Lease]:
+    """Lease up to `limit` claimable items in one transaction; [] when none is claimable."""
+    run_id = A.run_id(run_id)
+    worker = A.actor(worker, "worker")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CLAIM:
+        raise InvalidInput(f"limit must be an integer from 1 to {MAX_CLAIM}, got {limit!r}")
+    expected = A.revision(expected_revision)
+    rule = S.item_rule("claim")
+    with uow.write() as tx:
+        run = uow.guard(tx, run_id, worker, rule.roles, "claim", expected)
+        if run.state != S.RUNNING:
+            cls = AlreadyTerminal if S.is_terminal(run.state) else IllegalTransition
+            raise cls(
+                f"run {run_id} is {run.state}; items are claimed only while it is running",
+                state=run.state,
+                allowed={S.RUNNING},
+            )
+        now = tx.now()
+        policy = run.policy
+        deadline_passed = (
+            policy.get("item_deadline_seconds") is not None
+            and run.started_at is not None
+            and now > run.started_at + timedelta(seconds=policy["item_deadline_seconds"])
+        )
+        if deadline_passed:
+            rows = tx.fetchall(
+                "SELECT * FROM lg_items WHERE run_id = ? AND state = 'pending' "
+                "ORDER BY seq LIMIT ?",
+                (run_id, limit),
+            )
+        else:
+            # two index range scans (run_id, state, seq) instead of one scan over every
+            # item of the run: an OR across states defeats the index on both stores
+            rows = tx.fetchall(
+                "SELECT * FROM (SELECT * FROM (SELECT * FROM lg_items WHERE run_id = ? "
+                "AND state = 'pending' ORDER BY seq LIMIT ?) AS p UNION ALL SELECT * FROM "
+                "(SELECT * FROM lg_items WHERE run_id = ? AND state = 'retryable' AND "
+                "(eligible_at IS NULL OR eligible_at <= ?) ORDER BY seq LIMIT ?) AS r) AS c "
+                "ORDER BY seq LIMIT ?",
+                (run_id, limit, run_id, iso(now), limit, limit),
+            )
+        leases, items = [], []
+        for row in rows:
+            item = uow.materialize(row, now)
+            at = stamp(now, item)
+            token = uuid.uuid4().hex
+            expires = at + timedelta(seconds=policy["lease_seconds"])
+            attempt = item.attempts + 1
+            item.transition(
+                "claim",
+                S.IN_PROGRESS,
+                worker.id,
+                worker.role,
+                None,
+                {"lease_token": token, "attempt": attempt, "expires_at": iso(expires)},
+                at,
+            )
+            items.append(item)
+            leases.append(
+                Lease(
+                    run_id,
+                    item.item_id,
+                    token,
+                    worker.id,
+                    attempt,
+                    expires,
+                    json.loads(row["payload"]),
+                )
+            )
+        uow.commit(tx, {run_id: run}, items)
+        return leases
+
+
+def check_lease(
+    uow: UnitOfWork,
+    tx: Tx,
+    run: Run,
+    lease: Lease,
+    now: datetime,
+    row: dict[str, Any] | None = None,
+) -> tuple[Item, dict[str, Any]]:
+    """The item under a live lease, or LeaseLost (another lease, ended, or expired)."""
+    if row is None:
+        row = uow.item_row(tx, lease.run_id, lease.item_id)
+    item = item_from_row(row)
+    if (
+        item is None
+        or item.state != S.IN_PROGRESS
+        or item.lease_token != lease.token
+        or item.lease_worker != lease.worker_id
+    ):
+        state = row["state"]
+        raise LeaseLost(
+            f"lease {lease.token[:8]} on item {lease.item_id!r} of run {lease.run_id} is not "
+            f"live: the item is {state}"
+            + (" under another lease" if state == S.IN_PROGRESS else "")
+            + "; stop working on it"
+        )
+    assert item.lease_expires_at is not None
+    if item.lease_expires_at < iso(now):  # type: ignore[operator]
+        raise LeaseLost(
+            f"lease {lease.token[:8]} on item {lease.item_id!r} of run {lease.run_id} expired "
+            f"at {item.lease_expires_at}; stop working on it"
+        )
+    return item, row
+
+
+def heartbeat(uow: UnitOfWork, lease: Lease) -> Lease:
+    """Extend a live lease by the run's lease_seconds; LeaseLost if it is not live."""
+    lease = A.lease(lease)
+    with uow.write() as tx:
+        run = uow.load_run(tx, lease.run_id)
+        now = tx.now()
+        item, row = check_lease(uow, tx, run, lease, now)
+        at = stamp(now, item)
+        expires = at + timedelta(seconds=run.policy["lease_seconds"])
+        item.extend_lease(iso(expires) or "", lease.worker_id, at)
+        uow.commit(tx, {run.run_id: run}, [item])
+        return Lease(
+            lease.run_id,
+            lease.item_id,
+            lease.token,
+            lease.worker_id,
+            item.attempts,
+            expires,
+            json.loads(row["payload"]),
+        )
+
+
+def apply_outcome(
+    uow: UnitOfWork,
+    tx: Tx,
+    run: Run,
+    o: Outcome,
+    now: datetime,
+    row: dict[str, Any] | None = None,
+) -> Item:
+    """The item's transition for one outcome under its live lease (not yet committed)."""
+    item, _row = check_lease(uow, tx, run, o.lease, now, row)
+    at = stamp(now, item)
+    base = {"lease_token": o.lease.token, "attempt": item.attempts, "stage": o.stage}
+    if o.kind == "accept":
+        item.transition(
+            "accept",
+            S.ACCEPTED,
+            o.lease.worker_id,
+            S.WORKER,
+            "accepted",
+            {**base, "outcome": "accepted", "evidence": o.evidence or {}},
+            at,
+        )
+    elif o.kind == "reject":
+        item.transition(
+            "reject",
+            S.REJECTED,
+            o.lease.worker_id,
+            S.WORKER,
+            o.rule,
+            {**base, "outcome": "rejected", "rule": o.rule, "detail": o.detail},
+            at,
+        )
+    else:
+        policy = run.policy
+        deadline = policy.get("item_deadline_seconds")
+        past = (
+            deadline is not None
+            and run.started_at is not None
+            and at > run.started_at + timedelta(seconds=deadline)
+        )
+        exhausted = item.attempts >= policy["max_attempts"]
+        error = clean_error(o.error or "")
+        if not o.retryable or exhausted or past:
+            why = (
+                "not retryable"
+                if not o.retryable
+                else f"attempts exhausted ({item.attempts} of {policy['max_attempts']})"
+                if exhausted
+                else "item deadline passed"
+            )
+            item.transition(
+                "fail_attempt",
+                S.QUARANTINED,
+                o.lease.worker_id,
+                S.WORKER,
+                why,
+                {**base, "outcome": "failed", "error": error},
+                at,
+            )
+        else:
+            eligible = at + timedelta(seconds=policy["backoff_seconds"])
+            item.transition(
+                "fail_attempt",
+                S.RETRYABLE,
+                o.lease.worker_id,
+                S.WORKER,
+                "attempt failed",
+                {**base, "outcome": "failed", "error": error, "eligible_at": iso(eligible)},
+                at,
+            )
+    return item
+
+
+def _outcome(uow: UnitOfWork, o: Outcome) -> ItemStatus:
+    with uow.write() as tx:
+        run = uow.load_run(tx, o.lease.run_id)
+        now = tx.now()
+        item = apply_outcome(uow, tx, run, o, now)
+        uow.commit(tx, {run.run_id: run}, [item])
+        finish_if_drained(uow, tx, run, now)
+        return queries.item_status_tx(tx, run.run_id, item.item_id)
+
+
+def accept(
+    uow: UnitOfWork,
+    lease: Lease,
+    evidence: dict[str, Any] | None = None,
+    stage: str | None = None,
+) -> ItemStatus:
+    """in_progress -> accepted, with the live lease's token."""
+    return _outcome(
+        uow, Outcome(A.lease(lease), "accept", evidence=A.evidence(evidence), stage=A.stage(stage))
+    )
+
+
+def reject(
+    uow: UnitOfWork,
+    lease: Lease,
+    rule: str,
+    detail: str | None = None,
+    stage: str | None = None,
+) -> ItemStatus:
+    """in_progress -> rejected (the item breaks a rule; final)."""
+    check_identifier(rule, "rule")
+    return _outcome(
+        uow,
+        Outcome(
+            A.lease(lease),
+            "reject",
+            rule=rule,
+            detail=A.reason(detail, "detail"),
+            stage=A.stage(stage),
+        ),
+    )
+
+
+def fail_attempt(
+    uow: UnitOfWork,
+    lease: Lease,
+    error: str,
+    stage: str | None = None,
+    retryable: bool = True,
+) -> ItemStatus:
+    """in_progress -> retryable, or quarantined when attempts are exhausted or not retryable."""
+    if not isinstance(error, str):
+        raise InvalidInput(f"error must be a string, got {type(error).__name__}")
+    A.boolean(retryable, "retryable")
+    return _outcome(
+        uow,
+        Outcome(A.lease(lease), "fail", error=error, stage=A.stage(stage), retryable=retryable),
+    )
+
+
+def record(uow: UnitOfWork, outcomes: Sequence[Outcome]) -> list[ItemStatus | LedgerError]:
+    """Record many outcomes, one transaction per run. A lost lease is returned, not raised."""
+    checked: list[Outcome] = []
+    for o in outcomes:
+        if not isinstance(o, Outcome) or o.kind not in ("accept", "reject", "fail"):
+            raise InvalidInput(
+                "record takes Outcome(lease, kind='accept'|'reject'|'fail', ...) values"
+            )
+        checked.append(
+            Outcome(
+                A.lease(o.lease),
+                o.kind,
+                A.evidence(o.evidence),
+                A.stage(o.stage),
+                o.rule,
+                A.reason(o.detail, "detail"),
+                o.error,
+                o.retryable,
+            )
+        )
+    results: dict[int, ItemStatus | LedgerError] = {}
+    by_run: dict[str, list[int]] = {}
+    for i, o in enumerate(checked):
+        by_run.setdefault(o.lease.run_id, []).append(i)
+    for run_id, idxs in by_run.items():
+        with uow.write() as tx:
+            try:
+                run = uow.load_run(tx, run_id)
+            except RunNotFound as e:
+                for i in idxs:
+                    results[i] = e
+                continue
+            now = tx.now()
+            rows = uow.item_rows(tx, run_id, [checked[i].lease.item_id for i in idxs])
+            items: list[Item] = []
+            done: dict[str, Item] = {}
+            for i in idxs:
+                o = checked[i]
+                if o.lease.item_id in done:
+                    results[i] = InvalidInput(
+                        f"item {o.lease.item_id!r} appears twice in one record call"
+                    )
+                    continue
+                row = rows.get(o.lease.item_id)
+                if row is None:
+                    results[i] = ItemNotFound(run_id, o.lease.item_id)
+                    continue
+                try:
+                    item = apply_outcome(uow, tx, run, o, now, row)
+                except LeaseLost as e:
+                    results[i] = e
+                    continue
+                items.append(item)
+                done[o.lease.item_id] = item
+            uow.commit(tx, {run_id: run}, items)
+            finish_if_drained(uow, tx, run, now)
+            for i in idxs:
+                if i not in results:
+                    item_id = checked[i].lease.item_id
+                    results[i] = queries.item_status(
+                        queries.merged_row(rows[item_id], done[item_id])
+                    )
+    return [results[i] for i in range(len(checked))]

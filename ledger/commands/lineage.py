@@ -1,0 +1,269 @@
+"""Commands that create a run: submit, and the linked runs retry, repair, compensate."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .. import queries
+from .. import states as S
+from ..domain import Run, run_stream_id
+from ..errors import IllegalTransition, InvalidInput, ItemNotFound
+from ..stores.base import Tx
+from ..validation import input_version_of, input_version_of_text
+from ..views import Actor, RunStatus
+from . import args as A
+from .uow import UnitOfWork, require_role
+
+if TYPE_CHECKING:
+    from ..manifest import Manifest, ManifestItem
+
+
+def parse_items(data: Any, field: str = "items") -> list[ManifestItem]:
+    """Manifest items (pydantic loads on first use)."""
+    from ..manifest import parse_items as parse
+
+    return parse(data, field)
+
+
+def manifest_of(run: Run, items: list[dict[str, Any]], policy: dict[str, Any]) -> dict[str, Any]:
+    """A manifest with the run's versions and scope, and the given items and policy."""
+    return {
+        "source_version": run.source_version,
+        "config_version": run.config_version,
+        "scope": run.scope,
+        "items": items,
+        "policy": policy,
+    }
+
+
+def current_manifest(
+    tx: Tx, run: Run, where: str = "", params: Sequence[Any] = ()
+) -> dict[str, Any]:
+    """The run's latest input (its items still in the manifest, optionally filtered)."""
+    rows = tx.fetchall(
+        "SELECT item_id, required, payload FROM lg_items WHERE run_id = ? AND in_manifest = 1"
+        + where
+        + " ORDER BY seq",
+        (run.run_id, *params),
+    )
+    items = [
+        {
+            "item_id": r["item_id"],
+            "required": bool(r["required"]),
+            "payload": json.loads(r["payload"]),
+        }
+        for r in rows
+    ]
+    return manifest_of(run, items, run.policy)
+
+
+def submit(
+    uow: UnitOfWork, manifest: Manifest | dict[str, Any] | str | bytes, actor: Actor
+) -> RunStatus:
+    """Record a new run, `queued`."""
+    from ..manifest import parse_manifest_json
+
+    _m, plain, text = parse_manifest_json(manifest)
+    actor = A.actor(actor)
+    require_role(actor, S.run_rule("submit").roles, "submit")
+    with uow.write() as tx:
+        return create_run(
+            uow, tx, plain, actor, "submit", None, [], None, input_version_of_text(text)
+        )
+
+
+def create_run(
+    uow: UnitOfWork,
+    tx: Tx,
+    manifest: dict[str, Any],
+    actor: Actor,
+    command: str,
+    reason: str | None,
+    links: list[dict[str, str]],
+    original: Run | None,
+    input_version: str | None = None,
+) -> RunStatus:
+    """A new run, queued, linked to `original` when given."""
+    run_id = str(uuid.uuid4())
+    now = tx.now()
+    run = Run._create(
+        Run.Submitted,
+        id=run_stream_id(run_id),
+        run_id=run_id,
+        command=command,
+        manifest=manifest,
+        input_version=input_version or input_version_of(manifest),
+        actor_id=actor.id,
+        role=actor.role,
+        reason=reason,
+        links=links,
+        root_run_id=original.root_run_id if original else run_id,
+        timestamp=now,
+    )
+    runs = {run_id: run}
+    if original is not None:
+        runs[original.run_id] = original
+    uow.commit(tx, runs)
+    return queries.status_tx(tx, run_id)
+
+
+def retry(uow: UnitOfWork, run_id: str, actor: Actor, reason: str | None = None) -> RunStatus:
+    """A new run replaying a failed(transient) run's latest input exactly."""
+    run_id = A.run_id(run_id)
+    actor = A.actor(actor)
+    reason = A.reason(reason)
+    rule = S.run_rule("retry")
+    with uow.write() as tx:
+        original = uow.load_run(tx, run_id)
+        require_role(actor, rule.roles, "retry")
+        if original.state != S.FAILED or original.failure_kind != S.TRANSIENT:
+            raise IllegalTransition(
+                f"run {run_id} is {original.state}"
+                + (f" ({original.failure_kind})" if original.failure_kind else "")
+                + "; retry needs a failed(transient) run (use repair for other cases)",
+                state=original.state,
+                allowed={S.FAILED},
+            )
+        manifest = current_manifest(tx, original)
+        return create_run(
+            uow,
+            tx,
+            manifest,
+            actor,
+            "retry",
+            reason or f"retry of {run_id}",
+            [{"relation": "retry_of", "run_id": run_id}],
+            original,
+        )
+
+
+def repair(
+    uow: UnitOfWork,
+    run_id: str,
+    actor: Actor,
+    items: list[str] | None = None,
+    corrections: list[Any] | None = None,
+    reason: str | None = None,
+) -> RunStatus:
+    """A new linked run for the items not accepted (or given ids), or for corrected items."""
+    run_id = A.run_id(run_id)
+    actor = A.actor(actor)
+    reason = A.reason(reason)
+    if items is not None and (
+        not isinstance(items, list) or not all(isinstance(i, str) for i in items)
+    ):
+        raise InvalidInput("items must be a list of item ids")
+    fixed = parse_items(corrections, "corrections") if corrections is not None else None
+    rule = S.run_rule("repair")
+    with uow.write() as tx:
+        original = uow.load_run(tx, run_id)
+        for named in [*(items or []), *(f.item_id for f in fixed or [])]:
+            uow.item_row(tx, run_id, named)  # existence before role (SPEC order of checks)
+        require_role(actor, rule.roles, "repair")
+        if not S.is_terminal(original.state):
+            raise IllegalTransition(
+                f"run {run_id} is {original.state}; repair needs a terminal run "
+                "(amend a run that is still open)",
+                state=original.state,
+                allowed=S.TERMINAL_RUN_STATES,
+            )
+        if fixed:
+            known = {
+                r["item_id"]
+                for r in tx.fetchall("SELECT item_id FROM lg_items WHERE run_id = ?", (run_id,))
+            }
+            manifest = manifest_of(
+                original, [f.model_dump(mode="json") for f in fixed], original.policy
+            )
+            relation = "correction_of"
+            unknown = [f.item_id for f in fixed if f.item_id not in known]
+            if unknown:
+                raise ItemNotFound(run_id, unknown[0])
+        elif items:
+            manifest = current_manifest(tx, original)
+            by_id = {i["item_id"]: i for i in manifest["items"]}
+            missing = [i for i in items if i not in by_id]
+            if missing:
+                raise ItemNotFound(run_id, missing[0])
+            manifest["items"] = [by_id[i] for i in dict.fromkeys(items)]
+            relation = "repair_of"
+        else:
+            manifest = current_manifest(tx, original, " AND state <> 'accepted'")
+            relation = "repair_of"
+        if not manifest["items"]:
+            raise InvalidInput(f"run {run_id} has no items to repair: every item was accepted")
+        return create_run(
+            uow,
+            tx,
+            manifest,
+            actor,
+            "repair",
+            reason or f"{relation.replace('_', ' ')} {run_id}",
+            [{"relation": relation, "run_id": run_id}],
+            original,
+        )
+
+
+def compensate(
+    uow: UnitOfWork, run_id: str, actor: Actor, reason: str, items: list[Any] | None = None
+) -> RunStatus:
+    """A separately authorized new run that undoes effects of a run (default: its accepted items)."""
+    run_id = A.run_id(run_id)
+    actor = A.actor(actor)
+    reason = A.reason(reason, required=True)
+    rule = S.run_rule("compensate")
+    ids: list[str] | None = None
+    given: list[ManifestItem] | None = None
+    if items is not None:
+        if not isinstance(items, list):
+            raise InvalidInput("items must be a list of item ids or item objects")
+        if all(isinstance(i, str) for i in items):
+            ids = items
+        else:
+            given = parse_items(items)
+    with uow.write() as tx:
+        original = uow.load_run(tx, run_id)
+        for named in ids or []:
+            uow.item_row(tx, run_id, named)  # existence before role (SPEC order of checks)
+        require_role(actor, rule.roles, "compensate")
+        if original.state not in S.TERMINAL_RUN_STATES:
+            raise IllegalTransition(
+                f"run {run_id} is {original.state}; compensate needs a terminal run "
+                "(cancel it first)",
+                state=original.state,
+                allowed=S.TERMINAL_RUN_STATES,
+            )
+        if given is not None:
+            manifest = manifest_of(
+                original, [g.model_dump(mode="json") for g in given], original.policy
+            )
+        else:
+            manifest = current_manifest(tx, original, " AND state = 'accepted'")
+            if ids is not None:
+                by_id = {i["item_id"]: i for i in current_manifest(tx, original)["items"]}
+                missing = [i for i in ids if i not in by_id]
+                if missing:
+                    raise ItemNotFound(run_id, missing[0])
+                manifest["items"] = [by_id[i] for i in dict.fromkeys(ids)]
+        if not manifest["items"]:
+            raise InvalidInput(
+                f"run {run_id} has no accepted items to compensate; name items explicitly"
+            )
+        policy = dict(original.policy)
+        policy["review"] = None
+        policy["partial_delivery"] = False
+        policy["tolerated_failures"] = None
+        manifest["policy"] = policy
+        return create_run(
+            uow,
+            tx,
+            manifest,
+            actor,
+            "compensate",
+            reason,
+            [{"relation": "compensates", "run_id": run_id}],
+            original,
+        )

@@ -1,0 +1,54 @@
+"""How every command runs: transient-fault retry, then the idempotency key, then the
+handler with its unit of work. Explicit steps, no thread-local state.
+
+`execute(ledger, name, handler, key, arguments)`:
+
+1. **retry** (`idempotency.with_retry`): `StoreUnavailable` means nothing was written,
+   so the whole command runs again; `CommitUncertain` is repeated only with a key
+   (the key's record tells whether the first try committed).
+2. **idempotency** (with a key): one write transaction looks the key up (a repeat
+   answers from the record, or is refused when the command or its arguments differ),
+   runs the handler inside that same transaction (passed to the `UnitOfWork`), and
+   records the key with the response before it commits.
+3. **handler** `handler(uow, **arguments)`: the command itself (ledger/commands/*.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..idempotency import check_key, fingerprint, lookup, record, replay, run_id_of, with_retry
+from .uow import UnitOfWork
+
+if TYPE_CHECKING:
+    from ..service import Ledger
+
+T = TypeVar("T")
+
+
+def execute(
+    ledger: Ledger,
+    name: str,
+    handler: Callable[..., T],
+    key: str | None,
+    arguments: dict[str, Any],
+) -> T:
+    """Run one command: `handler(uow, **arguments)` under retry and the optional key.
+    `arguments` are the command's public arguments by name (they make the key's
+    fingerprint)."""
+    if key is None:
+        return with_retry(lambda: handler(UnitOfWork(ledger), **arguments), keyed=False)
+    checked = check_key(key)
+    fp = fingerprint(name, arguments)
+
+    def once() -> T:
+        with ledger.store.write() as tx:
+            row = lookup(tx, checked)
+            if row is not None:
+                return replay(row, checked, name, fp)  # type: ignore[no-any-return]
+            result = handler(UnitOfWork(ledger, tx), **arguments)
+            record(tx, checked, name, fp, run_id_of(result, arguments), result)
+            return result
+
+    return with_retry(once, keyed=True)

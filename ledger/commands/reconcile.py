@@ -1,0 +1,134 @@
+"""The reconciler pass: expire stale leases, finish cancels and pauses, quarantine
+retryable items past their deadline, fail runs past their deadline."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from projections.rows import iso
+
+from .. import states as S
+from ..errors import InvalidInput
+from ..views import Actor, ReconcileReport
+from . import args as A
+from .runs import finish_if_drained
+from .uow import UnitOfWork, require_role, stamp
+
+
+def reconcile(
+    uow: UnitOfWork, now: datetime | None = None, actor: Actor | None = None
+) -> ReconcileReport:
+    """Expire stale leases, finish cancels and pauses, quarantine retryable items past their
+    deadline, and fail runs past their deadline once none of their leases is live."""
+    if now is not None and (not isinstance(now, datetime) or now.tzinfo is None):
+        raise InvalidInput("now must be an aware datetime")
+    actor = A.actor(actor or Actor("reconciler", S.RECONCILER))
+    require_role(actor, S.RUN_COMMAND_ROLES["reconcile"], "reconcile")
+    expired = cancels = pauses = failed = 0
+    with uow.read() as tx:
+        t = now or tx.now()
+        stale = tx.fetchall(
+            "SELECT DISTINCT run_id FROM lg_items WHERE state = 'in_progress' AND "
+            "lease_expires_at < ?",
+            (iso(t),),
+        )
+        open_runs = tx.fetchall(
+            "SELECT run_id FROM lg_runs WHERE state IN "
+            "('running', 'awaiting_review', 'pausing', 'paused', 'canceling')"
+        )
+    run_ids = list(dict.fromkeys([r["run_id"] for r in stale] + [r["run_id"] for r in open_runs]))
+    for run_id in run_ids:
+        # each run's pass retried on its own: a fault on one run neither repeats nor
+        # drops the counts of the runs already reconciled (reconciling is idempotent)
+        e, c, p, f = uow.retry_step(reconcile_run, uow, run_id, now, actor)
+        expired += e
+        cancels += c
+        pauses += p
+        failed += f
+    return ReconcileReport(expired, cancels, pauses, failed)
+
+
+def reconcile_run(
+    uow: UnitOfWork, run_id: str, now_arg: datetime | None, actor: Actor
+) -> tuple[int, int, int, int]:
+    """One run's pass, in one transaction: (expired, cancels, pauses, failed)."""
+    with uow.write() as tx:
+        run = uow.load_run(tx, run_id)
+        now = now_arg or tx.now()
+        policy = run.policy
+        rows = tx.fetchall(
+            "SELECT * FROM lg_items WHERE run_id = ? AND state = 'in_progress' AND "
+            "lease_expires_at < ? ORDER BY seq",
+            (run_id, iso(now)),
+        )
+        deadline = policy.get("item_deadline_seconds")
+        past_item_deadline = (
+            deadline is not None
+            and run.started_at is not None
+            and now > run.started_at + timedelta(seconds=deadline)
+        )
+        items = []
+        for row in rows:
+            item = uow.materialize(row, now)
+            exhausted = item.attempts >= policy["max_attempts"]
+            to = S.QUARANTINED if exhausted or past_item_deadline else S.RETRYABLE
+            ev: dict[str, Any] = {
+                "lease_token": item.lease_token,
+                "attempt": item.attempts,
+                "outcome": "lease_expired",
+                "expired_at": item.lease_expires_at,
+            }
+            if to == S.RETRYABLE:
+                ev["eligible_at"] = iso(now + timedelta(seconds=policy["backoff_seconds"]))
+            item.transition(
+                "expire",
+                to,
+                actor.id,
+                actor.role,
+                "lease expired" + (" (attempts exhausted)" if exhausted else ""),
+                ev,
+                stamp(now, item),
+            )
+            items.append(item)
+        if past_item_deadline and not S.is_terminal(run.state):
+            for row in tx.fetchall(
+                "SELECT * FROM lg_items WHERE run_id = ? AND state = 'retryable' ORDER BY seq",
+                (run_id,),
+            ):
+                item = uow.materialize(row, now)
+                item.transition(
+                    "deadline",
+                    S.QUARANTINED,
+                    actor.id,
+                    actor.role,
+                    "item deadline passed",
+                    {},
+                    stamp(now, item),
+                )
+                items.append(item)
+        uow.commit(tx, {run_id: run}, items)
+        cancels = pauses = failed = 0
+        finished = finish_if_drained(uow, tx, run, now)
+        cancels += finished == "cancel"
+        pauses += finished == "pause"
+        rd = policy.get("run_deadline_seconds")
+        if (
+            rd is not None
+            and run.started_at is not None
+            and run.counts[S.IN_PROGRESS] == 0
+            and run.state in S.run_rule("reconcile_deadline").sources
+            and now > run.started_at + timedelta(seconds=rd)
+        ):
+            run.transition(
+                "reconcile_deadline",
+                S.FAILED,
+                actor.id,
+                actor.role,
+                f"run deadline of {rd:g}s passed",
+                {"failure_kind": S.TRANSIENT, "failure_reason": "deadline_exceeded"},
+                stamp(now, run),
+            )
+            uow.commit(tx, {run_id: run})
+            failed = 1
+        return len(rows), cancels, pauses, failed

@@ -1,0 +1,205 @@
+"""The unit of work: one command's transactions, SPEC's order of checks, and its commit.
+
+A handler gets a `UnitOfWork` and opens its transactions through it (`uow.write()`,
+`uow.read()`). When the command carries an idempotency key, the pipeline has already
+opened the one transaction that also records the key: the unit of work then hands
+that transaction to every `write()`/`read()`, so the command and its key record
+commit together. The transaction is passed explicitly, not kept in a thread-local.
+
+`guard` does the checks that come after argument validation, in SPEC's order:
+existence (the run, loaded and locked), role, revision; the state check follows
+from the transition table (`require_run_state`, `require_item_state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from projections.rows import item_from_row
+
+from .. import queries
+from .. import states as S
+from ..domain import Item, Run, item_stream_id
+from ..errors import AlreadyTerminal, Conflict, IllegalTransition, NotAuthorized
+from ..idempotency import retry_transient
+from ..stores.base import StreamConflict, Tx
+from ..views import Actor
+
+if TYPE_CHECKING:
+    from eventsourcing.domain import DomainEvent
+
+    from ..service import Ledger
+
+T = TypeVar("T")
+
+LEDGER = Actor(S.LEDGER_ACTOR_ID, S.CONTROLLER)
+
+
+def require_role(actor: Actor, roles: frozenset[str], command: str) -> None:
+    """NotAuthorized unless the actor's role is one of `roles`."""
+    if actor.role not in roles:
+        raise NotAuthorized(
+            f"role {actor.role!r} may not {command}; allowed roles: {S.describe_roles(roles)}"
+        )
+
+
+def check_revision(expected: int | None, current: int, state: str, what: str) -> None:
+    """Conflict when the caller expected another revision."""
+    if expected is not None and expected != current:
+        raise Conflict(
+            f"{what} is at revision {current} (state {state}), not {expected}; re-read and retry",
+            current_revision=current,
+            current_state=state,
+        )
+
+
+def require_run_state(run: Run, rule: S.Rule, command: str | None = None) -> None:
+    """AlreadyTerminal/IllegalTransition unless the run is in one of the rule's sources."""
+    if run.state in rule.sources:
+        return
+    name = command or rule.command
+    allowed = ", ".join(sorted(rule.sources))
+    if S.is_terminal(run.state):
+        raise AlreadyTerminal(
+            f"run {run.run_id} is {run.state}, which is terminal; {name} is allowed from: {allowed}. "
+            "Corrections start a new linked run (retry, repair, compensate)",
+            state=run.state,
+            allowed=rule.sources,
+        )
+    raise IllegalTransition(
+        f"run {run.run_id} is {run.state}; {name} is allowed from: {allowed}",
+        state=run.state,
+        allowed=rule.sources,
+    )
+
+
+def require_item_state(run_id: str, state: str, item_id: str, rule: S.Rule) -> None:
+    """IllegalTransition unless the item is in one of the rule's sources."""
+    if state in rule.sources:
+        return
+    allowed = ", ".join(sorted(rule.sources))
+    raise IllegalTransition(
+        f"item {item_id!r} of run {run_id} is {state}; {rule.command} is allowed from: {allowed}",
+        state=state,
+        allowed=rule.sources,
+    )
+
+
+def stamp(now: datetime, agg: Any) -> datetime:
+    """Event times never move backwards within a stream."""
+    if agg is not None and agg.modified_on is not None and agg.modified_on > now:
+        return agg.modified_on  # type: ignore[no-any-return]
+    return now
+
+
+class UnitOfWork:
+    """One command invocation over the ledger's store."""
+
+    def __init__(self, ledger: Ledger, tx: Tx | None = None) -> None:
+        self.ledger = ledger
+        self.store = ledger.store
+        self._projector = ledger._projector
+        self._joined = tx  # the keyed command's transaction, shared by every step
+
+    # -- transactions ----------------------------------------------------
+    @contextmanager
+    def write(self) -> Iterator[Tx]:
+        """A write transaction (the keyed command's own, when it has a key)."""
+        if self._joined is not None:
+            yield self._joined
+            return
+        with self.store.write() as tx:
+            yield tx
+
+    @contextmanager
+    def read(self) -> Iterator[Tx]:
+        """A read transaction (the keyed command's own, when it has a key)."""
+        if self._joined is not None:
+            yield self._joined
+            return
+        with self.store.read() as tx:
+            yield tx
+
+    def retry_step(self, step: Callable[..., T], *args: Any) -> T:
+        """One idempotent step in its own transaction, retried on transient faults; inside a
+        keyed command it is part of that command's transaction, which the pipeline retries."""
+        if self._joined is not None:
+            return step(*args)
+        return retry_transient(step, *args)
+
+    # -- loading ---------------------------------------------------------
+    def load_run(self, tx: Tx, run_id: str, lock: bool = True) -> Run:
+        """The run's aggregate from its snapshot row (locked on PostgreSQL); RunNotFound."""
+        # through the facade: the one place every command loads its run (tests hook it)
+        return self.ledger._load_run(tx, run_id, lock)
+
+    def guard(
+        self,
+        tx: Tx,
+        run_id: str,
+        actor: Actor,
+        roles: frozenset[str],
+        command: str,
+        expected: int | None,
+    ) -> Run:
+        """SPEC's order after the arguments: existence, role, revision. Returns the run."""
+        run = self.load_run(tx, run_id)
+        require_role(actor, roles, command)
+        check_revision(expected, run.version, run.state, f"run {run_id}")
+        return run
+
+    item_row = staticmethod(queries.item_row)
+
+    @staticmethod
+    def item_rows(tx: Tx, run_id: str, item_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The rows of the named items that exist, by item id."""
+        out: dict[str, dict[str, Any]] = {}
+        ids = list(dict.fromkeys(item_ids))
+        for k in range(0, len(ids), 500):
+            chunk = ids[k : k + 500]
+            marks = ", ".join("?" for _ in chunk)
+            for row in tx.fetchall(
+                f"SELECT * FROM lg_items WHERE run_id = ? AND item_id IN ({marks})",
+                (run_id, *chunk),
+            ):
+                out[row["item_id"]] = row
+        return out
+
+    @staticmethod
+    def materialize(row: dict[str, Any], now: datetime) -> Item:
+        """The item's aggregate; its stream begins now if it has none yet."""
+        item = item_from_row(row)
+        if item is None:
+            item = Item._create(
+                Item.Registered,
+                id=item_stream_id(row["run_id"], row["item_id"]),
+                run_id=row["run_id"],
+                item_id=row["item_id"],
+                timestamp=now,
+            )
+        return item
+
+    # -- saving ----------------------------------------------------------
+    def commit(
+        self, tx: Tx, runs: dict[str, Run], items: Sequence[Item] = (), first: str = "items"
+    ) -> None:
+        """Append the aggregates' new events and project them, in the same transaction."""
+        item_events = [e for it in items for e in it.collect_events()]
+        run_events = [e for r in runs.values() for e in r.collect_events()]
+        events = item_events + run_events if first == "items" else run_events + item_events
+        if not events:
+            return
+        try:
+            positioned = tx.append(cast("list[DomainEvent]", events))
+        except StreamConflict as e:
+            run = next(iter(runs.values()))
+            raise Conflict(
+                f"another writer changed run {run.run_id} first; re-read and retry ({e})",
+                current_revision=run.version,
+                current_state=run.state,
+            ) from None
+        item_map = {(it.run_id, it.item_id): it for it in items}
+        self._projector.project(tx, positioned, runs, item_map)

@@ -1,0 +1,408 @@
+"""The reads: runs, items, attempts, history, lineage and audit, and the mapping of
+projection rows to the result values of `ledger.views`.
+
+Every function takes an open transaction (`tx`) or the store; the `Ledger` facade
+opens the read transaction and retries it on transient faults. The command handlers
+use the same mappings for their answers, and `projections.timetravel` for a replayed
+status.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from projections.rows import iso, parse_dt, run_from_row
+
+from . import states as S
+from .commands import args as A
+from .domain import Item, Run
+from .errors import InvalidInput, ItemNotFound, RunNotFound
+from .stores.base import Store, Tx
+from .validation import check_identifier
+from .views import Attempt, ItemStatus, Lease, Link, NotAcceptedItem, RunStatus, Transition
+
+
+# --------------------------------------------------------------------------
+# rows
+# --------------------------------------------------------------------------
+def load_run(tx: Tx, run_id: str, lock: bool = True) -> Run:
+    """The run's aggregate from its lg_runs row (locked for the transaction when `lock`)."""
+    try:
+        UUID(run_id)
+    except ValueError:
+        raise RunNotFound(run_id) from None
+    row = tx.fetchone(tx.select_run_sql(lock), (run_id,))
+    if row is None:
+        raise RunNotFound(run_id)
+    if "db_now" in row:
+        tx.prime_now(row.pop("db_now"))
+    return run_from_row(row)
+
+
+def item_row(tx: Tx, run_id: str, item_id: str) -> dict[str, Any]:
+    """One item's row; ItemNotFound."""
+    row = tx.fetchone("SELECT * FROM lg_items WHERE run_id = ? AND item_id = ?", (run_id, item_id))
+    if row is None:
+        raise ItemNotFound(run_id, item_id)
+    return row
+
+
+def waiting_on(state: str, counts: dict[str, int]) -> str:
+    """Who owns the next step (SPEC rule 9)."""
+    if state in S.TERMINAL_RUN_STATES:
+        return "nobody"
+    if state == S.QUEUED:
+        return "controller"
+    if state == S.AWAITING_REVIEW:
+        return "reviewer"
+    if state == S.PAUSED:
+        return "operator"
+    if state in (S.CANCELING, S.PAUSING):
+        return "workers" if counts.get(S.IN_PROGRESS, 0) else "controller"
+    # running
+    if counts.get(S.PENDING, 0) or counts.get(S.RETRYABLE, 0) or counts.get(S.IN_PROGRESS, 0):
+        return "workers"
+    if counts.get(S.QUARANTINED, 0):
+        return "reviewer"
+    return "controller"
+
+
+def _dt(text: str) -> datetime:
+    dt = parse_dt(text)
+    assert dt is not None
+    return dt
+
+
+def status_tx(tx: Tx, run_id: str) -> RunStatus:
+    """The run's status inside an open transaction."""
+    row = tx.fetchone("SELECT * FROM lg_runs WHERE run_id = ?", (run_id,))
+    if row is None:
+        raise RunNotFound(run_id)
+    return status_of_row(tx, row)
+
+
+def status_of_row(tx: Tx, row: dict[str, Any]) -> RunStatus:
+    """A run row as RunStatus, with its first 20 items not accepted."""
+    na = tx.fetchall(
+        "SELECT item_id, state, required, reason FROM lg_items WHERE run_id = ? AND "
+        "state IN ('rejected', 'skipped', 'quarantined') ORDER BY seq LIMIT 20",
+        (row["run_id"],),
+    )
+    return status_from_row(row, na)
+
+
+def status_from_row(row: dict[str, Any], na: list[dict[str, Any]]) -> RunStatus:
+    """A run row and its not-accepted item rows as RunStatus."""
+    counts = json.loads(row["counts"])
+    state = row["state"]
+    return RunStatus(
+        run_id=row["run_id"],
+        state=state,
+        revision=row["revision"],
+        failure_kind=row["failure_kind"],
+        failure_reason=row["failure_reason"],
+        input_version=row["input_version"],
+        counts=counts,
+        summary=row["summary"] or f"run {state}",
+        not_accepted=[
+            NotAcceptedItem(r["item_id"], r["state"], bool(r["required"]), r["reason"]) for r in na
+        ],
+        waiting_on=waiting_on(state, counts),
+        links=[Link(link["relation"], link["run_id"]) for link in json.loads(row["links"])],
+        cancel_requested=bool(row["cancel_requested"]),
+        created_at=_dt(row["created_at"]),
+        updated_at=_dt(row["updated_at"]),
+        source_version=row["source_version"],
+        config_version=row["config_version"],
+        scope=row["scope"],
+        created_by=row["created_by"],
+        started_at=parse_dt(row["started_at"]),
+        stopped_at=parse_dt(row["stopped_at"]),
+        stop_reason=row["stop_reason"],
+        review=None if row["review"] is None else json.loads(row["review"]),
+        policy=json.loads(row["policy"]),
+        root_run_id=row["root_run_id"],
+    )
+
+
+def item_status(r: dict[str, Any]) -> ItemStatus:
+    """An item row as ItemStatus."""
+    lease = None
+    if r["state"] == S.IN_PROGRESS and r["lease_token"]:
+        lease = Lease(
+            r["run_id"],
+            r["item_id"],
+            r["lease_token"],
+            r["lease_worker"],
+            r["attempts"],
+            _dt(r["lease_expires_at"]),
+            None,
+        )
+    return ItemStatus(
+        run_id=r["run_id"],
+        item_id=r["item_id"],
+        state=r["state"],
+        required=bool(r["required"]),
+        attempts=r["attempts"],
+        lease=lease,
+        last_error=r["last_error"],
+        revision=r["revision"],
+        reason=r["reason"],
+        payload=json.loads(r["payload"]),
+        updated_at=parse_dt(r["updated_at"]),
+    )
+
+
+def item_status_tx(tx: Tx, run_id: str, item_id: str) -> ItemStatus:
+    """One item's status inside an open transaction."""
+    return item_status(item_row(tx, run_id, item_id))
+
+
+def merged_row(row: dict[str, Any], item: Item) -> dict[str, Any]:
+    """An item row updated with its aggregate's current stream state (no re-read)."""
+    return {
+        **row,
+        "state": item.state,
+        "revision": item.version,
+        "attempts": item.attempts,
+        "lease_token": item.lease_token,
+        "lease_worker": item.lease_worker,
+        "lease_expires_at": item.lease_expires_at,
+        "eligible_at": item.eligible_at,
+        "last_error": item.last_error,
+        "reason": item.reason,
+        "updated_at": iso(item.modified_on),
+    }
+
+
+def transition(r: dict[str, Any]) -> Transition:
+    """An lg_transitions row as Transition."""
+    return Transition(
+        run_id=r["run_id"],
+        item_id=r["item_id"],
+        from_state=r["from_state"],
+        to_state=r["to_state"],
+        actor_id=r["actor_id"],
+        role=r["role"],
+        reason=r["reason"],
+        evidence=json.loads(r["evidence"]),
+        at=_dt(r["at"]),
+        revision=r["revision"],
+        position=r["position"],
+        command=r["command"],
+    )
+
+
+# --------------------------------------------------------------------------
+# the reads of the facade
+# --------------------------------------------------------------------------
+def status(store: Store, run_id: str) -> RunStatus:
+    """The run as accepted by the store."""
+    run_id = A.run_id(run_id)
+    with store.read() as tx:
+        try:
+            UUID(run_id)
+        except ValueError:
+            raise RunNotFound(run_id) from None
+        return status_tx(tx, run_id)
+
+
+def runs(store: Store, state: str | None = None, limit: int = 100) -> list[RunStatus]:
+    """Runs, newest first."""
+    if state is not None and state not in S.RUN_STATES:
+        raise InvalidInput(f"state {state!r} is not a run state; states: {', '.join(S.RUN_STATES)}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise InvalidInput(f"limit must be an integer from 1 to 10000, got {limit!r}")
+    with store.read() as tx:
+        if state is None:
+            rows = tx.fetchall("SELECT * FROM lg_runs ORDER BY seq DESC LIMIT ?", (limit,))
+        else:
+            rows = tx.fetchall(
+                "SELECT * FROM lg_runs WHERE state = ? ORDER BY seq DESC LIMIT ?",
+                (state, limit),
+            )
+        return [status_of_row(tx, row) for row in rows]
+
+
+def items(store: Store, run_id: str, state: str | None = None) -> list[ItemStatus]:
+    """The run's items in manifest order."""
+    run_id = A.run_id(run_id)
+    if state is not None and state not in S.ITEM_STATES:
+        raise InvalidInput(
+            f"state {state!r} is not an item state; states: {', '.join(S.ITEM_STATES)}"
+        )
+    with store.read() as tx:
+        load_run(tx, run_id, lock=False)
+        if state is None:
+            rows = tx.fetchall("SELECT * FROM lg_items WHERE run_id = ? ORDER BY seq", (run_id,))
+        else:
+            rows = tx.fetchall(
+                "SELECT * FROM lg_items WHERE run_id = ? AND state = ? ORDER BY seq",
+                (run_id, state),
+            )
+        return [item_status(r) for r in rows]
+
+
+def item(store: Store, run_id: str, item_id: str) -> ItemStatus:
+    """One item."""
+    run_id = A.run_id(run_id)
+    item_id = A.item_id(item_id)
+    with store.read() as tx:
+        load_run(tx, run_id, lock=False)
+        return item_status_tx(tx, run_id, item_id)
+
+
+def attempts(store: Store, run_id: str, item_id: str | None = None) -> list[Attempt]:
+    """Every attempt of the run (or of one item), oldest first."""
+    run_id = A.run_id(run_id)
+    with store.read() as tx:
+        load_run(tx, run_id, lock=False)
+        if item_id is None:
+            rows = tx.fetchall(
+                "SELECT a.* FROM lg_attempts a JOIN lg_items i ON a.run_id = i.run_id AND "
+                "a.item_id = i.item_id WHERE a.run_id = ? ORDER BY a.started_at, i.seq, a.attempt",
+                (run_id,),
+            )
+        else:
+            item_row(tx, run_id, A.item_id(item_id))
+            rows = tx.fetchall(
+                "SELECT * FROM lg_attempts WHERE run_id = ? AND item_id = ? ORDER BY attempt",
+                (run_id, item_id),
+            )
+        return [
+            Attempt(
+                r["run_id"],
+                r["item_id"],
+                r["attempt"],
+                r["worker_id"],
+                r["lease_token"],
+                _dt(r["started_at"]),
+                _dt(r["expires_at"]),
+                parse_dt(r["finished_at"]),
+                r["stage"],
+                r["outcome"],
+                r["error"],
+            )
+            for r in rows
+        ]
+
+
+def history(store: Store, run_id: str) -> list[Transition]:
+    """Every run and item transition of the run, in position order, starting with its submit."""
+    run_id = A.run_id(run_id)
+    with store.read() as tx:
+        load_run(tx, run_id, lock=False)
+        rows = tx.fetchall(
+            "SELECT * FROM lg_transitions WHERE run_id = ? ORDER BY position, ord", (run_id,)
+        )
+        return [transition(r) for r in rows]
+
+
+def lineage(store: Store, run_id: str) -> list[RunStatus]:
+    """The runs linked to this one (same root), root first."""
+    run_id = A.run_id(run_id)
+    with store.read() as tx:
+        run = load_run(tx, run_id, lock=False)
+        rows = tx.fetchall(
+            "SELECT * FROM lg_runs WHERE root_run_id = ? ORDER BY seq", (run.root_run_id,)
+        )
+        return [status_of_row(tx, row) for row in rows]
+
+
+def audit(
+    store: Store,
+    run_id: str | None = None,
+    actor: str | None = None,
+    role: str | None = None,
+    state: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    newest_first: bool = False,
+    after: int | None = None,
+    limit: int | None = None,
+    page_size: int = 1000,
+) -> Iterator[Transition]:
+    """Transitions filtered by run, actor id, role, target state and time; keyset-paged by
+    position. The arguments are checked at once; the pages are read as the caller iterates."""
+    if run_id is not None:
+        A.run_id(run_id)
+    if actor is not None:
+        check_identifier(actor, "actor")
+    if role is not None and role not in S.ROLES:
+        raise InvalidInput(f"role {role!r} is not a role; roles: {', '.join(S.ROLES)}")
+    if state is not None and state not in S.RUN_STATES and state not in S.ITEM_STATES:
+        raise InvalidInput(f"state {state!r} is neither a run nor an item state")
+    for name, value in (("since", since), ("until", until)):
+        if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
+            raise InvalidInput(f"{name} must be an aware datetime")
+    if after is not None and (isinstance(after, bool) or not isinstance(after, int) or after < 0):
+        raise InvalidInput("after must be a non-negative position")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidInput("limit must be a positive integer")
+    where: list[str] = []
+    params: list[Any] = []
+    for col, val in (
+        ("run_id", run_id),
+        ("actor_id", actor),
+        ("role", role),
+        ("to_state", state),
+    ):
+        if val is not None:
+            where.append(f"{col} = ?")
+            params.append(val)
+    if since is not None:
+        where.append("at >= ?")
+        params.append(iso(since))
+    if until is not None:
+        where.append("at <= ?")
+        params.append(iso(until))
+    return _audit_pages(store, where, params, newest_first, after, limit, page_size)
+
+
+def _audit_pages(
+    store: Store,
+    where: list[str],
+    params: list[Any],
+    newest_first: bool,
+    after: int | None,
+    limit: int | None,
+    page_size: int,
+) -> Iterator[Transition]:
+    order = "DESC" if newest_first else "ASC"
+    cmp = "<" if newest_first else ">"
+    cursor = after
+    remaining = limit
+    while True:
+        w = list(where)
+        p = list(params)
+        if cursor is not None:
+            w.append(f"position {cmp} ?")
+            p.append(cursor)
+        n = page_size if remaining is None else min(page_size, remaining)
+        # SQLite keeps no statistics on `at`: ordered by the plain column it scans every
+        # row in position order; `+position` makes it search lg_transitions_at and sort
+        by = (
+            "+position"
+            if store.dialect == "sqlite" and where and all(c.startswith("at ") for c in where)
+            else "position"
+        )
+        sql = (
+            "SELECT * FROM lg_transitions"
+            + (" WHERE " + " AND ".join(w) if w else "")
+            + f" ORDER BY {by} {order}, ord {order} LIMIT ?"
+        )
+        with store.read() as tx:
+            rows = tx.fetchall(sql, (*p, n))
+        for r in rows:
+            yield transition(r)
+        if remaining is not None:
+            remaining -= len(rows)
+            if remaining <= 0:
+                return
+        if len(rows) < n:
+            return
+        cursor = rows[-1]["position"]
