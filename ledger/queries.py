@@ -391,7 +391,7 @@ def _audit_pages(
             else "position"
         )
         sql = (
-            "SELECT * FROM lg_transitions"
+            "SELECT * FROM lg_transitions"  # noqa: S608 (our own columns; values bound)
             + (" WHERE " + " AND ".join(w) if w else "")
             + f" ORDER BY {by} {order}, ord {order} LIMIT ?"
         )

@@ -44,7 +44,7 @@ def current_manifest(
 ) -> dict[str, Any]:
     """The run's latest input (its items still in the manifest, optionally filtered)."""
     rows = tx.fetchall(
-        "SELECT item_id, required, payload FROM lg_items WHERE run_id = ? AND in_manifest = 1"
+        "SELECT item_id, required, payload FROM lg_items WHERE run_id = ? AND in_manifest = 1"  # noqa: S608 (`where` is our own fixed filter, values bound)
         + where
         + " ORDER BY seq",
         (run.run_id, *params),

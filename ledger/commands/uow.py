@@ -162,7 +162,7 @@ class UnitOfWork:
             chunk = ids[k : k + 500]
             marks = ", ".join("?" for _ in chunk)
             for row in tx.fetchall(
-                f"SELECT * FROM lg_items WHERE run_id = ? AND item_id IN ({marks})",
+                f"SELECT * FROM lg_items WHERE run_id = ? AND item_id IN ({marks})",  # noqa: S608 (placeholders only)
                 (run_id, *chunk),
             ):
                 out[row["item_id"]] = row
