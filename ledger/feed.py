@@ -129,7 +129,7 @@ def page(
     """Up to `limit` transitions after `after` that match `flt`, in position order, and the
     cursor to resume after: the last one's position on a full page, else the head the page
     was bounded by (the reader has seen everything up to it, matching or not)."""
-    from .service import _transition
+    from .queries import transition as _transition
 
     bound = head(tx) if upto is None else upto
     if bound <= after:
