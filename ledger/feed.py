@@ -118,8 +118,16 @@ def check_kinds(kinds: Any) -> tuple[str, ...]:
 
 def head(tx: Tx) -> int:
     """The highest position a reader may read up to now: every transition at or below it
-    has committed (commit order is position order on the write path: see stores/)."""
-    row = tx.fetchone("SELECT COALESCE(MAX(position), 0) AS head FROM lg_transitions")
+    has committed or never will (on PostgreSQL a slower writer may still fill in a lower
+    position than one committed: `Tx.readable_position`, stores/pg_positions.py)."""
+    bound = tx.readable_position()  # a statement of its own, before the MAX's snapshot
+    if bound is None:
+        row = tx.fetchone("SELECT COALESCE(MAX(position), 0) AS head FROM lg_transitions")
+    else:
+        row = tx.fetchone(
+            "SELECT COALESCE(MAX(position), 0) AS head FROM lg_transitions WHERE position <= ?",
+            (bound,),
+        )
     return int(row["head"]) if row else 0
 
 
@@ -154,11 +162,7 @@ def read(store: Store, after: int, flt: FeedFilter, limit: int) -> list[Transiti
 
 def has_after(store: Store, after: int) -> bool:
     with store.read() as tx:
-        row = tx.fetchone(
-            "SELECT position FROM lg_transitions WHERE position > ? ORDER BY position LIMIT 1",
-            (after,),
-        )
-        return row is not None
+        return head(tx) > after
 
 
 class Waiter:

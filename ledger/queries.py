@@ -390,12 +390,17 @@ def _audit_pages(
             if store.dialect == "sqlite" and where and all(c.startswith("at ") for c in where)
             else "position"
         )
-        sql = (
-            "SELECT * FROM lg_transitions"  # noqa: S608 (our own columns; values bound)
-            + (" WHERE " + " AND ".join(w) if w else "")
-            + f" ORDER BY {by} {order}, ord {order} LIMIT ?"
-        )
         with store.read() as tx:
+            # never past a position a slower writer may still fill in (rule 18)
+            bound = tx.readable_position()
+            if bound is not None:
+                w.append("position <= ?")
+                p.append(bound)
+            sql = (
+                "SELECT * FROM lg_transitions"  # noqa: S608 (our own columns; values bound)
+                + (" WHERE " + " AND ".join(w) if w else "")
+                + f" ORDER BY {by} {order}, ord {order} LIMIT ?"
+            )
             rows = tx.fetchall(sql, (*p, n))
         for r in rows:
             yield transition(r)

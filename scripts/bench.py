@@ -16,7 +16,6 @@ Cases (ratio = ledger / baseline, same run, same server):
   5 status() median latency with 1,000 vs 200,000 events (<= 1.5x; < 2 ms PG, < 1 ms SQLite)
   6 SQLite, one process, claim+accept in batches of 50 vs raw sqlite3 (>= 0.3)
   7 `ledger status RUN --json` start-up (< 0.5 s median)
-  8 export (SQLite, PostgreSQL) vs reading the same rows, import into PostgreSQL vs COPY (>= 0.3)
 
 The throwaway server keeps PostgreSQL's durable defaults (fsync and
 synchronous_commit on) and its data on disk. `--profile DIR` runs cProfile

@@ -246,8 +246,9 @@ def test_connection_killed_mid_command_is_retried_and_applied_once(pg_dsn: str, 
                 pattern = "%lg_runs%"
             else:
                 # the claim locks its run row, reads, then blocks appending its events
+                # (its INSERT needs ROW EXCLUSIVE on the table, which this lock excludes)
                 locker.execute(f"LOCK TABLE {lg.store.events_table()} IN SHARE ROW EXCLUSIVE MODE")
-                pattern = "%LOCK TABLE%"
+                pattern = f"%INSERT INTO %{lg.store.events_table()}%"
             worker = threading.Thread(target=claim)
             worker.start()
             pid = wait_until(

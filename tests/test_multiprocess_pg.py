@@ -2,9 +2,9 @@
 
 Every process opens its own `Ledger` on the test database (multiprocessing
 "spawn", so nothing is inherited but the DSN). The checks read the recorded
-history: positions are commit order on PostgreSQL (the events table is locked
-until commit), so "no claim after the cancel" means no claim transition has a
-position greater than the cancel's.
+history: a command draws its positions while it holds its run's row lock, and a
+cancel or pause holds it exclusively, so "no claim after the cancel" means no claim
+transition has a position greater than the cancel's.
 """
 
 from __future__ import annotations

@@ -730,8 +730,6 @@ class SpecMachine(RuleBasedStateMachine):
         if run.murky(self.now()):
             self.reconcile(0, False)  # settle the expired leases first
         actor = pick_actor({S.CONTROLLER, S.OPERATOR}, who)
-        if actor.role == S.OPERATOR and who != 7:
-            transient = True  # mostly; an operator's permanent failure is refused
         if actor.role == S.CONTROLLER and reason is None and not self.allow(7):
             reason = "input_unavailable"  # bug 7: the controller's default reason is null
         if actor.role not in (S.CONTROLLER, S.OPERATOR) or (
@@ -866,29 +864,6 @@ class SpecMachine(RuleBasedStateMachine):
                 self.linked(0, who, command, again=True)
             finally:
                 self.target = None
-
-    @precondition(lambda self: bool(self.bugs) and bool(self.order))
-    @rule(pick=PICK, which=st.integers(0, 4), flag=st.booleans())
-    def bug_moves(self, pick: int, which: int, flag: bool) -> None:
-        """A variant's own moves, more often than the rules above draw them."""
-        for n in sorted(self.bugs):
-            if n == 1:
-                self.review_with_live_lease(pick, WORKERS[0], False, 0)
-            elif n == 2:
-                who = S.SUBMITTER if flag else S.OPERATOR
-                self.amend(pick, pick, who, "weaken", which, True)
-            elif n == 3:
-                self.reconcile(0, True)
-            elif n == 4:
-                self.linked(pick, S.OPERATOR, "retry" if flag else "compensate")
-            elif n == 5 and len(self.order) < 3:
-                policy = {"max_attempts": 2, "backoff_seconds": 0, "partial_delivery": False}
-                policy.update(tolerated_failures=0, review=None, run_deadline_seconds=None)
-                self.submit(2, [True] * 4, policy, 0, True)
-            elif n == 6:
-                self.do_cancel(pick, 0, True, None)
-            elif n == 7:
-                self.do_fail(pick, 0, flag, None)
 
     # -- the reconciler and the clock --------------------------------------------
     @rule(who=st.integers(0, 9), future=st.sampled_from([False, False, False, True]))

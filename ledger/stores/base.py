@@ -21,8 +21,10 @@ from eventsourcing.persistence import (
 
 from .hashchain import record_hashes
 
-SCHEMA_VERSION = 4  # 2: ledger_event_hashes (hash chain); 3: ledger_idempotency (keys);
-# 4: lg_followers, lg_webhooks, lg_webhook_deliveries (the change feed)
+# 2: ledger_event_hashes (hash chain); 3: ledger_idempotency (keys); 4: lg_followers,
+# lg_webhooks, lg_webhook_deliveries (the change feed); 5: positions without the events
+# table lock (PostgreSQL functions, see pg_positions.py; SQLite: a meta row)
+SCHEMA_VERSION = 5
 
 
 def refuse_newer(current: int, known: int) -> None:
@@ -92,6 +94,13 @@ class Tx(ABC):
 
     @abstractmethod
     def db_now(self) -> datetime: ...
+
+    def readable_position(self) -> int | None:
+        """The highest position a reader paging by position may pass now; None when any
+        stored position may be read. On SQLite and memory one writer at a time commits
+        in position order; on PostgreSQL a slower writer may still fill a lower position
+        (pg_positions.py). Call it before the read, as a statement of its own."""
+        return None
 
     def now(self) -> datetime:
         """The store's clock, read once per transaction (injected clock in tests)."""

@@ -1,9 +1,10 @@
 """PostgreSQL store: the production store shared by many worker processes.
 
-Events go through the eventsourcing PostgreSQL recorder's insert (table lock, so
-commit order equals position order, then NOTIFY), inside the ledger's own
-transaction together with the projection rows. PostgreSQL's clock judges leases
-and stamps events, so workers on machines with skewed clocks agree.
+Events are inserted by the ledger's recorder (an eventsourcing PostgreSQL recorder whose
+insert announces and reserves its positions instead of locking the table: see
+pg_positions.py), inside the ledger's own transaction together with the projection rows.
+Readers that page by position read only below `ledger_readable_position()`. PostgreSQL's
+clock judges leases and stamps events, so workers on machines with skewed clocks agree.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import psycopg_pool
 from eventsourcing.persistence import InterfaceError as ESInterfaceError
 from eventsourcing.persistence import OperationalError as ESOperationalError
 from eventsourcing.persistence import StoredEvent
-from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from eventsourcing.postgres import PostgresDatastore
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import send
 from psycopg.rows import dict_row
@@ -32,8 +33,11 @@ from projections.schema import projection_ddl
 from ..errors import CommitUncertain, StoreUnavailable
 from ..idempotency import ddl as idempotency_ddl
 from ..redact import redact, truncate_bytes
-from . import feed_schema, hashchain
+from . import feed_schema, hashchain, pg_positions
 from .base import SCHEMA_VERSION, Store, StreamConflict, Tx, apply_migrations, refuse_newer
+from .pg_recorder import WAKE_INTERVAL_S, LedgerPostgresRecorder, Waker, _events_json
+
+__all__ = ["EVENTS_TABLE", "LedgerPostgresRecorder", "PostgresStore", "_events_json"]
 
 EVENTS_TABLE = "ledger_events"
 _QMARK = re.compile(r"\?")
@@ -157,71 +161,12 @@ def _take_results(conn: psycopg.Connection[Any]) -> None:
         pipeline.sync()
 
 
-class LedgerPostgresRecorder(PostgresApplicationRecorder):
-    """The eventsourcing PostgreSQL recorder with a cheaper insert statement; the ledger
-    calls its insert inside its own transactions, so events and projection rows commit
-    together.
-
-    The stock insert sends the events as an array of a composite type, which psycopg
-    encodes field by field in Python (with a regular expression per field): measured at
-    half of the client time of an append. Here, when every state is UTF-8 text (the
-    ledger's JSON events always are) and the database encoding is UTF8, the events go
-    as one JSON array, the states as strings turned back into the very same bytes by
-    `convert_to`; anything else takes the stock path. The table lock (commit order =
-    position order) and the NOTIFY are the stock ones, and the library's own recorder
-    test cases run against this class (tests/test_recorders.py)."""
-
-    def __init__(
-        self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events"
-    ) -> None:
-        super().__init__(datastore, events_table_name=events_table_name)
-        table = (
-            f'"{datastore.schema}"."{events_table_name}"'
-            if datastore.schema
-            else f'"{events_table_name}"'
-        )
-        self.insert_events_json_statement = (
-            f"INSERT INTO {table} (originator_id, originator_version, topic, state) "  # noqa: S608 (our own table/column names; values are bound parameters)
-            "SELECT (e->>0)::uuid, (e->>1)::bigint, e->>2, convert_to(e->>3, 'UTF8') "
-            "FROM json_array_elements(%s::json) WITH ORDINALITY AS x(e, n) ORDER BY n "
-            "RETURNING notification_id"
-        )
-
-    def _insert_stored_events(
-        self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
-    ) -> None:
-        param = _events_json(curs.connection, stored_events)
-        if param is None:
-            super()._insert_stored_events(curs, stored_events, **kwargs)
-            return
-        self._lock_table(curs)
-        self._notify_channel(curs)
-        curs.execute(self.insert_events_json_statement, (param,), prepare=True)
-
-
-def _events_json(conn: psycopg.Connection[Any], stored: Sequence[StoredEvent]) -> str | None:
-    """The events as one JSON array of [id, version, topic, state text]; None when a state
-    is not NUL-free UTF-8 or the database does not keep text as UTF-8."""
-    if conn.info.parameter_status("server_encoding") != "UTF8":
-        return None
-    rows = []
-    for se in stored:
-        state = se.state
-        if b"\x00" in state:
-            return None
-        try:
-            text = state.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        rows.append((str(se.originator_id), se.originator_version, se.topic, text))
-    return json.dumps(rows, ensure_ascii=False)
-
-
 class PgTx(Tx):
     def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any], write: bool) -> None:
         super().__init__(store, write)
         self.conn = conn
         self.cur = conn.cursor()
+        self.appended = False  # events inserted: a wake-up follows the commit
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         cur = self.cur.execute(to_pg(sql), params, prepare=True)
@@ -256,6 +201,7 @@ class PgTx(Tx):
         try:
             # a clash aborts the whole transaction: the command is refused with Conflict
             rec._insert_stored_events(self.cur, stored)
+            self.appended = True
             _drain(self.conn)
             _take_results(self.conn)
             # positions are drawn in the order the rows are inserted, which is the events' order
@@ -266,6 +212,14 @@ class PgTx(Tx):
             raise StreamConflict(str(e)) from e
         assert ids is not None
         return list(ids)
+
+    def readable_position(self) -> int | None:
+        # its own statement, so the read that follows takes a newer snapshot (pg_positions.py)
+        self.cur.execute(pg_positions.READABLE_QUERY, prepare=True)
+        _drain(self.conn)
+        _take_results(self.conn)
+        row = self.cur.fetchone()
+        return None if row is None else row["p"]
 
     def db_now(self) -> datetime:
         self.cur.execute("SELECT clock_timestamp() AS now")
@@ -331,12 +285,24 @@ class PostgresStore(Store):
         try:
             self._create_schema()
             self.recorder = LedgerPostgresRecorder(self.datastore, events_table_name=EVENTS_TABLE)
+            self.waker = Waker(self.datastore, self.recorder.channel_name, WAKE_INTERVAL_S)
         except BaseException:
             self.datastore.close()  # no pool threads left behind retrying a database we cannot use
             raise
 
     @contextmanager
     def _tx(self, write: bool) -> Iterator[PgTx]:
+        tx: PgTx | None = None
+        try:
+            with self._tx_body(write) as tx:
+                yield tx
+        finally:
+            # committed or not, readers held below its positions may now go on
+            if tx is not None and tx.appended:
+                self.waker.poke()
+
+    @contextmanager
+    def _tx_body(self, write: bool) -> Iterator[PgTx]:
         committing = False
         try:
             with (
@@ -365,6 +331,7 @@ class PostgresStore(Store):
         return self._tx(False)
 
     def close(self) -> None:
+        self.waker.close()
         self.datastore.close()
 
     def events_table(self) -> str:
@@ -402,6 +369,9 @@ class PostgresStore(Store):
             f"FROM {EVENTS_TABLE} WHERE notification_id > ?"
         )
         params: list[Any] = [after]
+        bound = tx.readable_position()  # never past what a slower writer may fill in
+        if bound is not None:
+            upto = bound if upto is None else min(upto, bound)
         if upto is not None:
             sql += " AND notification_id <= ?"
             params.append(upto)
@@ -490,6 +460,12 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
         "postgres"
     )  # idempotency keys of commands (ledger/idempotency.py)
     v4: list[Any] = feed_schema.ddl("postgres")  # follower checkpoints, webhooks
-    out = [v1, v2, v3, v4]
+    v5: list[Any] = [
+        # positions without the table lock (pg_positions.py)
+        *pg_positions.ddl(EVENTS_TABLE),
+        "INSERT INTO ledger_meta (key, value) VALUES ('positions', 'announced') "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    ]
+    out = [v1, v2, v3, v4, v5]
     assert len(out) == SCHEMA_VERSION
     return out

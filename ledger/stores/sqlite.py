@@ -223,7 +223,13 @@ def migrations() -> list[list[str]]:
     ]
     v3 = idempotency_ddl("sqlite")  # idempotency keys of commands (ledger/idempotency.py)
     v4 = feed_schema.ddl("sqlite")  # follower checkpoints and webhooks (ledger/follower.py)
-    out = [v1, v2, v3, v4]
+    v5 = [
+        # one writer at a time: position (rowid) order is commit order (the PostgreSQL
+        # store needs functions for that at this version)
+        "INSERT INTO ledger_meta (key, value) VALUES ('positions', 'commit order') "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    ]
+    out = [v1, v2, v3, v4, v5]
     assert len(out) == SCHEMA_VERSION
     return out
 
