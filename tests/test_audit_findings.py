@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -118,6 +119,25 @@ def test_bug1_reconciler_leaves_rejected_run_alone(lg: Ledger, clock: ManualCloc
     lg.reconcile(actor=RECONCILER)
     assert lg.items(run_id) == items, "an item of a terminal run changed"
     verify_clean(lg)
+
+
+@bug(1, "ledger review --reject does not fence live leases")
+def test_bug1_cli_review_reject_fences_live_leases(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ledger.cli import app
+
+    dsn = f"sqlite:///{tmp_path}/ledger.db"
+    with Ledger.open(dsn) as lg:
+        d = run_in(lg, S.AWAITING_REVIEW, live_lease=True)
+        version = lg.status(d.run_id).input_version
+    args = ["--dsn", dsn, "--as", "rita:reviewer", "review", d.run_id, "--reject"]
+    result = CliRunner().invoke(app, [*args, "--input-version", version, "--reason", "no"])
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    with Ledger.open(dsn) as lg:
+        assert lg.status(d.run_id).state == S.FAILED
+        refused(lg, (LeaseLost, AlreadyTerminal), lambda: lg.accept(d.leases[0]))
+        verify_clean(lg)
 
 
 def test_bug1_fail_fences_live_leases(lg: Ledger) -> None:

@@ -21,6 +21,7 @@ move the record ahead of reality or its times backwards.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -433,4 +434,44 @@ def test_a_clock_that_steps_back_never_moves_a_streams_time_backwards(
         streams.setdefault(t.item_id, []).append(t.at)
     for key, times in streams.items():
         assert times == sorted(times), (key, times)
+    verify_clean(lg)
+
+
+# ---------------------------------------------------------------------------
+# the command that forgot the check: the Worker helper's batched outcomes
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "end",
+    [
+        "fail",
+        pytest.param(
+            "review_rejection",
+            marks=bug(1, "a review rejection does not fence the Worker's leases"),
+        ),
+    ],
+)
+def test_worker_outcomes_after_its_run_ended_are_not_recorded(lg: Ledger, end: str) -> None:
+    """The run ends while the Worker helper holds leases (its handler ends it, standing in
+    for a controller and a reviewer elsewhere); the outcomes it then records in a batch
+    must all be refused: no item of the ended run is accepted after its end."""
+    from ledger import Accepted, Worker
+
+    run_id = _submit(lg, ["a", "b", "c"], review={"decision": "qa", "survives_amendment": False})
+    first = threading.Lock()
+    ended = threading.Event()
+
+    def handle(lease: Lease) -> Any:
+        if first.acquire(blocking=False):  # the first handler ends the run
+            if end == "fail":
+                lg.fail(run_id, CONTROLLER, "stop", transient=True, failure_reason="input_invalid")
+            else:
+                st = lg.request_review(run_id, CONTROLLER, "qa")
+                lg.decide(run_id, REVIEWER, st.input_version, False, "no")
+            ended.set()
+        assert ended.wait(30), "the run was not ended"  # every outcome comes after the end
+        return Accepted(evidence={"stored_as": f"s3://{lease.item_id}"})
+
+    Worker(lg, run_id, handle, worker_id="w1", concurrency=3, max_idle=2.0).run()
+    assert lg.status(run_id).state == S.FAILED
+    assert all(i.state != S.ACCEPTED for i in lg.items(run_id)), lg.items(run_id)
     verify_clean(lg)
