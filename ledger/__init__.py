@@ -39,6 +39,7 @@ from .views import (
 )
 
 if TYPE_CHECKING:
+    __version__: str  # the installed distribution's version (`ledger --version`)
     from .follower import Follower
     from .manifest import Manifest, Policy
     from .service import Ledger
@@ -56,7 +57,18 @@ _LAZY = {
 }
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("run-ledger")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # read from the installed metadata on first use only
+        return _version()
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ledger' has no attribute {name!r}")

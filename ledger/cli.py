@@ -2,7 +2,9 @@
 
 Global options (`--dsn`, `--as ID:ROLE`) go before the subcommand, and are also
 accepted after it. Read commands take `--json` (one JSON document). Exit codes: 0 ok,
-1 a ledger error (one line on stderr: `error: <Type>: <message>`), 2 bad usage.
+1 a ledger error (one line on stderr: `error: <Type>: <message>`), 2 bad usage (a
+missing file, an unknown state, a flag that does not apply...). Only the commands in
+`CREATES` (and `demo`) create a SQLite file that is missing; the others say it is.
 
 Start-up is kept short: the service, rich and the worker are imported inside the
 commands that need them, and `main` builds only the command being run.
@@ -29,6 +31,10 @@ if TYPE_CHECKING:
     from .views import Actor
 
 _GLOBAL_OPTIONS = ("--dsn", "--as", "--idempotency-key")
+
+# Commands that may create the store (a new SQLite file); any other command on a
+# missing file says so and exits 1, so a typo in --dsn never leaves an empty ledger.
+CREATES = frozenset({"submit", "import", "restore"})
 
 # The role each command acts in unless --as names one.
 DEFAULT_ROLES: dict[str, str] = {
@@ -89,11 +95,19 @@ class _LedgerGroup(TyperGroup):
 
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         from .errors import LedgerError
+        from .extras import MissingExtra, missing_extra
 
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            _silence_stdout()
+            raise typer.Exit(0) from None
         except LedgerError as e:
             _fail(e)
+        except MissingExtra as e:
+            _fail(e)
+        except ModuleNotFoundError as e:  # an optional extra's module: name the pip command
+            _fail(missing_extra(e) or e)
         except NotImplementedError as e:
             detail = str(e) or "this ledger does not support the command yet"
             _fail(NotImplementedError(detail))
@@ -105,6 +119,14 @@ class _LedgerGroup(TyperGroup):
             _fail(e)
 
 
+def _silence_stdout() -> None:
+    """The reader of stdout went away (`ledger audit --jsonl | head -1`): that is its
+    choice, not an error (exit 0). Later writes, and the flush at exit, go to /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def _is_usage_error(error: Exception) -> bool:
     # click's exceptions (typer vendors click, so match by shape, not by class)
     return hasattr(error, "exit_code") and hasattr(error, "show")
@@ -112,7 +134,7 @@ def _is_usage_error(error: Exception) -> bool:
 
 app = typer.Typer(
     cls=_LedgerGroup,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, pwsh)
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
@@ -133,9 +155,26 @@ class _Globals:
     idempotency_key: str | None = None
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"ledger (run-ledger) {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _main(
     ctx: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_show_version,
+            help="Print the version and exit",
+        ),
+    ] = False,
     dsn: Annotated[
         str | None,
         typer.Option(
@@ -148,7 +187,10 @@ def _main(
     actor: Annotated[
         str | None,
         typer.Option(
-            "--as", metavar="ID:ROLE", help="Who makes the command; the role defaults per command"
+            "--as",
+            metavar="ID:ROLE",
+            help="Who makes the command [default: $LEDGER_ACTOR, else your OS user name; "
+            "the role the command needs]",
         ),
     ] = None,
     idempotency_key: Annotated[
@@ -176,7 +218,8 @@ def _globals(ctx: typer.Context) -> _Globals:
 
 
 @contextmanager
-def _ledger(ctx: typer.Context) -> Iterator[Ledger]:
+def _ledger(ctx: typer.Context, create: bool | None = None) -> Iterator[Ledger]:
+    """The ledger of --dsn; `create` defaults to whether the command is in `CREATES`."""
     from .service import Ledger
 
     key = _globals(ctx).idempotency_key
@@ -184,7 +227,9 @@ def _ledger(ctx: typer.Context) -> Iterator[Ledger]:
         from .idempotency import check_key
 
         check_key(key)  # refused before anything is opened
-    lg = Ledger.open(_globals(ctx).dsn)
+    if create is None:
+        create = ctx.info_name in CREATES
+    lg = Ledger.open(_globals(ctx).dsn, create=create)
     try:
         yield lg if key is None else lg.keyed(key)
     finally:
@@ -197,17 +242,16 @@ def _one_command_only(ctx: typer.Context, what: str) -> None:
 
 
 def _refuse_key(ctx: typer.Context, why: str) -> None:
+    """A flag that does not apply to the command is bad usage (exit 2), refused up front."""
     if _globals(ctx).idempotency_key is not None:
-        from .errors import InvalidInput
-
-        raise InvalidInput(why)
+        raise typer.BadParameter(why, param_hint="--idempotency-key")
 
 
 def _actor(ctx: typer.Context, command: str) -> Actor:
     """`--as ID:ROLE`, `--as ID` or `--as :ROLE`; missing parts take the defaults."""
     from .views import Actor
 
-    default_id = os.environ.get("LEDGER_ACTOR") or os.environ.get("USER") or "cli"
+    default_id = default_actor_id()
     default_role = DEFAULT_ROLES.get(command, "operator")
     text = _globals(ctx).actor
     if not text:
@@ -216,6 +260,19 @@ def _actor(ctx: typer.Context, command: str) -> Actor:
     if not sep:
         ident, role = text, default_role
     return Actor(ident or default_id, role or default_role)
+
+
+def default_actor_id() -> str:
+    """`$LEDGER_ACTOR`, else the OS user name: every record names a person, never `cli`."""
+    import getpass
+
+    configured = os.environ.get("LEDGER_ACTOR", "").strip()
+    if configured:
+        return configured
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (some containers)
+        return f"uid-{os.getuid()}"
 
 
 def _emit_json(value: Any) -> None:
@@ -291,10 +348,10 @@ def _split_ids(text: str | None) -> list[str] | None:
     return ids
 
 
-def _console() -> Any:
+def _console(wide: bool = False) -> Any:
     from .render import console
 
-    return console()
+    return console(wide)
 
 
 def _show_run(status: Any, as_json: bool, verb: str | None = None) -> None:
@@ -317,7 +374,40 @@ def _show_item(item: Any, as_json: bool) -> None:
     typer.echo(f"item {item.item_id} of run {item.run_id}: {item.state}{extra}")
 
 
+def _one_of(kind: str) -> Any:
+    """An option callback refusing a value outside ledger.states as bad usage (exit 2):
+    `kind` is "run" (a run state), "item" (an item state), "state" (either) or "role"."""
+
+    def check(value: str | None) -> str | None:
+        from . import states as S
+
+        allowed = {
+            "run": S.RUN_STATES,
+            "item": S.ITEM_STATES,
+            "state": tuple(dict.fromkeys(S.RUN_STATES + S.ITEM_STATES)),
+            "role": S.ROLES,
+        }[kind]
+        if value is not None and value not in allowed:
+            what = {"run": "run state", "item": "item state"}.get(kind, kind)
+            raise typer.BadParameter(f"unknown {what} {value!r}; one of: {', '.join(allowed)}")
+        return value
+
+    return check
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document")]
+WideOpt = Annotated[
+    bool,
+    typer.Option("--wide", help="Full ids and times, rows may wrap (the default in a pipe)"),
+]
+
+
+def _short(wide: bool) -> bool:
+    """Tables on a terminal show short ids and keep each row on one line; a pipe (or
+    --wide) gets every id in full."""
+    return not wide and sys.stdout.isatty()
+
+
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded with the event)")]
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="Run id")]
 ItemArg = Annotated[str, typer.Argument(metavar="ITEM", help="Item id")]
@@ -329,7 +419,7 @@ ItemArg = Annotated[str, typer.Argument(metavar="ITEM", help="Item id")]
 @app.command()
 def submit(
     ctx: typer.Context,
-    manifest: Annotated[Path, typer.Argument(metavar="MANIFEST.json", dir_okay=False)],
+    manifest: Annotated[Path, typer.Argument(metavar="MANIFEST.json", exists=True, dir_okay=False)],
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a manifest: a new run, queued."""
@@ -368,6 +458,7 @@ def amend(
         Path,
         typer.Argument(
             metavar="PART.json",
+            exists=True,
             dir_okay=False,
             help='{"items": [...], "withdraw": [ids], "policy": {...}}',
         ),
@@ -424,17 +515,32 @@ def request_review(
 def review(
     ctx: typer.Context,
     run_id: RunArg,
-    approve: Annotated[bool, typer.Option("--approve/--reject", help="The decision")],
     input_version: Annotated[
         str, typer.Option("--input-version", help="The input version you reviewed")
     ],
     reason: ReasonOpt,
+    approve: Annotated[
+        bool, typer.Option("--approve", help="Approve: the run goes back to running")
+    ] = False,
+    reject: Annotated[bool, typer.Option("--reject", help="Reject: the run fails")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Decide a review: --approve (back to running) or --reject (failed) (reviewer)."""
+    """Decide a review: exactly one of --approve (back to running) or --reject (failed)
+    (reviewer)."""
+    if approve == reject:
+        raise typer.BadParameter("give exactly one of them", param_hint="--approve / --reject")
     with _ledger(ctx) as lg:
+        asked = (lg.status(run_id).review or {}).get("decision")
         status = lg.decide(run_id, _actor(ctx, "review"), input_version, approve, reason)
-    _show_run(status, as_json, "approved" if approve else "rejected")
+    if as_json:
+        _emit_json(status)
+        return
+    decision = "approved" if approve else "rejected"
+    what = f"review {asked!r}" if asked else "the review"
+    typer.echo(
+        f"{decision} {what} of input {input_version} on run {status.run_id}: "
+        f"{status.state} (revision {status.revision})"
+    )
 
 
 @app.command()
@@ -592,6 +698,7 @@ def repair(
         typer.Option(
             "--corrections",
             metavar="ITEMS.json",
+            exists=True,
             dir_okay=False,
             help="Corrected items (a JSON list); links correction_of",
         ),
@@ -667,18 +774,53 @@ def work(
         typer.Option("--handler", metavar="MODULE:FUNCTION", help="Called with each item's Lease"),
     ],
     workers: Annotated[int, typer.Option("--workers", min=1, max=256)] = 4,
+    worker_id: Annotated[
+        str | None,
+        typer.Option(
+            "--worker-id",
+            metavar="ID",
+            help="The worker's id, recorded as the actor of its claims and outcomes "
+            "[default: USER@HOST:PID, USER as for --as]",
+        ),
+    ] = None,
+    prefetch: Annotated[
+        int | None,
+        typer.Option(
+            "--prefetch",
+            min=1,
+            max=100_000,
+            help="Leases held at once, queued behind busy threads (at least --workers) "
+            "[default: --workers]",
+        ),
+    ] = None,
+    no_progress: Annotated[bool, typer.Option("--no-progress")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Process a run's items with a handler until nothing is left (worker)."""
+    import socket
+
+    from .cli_progress import watch_run
+    from .errors import IllegalTransition
     from .worker import Worker
 
     _one_command_only(ctx, "work")
+    if prefetch is not None and prefetch < workers:
+        raise typer.BadParameter(
+            f"{prefetch} is less than --workers {workers}", param_hint="--prefetch"
+        )
     handle = _load_handler(handler)
     actor = _actor(ctx, "work")
+    ident = worker_id or f"{actor.id}@{socket.gethostname()}:{os.getpid()}"
     with _ledger(ctx) as lg:
-        worker = Worker(lg, run_id, handle, worker_id=actor.id, concurrency=workers)
+        state = lg.status(run_id).state
+        if state == "queued":
+            raise IllegalTransition(
+                f"run {run_id} is queued: start it first with 'ledger start {run_id}'", state
+            )
+        worker = Worker(lg, run_id, handle, worker_id=ident, concurrency=workers, prefetch=prefetch)
         try:
-            summary = worker.run()
+            with watch_run(lambda: lg.status(run_id).counts, enabled=not no_progress):
+                summary = worker.run()
         except KeyboardInterrupt:
             typer.echo(
                 "interrupted: stopped claiming; the outcomes in flight were recorded", err=True
@@ -744,8 +886,9 @@ def status(
 @app.command()
 def runs(
     ctx: typer.Context,
-    state: Annotated[str | None, typer.Option("--state")] = None,
+    state: Annotated[str | None, typer.Option("--state", callback=_one_of("run"))] = None,
     limit: Annotated[int, typer.Option("--limit", min=1)] = 100,
+    wide: WideOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Runs, newest first."""
@@ -756,14 +899,15 @@ def runs(
         return
     from .render import show_runs
 
-    show_runs(_console(), result)
+    show_runs(_console(wide), result, short=_short(wide))
 
 
 @app.command()
 def items(
     ctx: typer.Context,
     run_id: RunArg,
-    state: Annotated[str | None, typer.Option("--state")] = None,
+    state: Annotated[str | None, typer.Option("--state", callback=_one_of("item"))] = None,
+    wide: WideOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """A run's items."""
@@ -774,7 +918,7 @@ def items(
         return
     from .render import show_items
 
-    show_items(_console(), result)
+    show_items(_console(wide), result, short=_short(wide))
 
 
 @app.command()
@@ -782,6 +926,7 @@ def attempts(
     ctx: typer.Context,
     run_id: RunArg,
     item: Annotated[str | None, typer.Option("--item", metavar="ITEM")] = None,
+    wide: WideOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Every attempt of a run's items (or of one item)."""
@@ -793,7 +938,7 @@ def attempts(
         return
     from .render import show_attempts
 
-    show_attempts(_console(), result)
+    show_attempts(_console(wide), result, short=_short(wide))
 
 
 def _say_if_archived(lg: Any, run_id: str, result: Any) -> None:
@@ -810,7 +955,9 @@ def _say_if_archived(lg: Any, run_id: str, result: Any) -> None:
 
 
 @app.command()
-def history(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
+def history(
+    ctx: typer.Context, run_id: RunArg, wide: WideOpt = False, as_json: JsonOpt = False
+) -> None:
     """Every run and item transition of a run, in order."""
     with _ledger(ctx) as lg:
         result = list(lg.history(run_id))
@@ -820,11 +967,13 @@ def history(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> Non
         return
     from .render import show_transitions
 
-    show_transitions(_console(), result, title=f"history of run {run_id}")
+    show_transitions(_console(wide), result, title=f"history of run {run_id}", short=_short(wide))
 
 
 @app.command()
-def lineage(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
+def lineage(
+    ctx: typer.Context, run_id: RunArg, wide: WideOpt = False, as_json: JsonOpt = False
+) -> None:
     """The runs linked to a run (retries, repairs, compensations), root first."""
     with _ledger(ctx) as lg:
         result = lg.lineage(run_id)
@@ -833,7 +982,7 @@ def lineage(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> Non
         return
     from .render import show_runs
 
-    show_runs(_console(), result, title=f"lineage of run {run_id}")
+    show_runs(_console(wide), result, title=f"lineage of run {run_id}", short=_short(wide))
 
 
 @app.command()
@@ -841,8 +990,10 @@ def audit(
     ctx: typer.Context,
     run: Annotated[str | None, typer.Option("--run", metavar="RUN")] = None,
     actor: Annotated[str | None, typer.Option("--actor", metavar="ACTOR_ID")] = None,
-    role: Annotated[str | None, typer.Option("--role")] = None,
-    state: Annotated[str | None, typer.Option("--state", help="The state entered")] = None,
+    role: Annotated[str | None, typer.Option("--role", callback=_one_of("role"))] = None,
+    state: Annotated[
+        str | None, typer.Option("--state", callback=_one_of("state"), help="The state entered")
+    ] = None,
     since: Annotated[str | None, typer.Option("--since", metavar="TIME")] = None,
     until: Annotated[str | None, typer.Option("--until", metavar="TIME")] = None,
     newest_first: Annotated[bool, typer.Option("--newest-first")] = False,
@@ -851,6 +1002,7 @@ def audit(
         typer.Option("--after", metavar="POSITION", help="Only transitions after this position"),
     ] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1)] = None,
+    wide: WideOpt = False,
     as_json: JsonOpt = False,
     as_jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON object per line")] = False,
 ) -> None:
@@ -880,7 +1032,7 @@ def audit(
         return
     from .render import show_transitions
 
-    show_transitions(_console(), result, title="audit", with_run=True)
+    show_transitions(_console(wide), result, title="audit", with_run=True, short=_short(wide))
 
 
 @app.command()
@@ -1152,6 +1304,41 @@ def token_add(
     typer.echo(add_token(actor_id, role, tokens))
 
 
+TokensOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tokens", metavar="PATH", help="[default: $LEDGER_TOKENS, else ./ledger.tokens]"
+    ),
+]
+
+
+@token_app.command("list")
+def token_list(tokens: TokensOpt = None, as_json: JsonOpt = False) -> None:
+    """The tokens: actor, role, when added, a fingerprint (never the token)."""
+    from .http.tokens import list_tokens
+
+    found = list_tokens(tokens)
+    if as_json:
+        _emit_json(found)
+        return
+    if not found:
+        typer.echo("no tokens")
+    for t in found:
+        typer.echo(f"{t.fingerprint}  {t.actor_id:<20} {t.role:<11} {t.added_at or '(unknown)'}")
+
+
+@token_app.command("revoke")
+def token_revoke(
+    who: Annotated[str, typer.Argument(metavar="ACTOR|FINGERPRINT")],
+    tokens: TokensOpt = None,
+) -> None:
+    """Revoke every token of ACTOR, or the one token with FINGERPRINT (from token list)."""
+    from .http.tokens import revoke_tokens
+
+    for t in revoke_tokens(who, tokens):
+        typer.echo(f"revoked {t.fingerprint} ({t.actor_id}:{t.role})")
+
+
 # -- the demo -------------------------------------------------------------------
 
 
@@ -1212,12 +1399,16 @@ def _lean_app(args: Sequence[str]) -> typer.Typer:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    code: int = 0
     try:
         _lean_app(args)(args=args, prog_name="ledger", standalone_mode=True)
     except SystemExit as e:
-        code = e.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    try:
+        sys.stdout.flush()  # here, not at exit, where a closed pipe prints a warning
+    except BrokenPipeError:
+        _silence_stdout()
+    return code
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 # Colours for states; anything not listed is shown plain.
 _STATE_STYLE = {
@@ -29,16 +30,20 @@ _STATE_STYLE = {
 }
 
 
-def console() -> Console:
+def console(wide: bool = False) -> Console:
     """A console on the current stdout (so test runners that swap stdout see the output).
 
     Piped output is not folded to 80 columns: ids and timestamps stay on one line.
+    `wide` on a terminal: tables as wide as their content (the terminal wraps the long
+    lines itself, so every id stays whole for copying).
     """
     import os
     import sys
 
     width = None
-    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+    if sys.stdout.isatty():
+        width = 1000 if wide else None
+    elif "COLUMNS" not in os.environ:
         width = 200
     return Console(highlight=False, width=width)
 
@@ -129,87 +134,278 @@ def show_status(out: Console, status: Any) -> None:
         out.print(table)
 
 
-def show_runs(out: Console, runs: Sequence[Any], title: str = "runs") -> None:
-    """Runs as a table, one line each."""
-    table = Table(title=title, title_justify="left")
-    for col in ("run", "state", "items", "waiting on", "links", "updated"):
-        table.add_column(col, overflow="fold")
-    for run in runs:
-        table.add_row(
-            escape(run.run_id),
-            state(run.state),
-            counts(run.counts),
-            run.waiting_on,
-            escape(links(run.links)),
-            when(run.updated_at),
+# -- tables: full on a pipe or with --wide; short ids and one line per row on a terminal --
+
+SHORT_ID = 8  # characters of a run id shown on a terminal (more when two would collide)
+
+# Count names on a terminal when the full ones do not fit.
+_ABBREV = {
+    "pending": "pend",
+    "in_progress": "busy",
+    "retryable": "retry",
+    "quarantined": "quar",
+    "accepted": "acc",
+    "rejected": "rej",
+    "skipped": "skip",
+}
+
+
+def short_ids(ids: Iterable[str | None], length: int = SHORT_ID) -> dict[str, str]:
+    """Each id -> its shortest prefix of at least `length` characters that no other id
+    of `ids` shares (so a short id still names one run)."""
+    distinct = sorted({i for i in ids if i})
+    if not distinct:
+        return {}
+    n = length
+    longest = max(len(i) for i in distinct)
+    while n < longest and len({i[:n] for i in distinct}) < len(distinct):
+        n += 1
+    return {i: i[:n] for i in distinct}
+
+
+def when_short(value: datetime | None, now: datetime | None = None) -> str:
+    """A timestamp in as few characters as stay clear: the time today, the day and
+    minute this year, else the date (UTC, like `when`)."""
+    if value is None:
+        return ""
+    value = value.astimezone(UTC)
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    if value.date() == now.date():
+        return value.strftime("%H:%M:%S")
+    if value.year == now.year:
+        return value.strftime("%m-%d %H:%M")
+    return value.strftime("%Y-%m-%d")
+
+
+class Cell:
+    """A table cell with an optional shorter form, used on a terminal when the full
+    one does not fit (`accepted 17` -> `acc 17`)."""
+
+    __slots__ = ("compact", "full")
+
+    def __init__(self, full: str, compact: str | None = None) -> None:
+        self.full = full
+        self.compact = compact if compact is not None else full
+
+
+class Grid:
+    """Rows of a table; columns marked `flex` give way (shorter form, then an
+    ellipsis) so that on a terminal every row stays on one line."""
+
+    def __init__(self, title: str, columns: Sequence[tuple[str, bool]], short: bool) -> None:
+        self.title = title
+        self.columns = list(columns)
+        self.short = short
+        self.rows: list[list[str | Cell]] = []
+
+    def add(self, *cells: str | Cell) -> None:
+        self.rows.append(list(cells))
+
+    def print(self, out: Console) -> None:
+        if not self.short:
+            table = Table(title=self.title, title_justify="left")
+            for name, _flex in self.columns:
+                table.add_column(name, overflow="fold")
+            for row in self.rows:
+                table.add_row(*(c.full if isinstance(c, Cell) else c for c in row))
+            out.print(table)
+            return
+        out.print(self._fitted(out.width))
+
+    def _fitted(self, width: int) -> Table:
+        def cell_len(c: str | Cell, compact: bool) -> int:
+            text = (c.compact if compact else c.full) if isinstance(c, Cell) else c
+            return Text.from_markup(text).cell_len
+
+        n = len(self.columns)
+        natural = [
+            max([len(name)] + [cell_len(r[i], False) for r in self.rows])
+            for i, (name, _f) in enumerate(self.columns)
+        ]
+        flex = [i for i, (_n, f) in enumerate(self.columns) if f]
+        room = width - 2 * (n - 1) - sum(w for i, w in enumerate(natural) if i not in flex)
+        compact: set[int] = set()
+        if sum(natural[i] for i in flex) > room:
+            compact = set(flex)  # the shorter forms first
+            for i in flex:
+                natural[i] = max(
+                    [len(self.columns[i][0])] + [cell_len(r[i], True) for r in self.rows]
+                )
+        limits = _share(room, {i: natural[i] for i in flex})
+        table = Table(
+            title=self.title,
+            title_justify="left",
+            box=None,
+            padding=(0, 1),
+            pad_edge=False,
+            header_style="bold",
         )
-    out.print(table)
+        for i, (name, is_flex) in enumerate(self.columns):
+            table.add_column(
+                name,
+                no_wrap=True,
+                overflow="ellipsis" if is_flex else "fold",
+                max_width=limits.get(i) if is_flex else None,
+            )
+        for row in self.rows:
+            table.add_row(
+                *(
+                    (c.compact if i in compact else c.full) if isinstance(c, Cell) else c
+                    for i, c in enumerate(row)
+                )
+            )
+        return table
+
+
+def _share(room: int, wanted: dict[int, int]) -> dict[int, int]:
+    """Split `room` columns between flexible columns: the narrow ones get what they
+    need, the rest share what is left evenly (at least 4 each)."""
+    out: dict[int, int] = {}
+    left = dict(wanted)
+    while left:
+        fair = max(4, room // len(left))
+        fits = {i: w for i, w in left.items() if w <= fair}
+        if not fits:
+            for i in left:
+                out[i] = fair
+            break
+        for i, w in fits.items():
+            out[i] = w
+            room -= w
+            del left[i]
+    return out
+
+
+def _counts_cell(values: dict[str, int]) -> Cell:
+    full = counts(values)
+    compact = ", ".join(
+        f"{_ABBREV.get(part.split(' ')[0], part.split(' ')[0])} {part.split(' ')[1]}"
+        for part in full.split(", ")
+        if " " in part
+    )
+    return Cell(full, compact if values and any(values.values()) else full)
+
+
+def show_runs(out: Console, runs: Sequence[Any], title: str = "runs", short: bool = False) -> None:
+    """Runs as a table, one line each."""
+    ids = short_ids([r.run_id for r in runs] + [link.run_id for r in runs for link in r.links])
+
+    def rid(run_id: str) -> str:
+        return ids.get(run_id, run_id) if short else run_id
+
+    grid = Grid(
+        title,
+        [
+            ("run", False),
+            ("state", False),
+            ("items", True),
+            ("waiting on", False),
+            ("links", True),
+            ("updated", False),
+        ],
+        short,
+    )
+    for run in runs:
+        grid.add(
+            escape(rid(run.run_id)),
+            state(run.state),
+            _counts_cell(run.counts),
+            run.waiting_on,
+            Cell(escape(", ".join(f"{link.relation} {rid(link.run_id)}" for link in run.links))),
+            when_short(run.updated_at) if short else when(run.updated_at),
+        )
+    grid.print(out)
     if not runs:
         out.print("no runs")
 
 
-def show_items(out: Console, items: Sequence[Any]) -> None:
+def show_items(out: Console, items: Sequence[Any], short: bool = False) -> None:
     """A run's items as a table."""
-    table = Table(title=f"{len(items)} item(s)", title_justify="left")
-    for col in ("item", "state", "required", "attempts", "lease until", "reason / last error"):
-        table.add_column(col, overflow="fold")
+    grid = Grid(
+        f"{len(items)} item(s)",
+        [
+            ("item", False),
+            ("state", False),
+            ("required", False),
+            ("attempts", False),
+            ("lease until", False),
+            ("reason / last error", True),
+        ],
+        short,
+    )
+    stamp = when_short if short else when
     for item in items:
-        lease = when(item.lease.expires_at) if item.lease else ""
+        lease = stamp(item.lease.expires_at) if item.lease else ""
         detail = getattr(item, "reason", None) or item.last_error or ""
-        table.add_row(
+        grid.add(
             escape(item.item_id),
             state(item.state),
             "yes" if item.required else "no",
             str(item.attempts),
             lease,
-            escape(detail),
+            Cell(escape(detail)),
         )
-    out.print(table)
+    grid.print(out)
 
 
-def show_attempts(out: Console, attempts: Sequence[Any]) -> None:
+def show_attempts(out: Console, attempts: Sequence[Any], short: bool = False) -> None:
     """Attempts as a table, in the order the ledger returned them."""
-    table = Table(title=f"{len(attempts)} attempt(s)", title_justify="left")
-    for col in ("item", "#", "worker", "started", "finished", "stage", "outcome", "error"):
-        table.add_column(col, overflow="fold")
+    grid = Grid(
+        f"{len(attempts)} attempt(s)",
+        [
+            ("item", False),
+            ("#", False),
+            ("worker", True),
+            ("started", False),
+            ("finished", False),
+            ("stage", True),
+            ("outcome", False),
+            ("error", True),
+        ],
+        short,
+    )
+    stamp = when_short if short else when
     for a in attempts:
-        table.add_row(
+        grid.add(
             escape(a.item_id),
             str(a.attempt),
-            escape(a.worker_id),
-            when(a.started_at),
-            when(a.finished_at),
-            escape(a.stage or ""),
+            Cell(escape(a.worker_id)),
+            stamp(a.started_at),
+            stamp(a.finished_at),
+            Cell(escape(a.stage or "")),
             state(a.outcome) if a.outcome else "in flight",
-            escape(a.error or ""),
+            Cell(escape(a.error or "")),
         )
-    out.print(table)
+    grid.print(out)
 
 
 def show_transitions(
-    out: Console, transitions: Sequence[Any], title: str, with_run: bool = False
+    out: Console,
+    transitions: Sequence[Any],
+    title: str,
+    with_run: bool = False,
+    short: bool = False,
 ) -> None:
     """Transitions (history or audit) as a table."""
-    table = Table(title=f"{title}: {len(transitions)} transition(s)", title_justify="left")
-    columns = (
-        ["pos", "at"] + (["run"] if with_run else []) + ["item", "from", "to", "actor", "reason"]
-    )
-    for col in columns:
-        table.add_column(col, overflow="fold")
+    ids = short_ids(t.run_id for t in transitions) if with_run else {}
+    columns = [("pos", False), ("at", False)]
+    columns += [("run", False)] if with_run else []
+    columns += [("item", False), ("from", False), ("to", False), ("actor", True), ("reason", True)]
+    grid = Grid(f"{title}: {len(transitions)} transition(s)", columns, short)
+    stamp = when_short if short else when
     for t in transitions:
-        row = (
-            [str(t.position), when(t.at)]
-            + ([escape(t.run_id)] if with_run else [])
-            + [
-                escape(t.item_id or "(run)"),
-                t.from_state,
-                state(t.to_state),
-                escape(f"{t.actor_id}:{t.role}"),
-                escape(t.reason or ""),
-            ]
+        run = [escape(ids.get(t.run_id, t.run_id) if short else t.run_id)] if with_run else []
+        grid.add(
+            str(t.position),
+            stamp(t.at),
+            *run,
+            escape(t.item_id or "(run)"),
+            t.from_state,
+            state(t.to_state),
+            Cell(escape(f"{t.actor_id}:{t.role}")),
+            Cell(escape(t.reason or "")),
         )
-        table.add_row(*row)
-    out.print(table)
+    grid.print(out)
 
 
 def show_verify(out: Console, report: Any) -> None:

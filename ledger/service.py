@@ -74,12 +74,19 @@ class Ledger:
         self._key_used_by: str | None = None
 
     @classmethod
-    def open(cls, dsn: str | None = None, clock: Callable[[], datetime] | None = None) -> Ledger:
+    def open(
+        cls,
+        dsn: str | None = None,
+        clock: Callable[[], datetime] | None = None,
+        *,
+        create: bool = True,
+    ) -> Ledger:
         """Open a ledger: `sqlite:///path`, `postgresql://...`, `memory://`; else LEDGER_DSN,
-        else `sqlite:///./ledger.db`. Creates the schema if missing."""
+        else `sqlite:///./ledger.db`. Creates the schema if missing; with `create=False` a
+        SQLite file that does not exist is refused (`StoreUnavailable`), not created."""
         if clock is not None and not callable(clock):
             raise InvalidInput("clock must be a callable returning an aware datetime")
-        return cls(open_store(resolve_dsn(dsn), clock=clock))
+        return cls(open_store(resolve_dsn(dsn), clock=clock, create=create))
 
     def close(self) -> None:
         """Release the store's connections."""

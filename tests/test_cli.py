@@ -29,9 +29,12 @@ runner = CliRunner()
     ]
 )
 def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A store that outlives one command (memory:// would not)."""
+    """A store that outlives one command (memory:// would not), already made (read
+    commands do not create a SQLite file; tests/test_cli_person.py checks that)."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
+        made = f"sqlite:///{tmp_path}/ledger.db"
+        Ledger.open(made).close()
+        return made
     return str(request.getfixturevalue("pg_dsn"))
 
 
@@ -195,7 +198,6 @@ def test_default_roles_and_as(dsn: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "error_type", "words"),
     [
-        (None, "ManifestInvalid", ("cannot read manifest file", "missing.json")),
         ("{not json", "ManifestInvalid", ("not valid JSON", "line 1")),
         ("[1, 2]", "ManifestInvalid", ("JSON object",)),
         (json.dumps(manifest(1, max_attempts=0)), "ManifestInvalid", ("policy.max_attempts",)),
@@ -208,7 +210,6 @@ def test_default_roles_and_as(dsn: str, tmp_path: Path) -> None:
         ),
     ],
     ids=[
-        "missing-file",
         "invalid-json",
         "not-an-object",
         "bad-max-attempts",
@@ -229,6 +230,17 @@ def test_bad_manifests_are_refused_and_nothing_is_written(
     assert snapshot(dsn) == before
 
 
+def test_a_missing_manifest_file_is_bad_usage_and_nothing_is_written(
+    dsn: str, tmp_path: Path
+) -> None:
+    submitted(dsn, tmp_path)
+    before = snapshot(dsn)
+    result = cli(dsn, "submit", str(tmp_path / "missing.json"))
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert "missing.json" in result.stderr and "does not exist" in result.stderr
+    assert snapshot(dsn) == before
+
+
 def test_unknown_runs_illegal_transitions_and_stale_reviews_write_nothing(
     dsn: str, tmp_path: Path
 ) -> None:
@@ -244,7 +256,8 @@ def test_unknown_runs_illegal_transitions_and_stale_reviews_write_nothing(
     assert_refused(
         cli(dsn, "fail", run, "--reason", "x", "--failure-reason", "bored"), "InvalidInput", "bored"
     )
-    assert_refused(cli(dsn, "runs", "--state", "sleeping"), "InvalidInput", "sleeping")
+    unknown_state = cli(dsn, "runs", "--state", "sleeping")  # bad usage, not a ledger error
+    assert unknown_state.exit_code == 2 and "sleeping" in unknown_state.stderr
     assert snapshot(dsn) == before
 
     ok(dsn, "start", run)
@@ -285,7 +298,10 @@ def test_terminal_runs_refuse_and_cancel_reports_completion_won(
 
 
 def test_an_unreachable_store_is_one_line_not_a_traceback(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["--dsn", f"sqlite:///{tmp_path}/no/such/dir/x.db", "runs"])
+    where = f"sqlite:///{tmp_path}/no/such/dir/x.db"
+    assert_refused(runner.invoke(app, ["--dsn", where, "runs"]), "StoreUnavailable", "not exist")
+    m = write_json(tmp_path / "m.json", manifest(1))
+    result = runner.invoke(app, ["--dsn", where, "submit", m])
     assert_refused(result, "OperationalError", "unable to open")
     assert_refused(runner.invoke(app, ["--dsn", "mysql://x", "runs"]), "InvalidInput", "mysql")
 
@@ -599,17 +615,13 @@ def test_an_idempotency_key_makes_a_repeated_command_answer_from_the_record(
         ),
         "InvalidInput",
     )
-    # where one invocation makes many commands, the key is refused before anything is done
-    assert_refused(
+    # where one invocation makes many commands, the key does not apply: bad usage (exit 2),
+    # refused before anything is done
+    for many in (
         cli(dsn, "--idempotency-key", "w-1", "work", first["run_id"], "--handler", "json:dumps"),
-        "InvalidInput",
-        "one command",
-    )
-    assert_refused(
         cli(dsn, "--idempotency-key", "r-1", "reconcile", "--watch", "1"),
-        "InvalidInput",
-        "one command",
-    )
+    ):
+        assert many.exit_code == 2 and "one command" in many.stderr, many.stderr
     assert_refused(cli(dsn, "--idempotency-key", "\n", "start", first["run_id"]), "InvalidInput")
     assert snapshot(dsn) == before
 
@@ -626,8 +638,7 @@ def test_keys_prune(dsn: str, tmp_path: Path) -> None:
     )
     again = json.loads(ok(dsn, "--idempotency-key", "k-1", "submit", m, "--json").stdout)
     assert again["run_id"] != first["run_id"]  # forgotten: a new command
-    assert_refused(
-        cli(dsn, "--idempotency-key", "k-2", "keys", "prune", "--older-than", "1"), "InvalidInput"
-    )
+    keyed = cli(dsn, "--idempotency-key", "k-2", "keys", "prune", "--older-than", "1")
+    assert keyed.exit_code == 2 and "--idempotency-key" in keyed.stderr
     for bad in ("-1", "abc", "nan", "inf", "1e308"):
         assert cli(dsn, "keys", "prune", "--older-than", bad).exit_code == 2, bad

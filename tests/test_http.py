@@ -451,7 +451,9 @@ def test_add_token(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     token = add_token("alice", "reviewer", path)
     assert capsys.readouterr() == ("", "")
     assert token not in path.read_text()
-    assert path.read_text() == f"{hash_token(token)} alice reviewer\n"
+    digest, actor, role, added = path.read_text().split()  # the time it was added, last
+    assert (digest, actor, role) == (hash_token(token), "alice", "reviewer")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", added)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     second = add_token("bob", "operator", path)
     assert second != token
@@ -470,7 +472,7 @@ def test_add_token_uses_the_environment_path(
 ) -> None:
     monkeypatch.setenv("LEDGER_TOKENS", str(tmp_path / "env-tokens"))
     add_token("alice", "reviewer")
-    assert (tmp_path / "env-tokens").read_text().endswith(" alice reviewer\n")
+    assert (tmp_path / "env-tokens").read_text().split()[1:3] == ["alice", "reviewer"]
 
 
 def test_malformed_tokens_file_is_refused_at_start(ledger: Ledger, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Bearer tokens: a file of `<sha256 hex of the token> <actor_id> <role>` lines.
+"""Bearer tokens: a file of `<sha256 hex of the token> <actor_id> <role> [<added at>]` lines.
 
 The file never holds a token, only its digest, so reading it (or a backup of
 it) grants nothing. Tokens are shown once, by `add_token`, and never logged.
@@ -15,6 +15,7 @@ import re
 import secrets
 import threading
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ..errors import InvalidInput
@@ -62,7 +63,8 @@ def add_token(actor_id: str, role: str, path: str | os.PathLike[str] | None = No
     target = tokens_path(path)
     if target.parent != Path(""):
         target.parent.mkdir(parents=True, exist_ok=True)
-    line = f"{hash_token(token)} {actor_id} {role}\n"
+    added = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    line = f"{hash_token(token)} {actor_id} {role} {added}\n"
     fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         # Start on a fresh line even if someone left the file without a final newline.
@@ -87,11 +89,12 @@ def parse_tokens(text: str, source: str = "tokens file") -> dict[str, Actor]:
         if not line or line.startswith("#"):
             continue
         parts = line.split()
-        if len(parts) != 3 or not _HEX64.match(parts[0]):
+        if len(parts) not in (3, 4) or not _HEX64.match(parts[0]):
             raise InvalidInput(
-                f"{source} line {number}: expected '<sha256 hex of the token> <actor_id> <role>'"
+                f"{source} line {number}: expected "
+                "'<sha256 hex of the token> <actor_id> <role> [<added at>]'"
             )
-        digest, actor_id, role = parts
+        digest, actor_id, role = parts[:3]
         try:
             _check_actor(actor_id, role)
         except InvalidInput as e:
@@ -149,3 +152,86 @@ class TokenFile:
             table = self._snapshot.table
         # Only digests are compared, so response timing says nothing about a token.
         return table.get(hash_token(token))
+
+
+# -- listing and revoking (`ledger token list` / `ledger token revoke`) ------------------
+
+FINGERPRINT_CHARS = 12  # of the digest: names a token in a listing, grants nothing
+
+
+@dataclass(frozen=True)
+class TokenEntry:
+    """One line of the tokens file, without anything that grants access."""
+
+    fingerprint: str
+    actor_id: str
+    role: str
+    added_at: str | None
+
+    def to_dict(self) -> dict[str, str | None]:
+        """JSON-ready dict."""
+        return {
+            "fingerprint": self.fingerprint,
+            "actor_id": self.actor_id,
+            "role": self.role,
+            "added_at": self.added_at,
+        }
+
+
+def _read_entries(target: Path) -> list[tuple[str, TokenEntry | None]]:
+    """Each line of the file, with its entry (None for a blank or comment line)."""
+    try:
+        text = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"cannot read tokens file {str(target)!r}: {e}") from None
+    parse_tokens(text, source=str(target))  # a malformed file is refused, naming the line
+    out: list[tuple[str, TokenEntry | None]] = []
+    for raw in text.splitlines(keepends=True):
+        parts = raw.split()
+        if not parts or parts[0].startswith("#"):
+            out.append((raw, None))
+            continue
+        added = parts[3] if len(parts) == 4 else None
+        entry = TokenEntry(parts[0][:FINGERPRINT_CHARS].lower(), parts[1], parts[2], added)
+        out.append((raw, entry))
+    return out
+
+
+def list_tokens(path: str | os.PathLike[str] | None = None) -> list[TokenEntry]:
+    """The tokens in the file, oldest first: actor, role, when added, a fingerprint."""
+    return [e for _raw, e in _read_entries(tokens_path(path)) if e is not None]
+
+
+def revoke_tokens(who: str, path: str | os.PathLike[str] | None = None) -> list[TokenEntry]:
+    """Remove every token of actor `who`, or the token whose fingerprint starts with `who`
+    (at least 8 hex digits); return what was removed. The server stops accepting them
+    as soon as it sees the file change. Raises `InvalidInput` when nothing matches."""
+    target = tokens_path(path)
+    lines = _read_entries(target)
+    prefix = who.lower() if len(who) >= 8 and _HEX_PREFIX.match(who) else None
+    by_actor = [e for _r, e in lines if e is not None and e.actor_id == who]
+
+    def matches(entry: TokenEntry, raw: str) -> bool:
+        if by_actor:
+            return entry.actor_id == who
+        return prefix is not None and raw.split()[0].lower().startswith(prefix)
+
+    removed = [e for raw, e in lines if e is not None and matches(e, raw)]
+    if not removed:
+        raise InvalidInput(f"no token of actor {who!r} nor with that fingerprint in {target}")
+    kept = "".join(raw for raw, e in lines if e is None or not matches(e, raw))
+    # a new file beside the old one, then an atomic rename: a reader sees one or the other
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, kept.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, target)
+    return removed
+
+
+_HEX_PREFIX = re.compile(r"^[0-9a-fA-F]+$")

@@ -6,7 +6,8 @@ import os
 from collections.abc import Callable
 from datetime import datetime
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, StoreUnavailable
+from ..extras import missing_extra
 from .base import Store
 
 DEFAULT_DSN = "sqlite:///./ledger.db"
@@ -17,8 +18,13 @@ def resolve_dsn(dsn: str | None) -> str:
     return dsn or os.environ.get("LEDGER_DSN") or DEFAULT_DSN
 
 
-def open_store(dsn: str, clock: Callable[[], datetime] | None = None) -> Store:
-    """Open (and create if missing) the store a DSN names."""
+def open_store(
+    dsn: str, clock: Callable[[], datetime] | None = None, *, create: bool = True
+) -> Store:
+    """Open the store a DSN names; a missing SQLite file is created only with `create`.
+
+    A `postgresql://` DSN needs the `postgres` extra: without psycopg this raises
+    `MissingExtra` naming the pip command."""
     if dsn.startswith("memory://"):
         from .sqlite import SqliteStore
 
@@ -32,9 +38,17 @@ def open_store(dsn: str, clock: Callable[[], datetime] | None = None) -> Store:
             raise InvalidInput(
                 "sqlite DSN needs a path: sqlite:///relative.db or sqlite:////abs.db"
             )
+        if not create and not os.path.exists(path):
+            raise StoreUnavailable(
+                f"the SQLite file {path!r} does not exist (only submit, import, restore "
+                "and demo create a ledger; check --dsn or $LEDGER_DSN)"
+            )
         return SqliteStore(path, clock=clock)
     if dsn.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresStore
+        try:
+            from .postgres import PostgresStore
+        except ModuleNotFoundError as e:
+            raise missing_extra(e) or e from None
 
         return PostgresStore(dsn, clock=clock)
     raise InvalidInput(
