@@ -34,7 +34,7 @@ _GLOBAL_OPTIONS = ("--dsn", "--as", "--idempotency-key")
 
 # Commands that may create the store (a new SQLite file); any other command on a
 # missing file says so and exits 1, so a typo in --dsn never leaves an empty ledger.
-CREATES = frozenset({"submit", "import", "restore"})
+CREATES = frozenset({"submit", "import"})
 
 # The role each command acts in unless --as names one.
 DEFAULT_ROLES: dict[str, str] = {

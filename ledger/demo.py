@@ -375,10 +375,7 @@ def run_demo(
 ) -> DemoResult:
     """Run the five scenarios on `dsn` (None: LEDGER_DSN, else ./ledger.db) and print the
     story (or one JSON document)."""
-    from rich.table import Table
-
-    from .render import console
-    from .render import links as links_text
+    from .render import Cell, Grid, console, counts_cell, short_ids
     from .render import state as state_text
     from .stores import resolve_dsn
 
@@ -416,20 +413,38 @@ def run_demo(
         print(json.dumps(result.to_dict(), indent=2))
         return result
 
-    table = Table(title=f"\nruns made by this demo ({result.seconds}s)", title_justify="left")
-    for col in ("scenario", "run", "state", "items", "attempts", "waiting on", "links"):
-        table.add_column(col, overflow="fold")
+    # on a terminal: short ids, one line per run (render.Grid); in a pipe, every id in full
+    short = out.is_terminal
+    ids = short_ids([s.run_id for s in runs] + [k.run_id for s in runs for k in s.links])
+
+    def rid(run_id: str) -> str:
+        return ids.get(run_id, run_id) if short else run_id
+
+    waits = any(s.waiting_on != "nobody" for s in runs)  # a column only if someone is
+    grid = Grid(
+        f"\nruns made by this demo ({result.seconds}s)",
+        [
+            ("scenario", False),
+            ("run", False),
+            ("state", False),
+            ("items", True),
+            ("attempts", False),
+            *([("waiting on", False)] if waits else []),
+            ("links", True),
+        ],
+        short,
+    )
     for scenario, status in zip(demo.scenarios, runs, strict=True):
-        table.add_row(
+        grid.add(
             scenario.name,
-            status.run_id,
+            rid(status.run_id),
             state_text(status.state),
-            _counts_text(status.counts),
+            counts_cell(status.counts),
             str(scenario.attempts),
-            status.waiting_on,
-            links_text(status.links),
+            *([status.waiting_on] if waits else []),
+            Cell(", ".join(f"{k.relation} {rid(k.run_id)}" for k in status.links)),
         )
-    out.print(table)
+    grid.print(out)
     by_name = {s.name: s.run_id for s in demo.scenarios}
     prefix = "ledger" if given is None else f"ledger --dsn {given}"
     out.print("\nTry next:", soft_wrap=True)

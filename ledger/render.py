@@ -276,7 +276,8 @@ def _share(room: int, wanted: dict[int, int]) -> dict[int, int]:
     return out
 
 
-def _counts_cell(values: dict[str, int]) -> Cell:
+def counts_cell(values: dict[str, int]) -> Cell:
+    """`counts` with `acc 17, rej 2` as its short form."""
     full = counts(values)
     compact = ", ".join(
         f"{_ABBREV.get(part.split(' ')[0], part.split(' ')[0])} {part.split(' ')[1]}"
@@ -309,7 +310,7 @@ def show_runs(out: Console, runs: Sequence[Any], title: str = "runs", short: boo
         grid.add(
             escape(rid(run.run_id)),
             state(run.state),
-            _counts_cell(run.counts),
+            counts_cell(run.counts),
             run.waiting_on,
             Cell(escape(", ".join(f"{link.relation} {rid(link.run_id)}" for link in run.links))),
             when_short(run.updated_at) if short else when(run.updated_at),

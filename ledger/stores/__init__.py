@@ -40,7 +40,7 @@ def open_store(
             )
         if not create and not os.path.exists(path):
             raise StoreUnavailable(
-                f"the SQLite file {path!r} does not exist (only submit, import, restore "
+                f"the SQLite file {path!r} does not exist (only submit, import "
                 "and demo create a ledger; check --dsn or $LEDGER_DSN)"
             )
         return SqliteStore(path, clock=clock)
