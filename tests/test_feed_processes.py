@@ -98,7 +98,9 @@ def _hold(dsn: str, name: str) -> None:
 def _commit_one(dsn: str, delay: float) -> None:
     time.sleep(delay)
     with Ledger.open(dsn) as lg:
-        lg.submit({"source_version": "s", "config_version": "c", "items": [{"item_id": "x"}]}, SUBMITTER)
+        lg.submit(
+            {"source_version": "s", "config_version": "c", "items": [{"item_id": "x"}]}, SUBMITTER
+        )
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -147,7 +149,9 @@ def _check_exactly_once(lg: Ledger) -> None:
     # a fresh replay of the feed by another follower gives the same rows
     replay: list[tuple[int, str, str]] = []
     with Follower(
-        lg, f"replay-{len(every)}", lambda b: replay.extend((t.position, t.run_id, t.command) for t in b)
+        lg,
+        f"replay-{len(every)}",
+        lambda b: replay.extend((t.position, t.run_id, t.command) for t in b),
     ) as fresh:
         fresh.catch_up()
     assert replay == seen

@@ -10,7 +10,7 @@ from fastapi.openapi.utils import get_openapi
 
 from ..manifest import Manifest
 from ..validation import MAX_MANIFEST_BYTES
-from . import commands, operator, page, reads
+from . import commands, feed, operator, page, reads
 from .auth import Gate
 from .errors import install_error_handlers
 from .limits import BodyLimit
@@ -83,6 +83,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     app.include_router(page.router)
     app.include_router(reads.router)
+    app.include_router(feed.router)
     app.include_router(commands.router)
     operator.install(app)  # GET /overview, GET /metrics and the request metrics
     app.mount("/static", page.static_files(), name="static")

@@ -40,6 +40,8 @@ def make_server(
         proxy_headers=False,
         server_header=False,
         lifespan="off",
+        # event streams (GET /events/stream) never finish by themselves: cut them at shutdown
+        timeout_graceful_shutdown=3,
     )
     return uvicorn.Server(config)
 
@@ -54,11 +56,15 @@ def serve(
     """Open the ledger at `dsn` (None: `LEDGER_DSN`, else `sqlite:///./ledger.db`), serve it
     on `host:port` until interrupted (Ctrl-C / SIGTERM), then close it."""
     from ..service import Ledger
+    from ..webhooks import Dispatcher
 
     lg = Ledger.open(dsn) if dsn else Ledger.open()
+    webhooks = Dispatcher(lg)  # delivers to the ledger's webhooks while the API serves
     try:
+        webhooks.start()
         make_server(
             lg, host=host, port=port, tokens_path=tokens_path, public_reads=public_reads
         ).run()
     finally:
+        webhooks.stop()
         lg.close()

@@ -386,6 +386,22 @@ async function renderRun(runId, seq) {
 
 // ---- routing and refresh -----------------------------------------------------------
 
+// Live refresh from the change feed (GET /events/stream): a re-render shortly after each
+// committed transition; the timer stays as a slow fallback while the stream is open.
+const STREAM_FALLBACK_MS = 60000;
+let stream = null;
+let streamTimer = null;
+
+function follow() {
+  if (stream !== null || typeof EventSource === "undefined") return;
+  stream = new EventSource("/events/stream", { withCredentials: true });
+  stream.addEventListener("transition", () => {
+    if (streamTimer === null) streamTimer = setTimeout(() => { streamTimer = null; if (!document.hidden) refresh(); }, 300);
+  });
+}
+
+function live() { return stream !== null && stream.readyState === 1; }
+
 function stopTimer() {
   if (timer !== null) clearTimeout(timer);
   timer = null;
@@ -400,15 +416,18 @@ async function route() {
     if (match) await renderRun(decodeURIComponent(match[1]), seq);
     else await renderRuns(seq);
     if (seq !== renderSeq) return;
-    document.getElementById("refreshed").textContent = "updated " + new Date().toLocaleTimeString() + " · every " + REFRESH_MS / 1000 + " s";
+    document.getElementById("refreshed").textContent = "updated " + new Date().toLocaleTimeString() + (live() ? " · live" : " · every " + REFRESH_MS / 1000 + " s");
     document.getElementById("signout").hidden = false;
+    follow();
   } catch (error) {
     if (seq !== renderSeq) return;
     if (error instanceof NeedsToken) { showSignIn(error.message); return; }
     show(el("p", { class: "error", role: "alert" }, String(error.message || error)), el("p", {}, el("a", { href: "#/" }, "← open runs")));
   }
-  // Poll only what is on screen; a hidden tab waits until it is shown again.
-  if (seq === renderSeq) timer = setTimeout(function tick() { if (document.hidden) timer = setTimeout(tick, REFRESH_MS); else refresh(); }, REFRESH_MS);
+  // Poll only what is on screen; a hidden tab waits until it is shown again. While the
+  // change feed's stream is open, the stream triggers refreshes and polling is slow.
+  const every = live() ? STREAM_FALLBACK_MS : REFRESH_MS;
+  if (seq === renderSeq) timer = setTimeout(function tick() { if (document.hidden) timer = setTimeout(tick, every); else refresh(); }, every);
 }
 
 // A refresh keeps keyboard focus where it was (by element id) so polling never steals it.
@@ -422,6 +441,7 @@ window.addEventListener("hashchange", route);
 window.addEventListener("DOMContentLoaded", () => {
   document.getElementById("signout").addEventListener("click", async () => {
     await fetch("/session", { method: "DELETE", credentials: "same-origin" });
+    if (stream !== null) { stream.close(); stream = null; }
     route();
   });
   route();
