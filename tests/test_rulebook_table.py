@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from ledger import AlreadyTerminal, IllegalTransition, Lease, LeaseLost, Ledger
+from ledger import Actor, AlreadyTerminal, IllegalTransition, Lease, Ledger
 from ledger import states as S
 from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER
-from tests.findings import refused, verify_clean
+from tests.findings import bug, refused, verify_clean
 
 # ---------------------------------------------------------------------------
 # 1. SPEC.md's tables, transcribed
@@ -193,25 +193,47 @@ def item_cells(lg: Ledger) -> dict[str, tuple[str | None, set[str], Callable[[He
     }
 
 
-# SPEC leaves people's item commands and amendments of a canceling run open.
-OPEN_IN_CANCELING = {"release", "reject_item", "skip", "skip_pending", "withdraw", "amend_add"}
 NON_TERMINAL = [s for s in S.RUN_STATES if not S.is_terminal(s)]
+TABLE_COMMAND = {"skip_pending": "skip", "amend_add": "amend"}
+
+
+def run_states_for(cell: str) -> set[str] | None:
+    """The run states the rule book lets an item command act in (its `run_states`
+    column, or for amend the sources of its command row). Where the rule book does not
+    say, SPEC's: claims need running; the rest a non-terminal run, except that SPEC
+    leaves people's item commands and amendments of a canceling run open (None there)."""
+    command = TABLE_COMMAND.get(cell, cell)
+    if command == "amend":
+        rules = {r.command: r for r in getattr(S, "COMMAND_RULES", ())}
+        declared = set(rules["amend"].sources) if "amend" in rules else set()
+    else:
+        declared = set(getattr(S.item_rule(command), "run_states", ()) or ())
+    if declared:
+        return declared
+    if command == "claim":
+        return {S.RUNNING}
+    if command in ("heartbeat", "accept", "reject", "fail_attempt"):
+        return set(NON_TERMINAL)
+    return None
 
 
 @pytest.mark.parametrize("state", NON_TERMINAL)
 def test_item_commands_in_every_live_run_state(lg: Ledger, state: str) -> None:
-    """Claims need a running run; every other item command only a non-terminal one."""
+    """Generated from the rule book's run-state column: each item command is made in a run
+    in `state`; allowed where the column lists the state, else IllegalTransition naming
+    the run's state and nothing written."""
     made = []
     for name, (item, starts, call) in item_cells(lg).items():
-        if state == S.CANCELING and name in OPEN_IN_CANCELING:
-            continue
+        allowed = run_states_for(name)
+        if allowed is None and state == S.CANCELING:
+            continue  # SPEC does not say, and the rule book does not either
         held = hold(lg, state)
         if item is None and held.lease is None:
             continue  # no lease can be live in this state
-        if item is not None and held.items[item] not in starts:
+        if item is not None and held.items[item] not in starts and name != "claim":
             continue  # the item cannot be in a state the command starts from here
         made.append(name)
-        if name == "claim" and state != S.RUNNING:
+        if allowed is not None and state not in allowed:
             err = refused(lg, IllegalTransition, lambda: call(held))
             assert isinstance(err, IllegalTransition) and err.state == state, (name, err)
             assert not isinstance(err, AlreadyTerminal)
@@ -221,27 +243,106 @@ def test_item_commands_in_every_live_run_state(lg: Ledger, state: str) -> None:
     verify_clean(lg)
 
 
-def test_lease_commands_refused_once_the_run_ended_every_way(lg: Ledger) -> None:
-    """A lease live when its run ended (by fail; a review rejection is bug 1, see
-    test_audit_findings) can write nothing afterwards."""
-    for end in ("fail", "cancel_then_accept"):
-        held = hold(lg, S.RUNNING)
-        assert held.lease is not None
-        if end == "fail":
-            lg.fail(held.run_id, CONTROLLER, "stop", transient=True, failure_reason="input_invalid")
-            lease = held.lease
-        else:
-            (other,) = lg.claim(held.run_id, WORKER, limit=1)
-            lg.cancel(held.run_id, OPERATOR, "stop")
-            lg.accept(other)
-            lg.accept(held.lease)  # the last live lease: the cancel ends here
-            assert lg.status(held.run_id).state == S.CANCELED
-            lease = other
-        for call in (
-            lambda: lg.heartbeat(lease),
-            lambda: lg.accept(lease),
-            lambda: lg.reject(lease, "r"),
-            lambda: lg.fail_attempt(lease, "e"),
-        ):
-            refused(lg, (LeaseLost, AlreadyTerminal), call)
+def test_item_command_run_states_are_spec_s() -> None:
+    """Where the rule book declares run states for item commands, they are SPEC's: claims
+    need running, outcomes and heartbeats any non-terminal state, nothing a terminal one."""
+    for cell in item_cells(None):  # type: ignore[arg-type]
+        states = run_states_for(cell)
+        if states is None:
+            continue
+        assert not any(S.is_terminal(s) for s in states), (cell, states)
+        if cell == "claim":
+            assert states == {S.RUNNING}
+        if cell in ("heartbeat", "accept", "reject", "fail_attempt"):
+            assert states == set(NON_TERMINAL), (cell, states)
+
+
+# ---------------------------------------------------------------------------
+# 3. the evidence column: every recorded transition carries its row's evidence
+# ---------------------------------------------------------------------------
+def every_row(lg: Ledger, clock: Any) -> None:
+    """Make every row of both tables happen at least once (good arguments throughout)."""
+
+    def running(n: int = 3, **policy: Any) -> str:
+        m = {
+            "source_version": "s",
+            "config_version": "c",
+            "scope": "every row",
+            "items": [{"item_id": f"i{k}", "payload": {"k": k}} for k in range(n)],
+            "policy": {"partial_delivery": True, "tolerated_failures": 10, **policy},
+        }
+        run_id = lg.submit(m, SUBMITTER).run_id
+        lg.start(run_id, CONTROLLER)
+        return run_id
+
+    a = running(6, lease_seconds=30)
+    le = lg.claim(a, WORKER, limit=4)
+    lg.heartbeat(le[0])
+    lg.accept(le[0], evidence={"stored_as": "s3://a/0"})
+    lg.reject(le[1], "rule-1", detail="bad row")
+    lg.fail_attempt(le[2], "flaky", retryable=False)
+    lg.release(a, le[2].item_id, REVIEWER, "try again")
+    lg.fail_attempt(le[3], "corrupt", retryable=False)
+    lg.reject_item(a, le[3].item_id, REVIEWER, "rule-2")
+    lg.skip(a, "i4", OPERATOR, "not needed")
+    lg.amend(a, SUBMITTER, "drop", withdraw=["i5"])
+    lg.amend(a, SUBMITTER, "more", items=[{"item_id": "x", "payload": {}}])
+    st = lg.request_review(a, CONTROLLER, "qa")
+    lg.decide(a, REVIEWER, st.input_version, True, "fine")
+    rest = lg.claim(a, WORKER, limit=5)
+    lg.pause(a, OPERATOR, "hold")  # pausing: leases are live
+    for x in rest:
+        lg.accept(x, evidence={"stored_as": "s3://a"})  # the last one: pause_finished
+    lg.resume(a, OPERATOR)
+    lg.complete(a, CONTROLLER)
+
+    b = running(2, lease_seconds=30)
+    lg.claim(b, WORKER, limit=1)
+    lg.cancel(b, OPERATOR, "stop")  # canceling, i1 cancel_skip
+    clock.advance(31)
+    lg.reconcile(actor=Actor("rec", S.RECONCILER))  # expire, cancel_finished
+
+    c = running(2)
+    (ok,) = lg.claim(c, WORKER, limit=1)
+    lg.accept(ok, evidence={"stored_as": "s3://c"})
+    lg.claim(c, WORKER, limit=1)
+    lg.fail(c, CONTROLLER, "upstream gone", transient=True, failure_reason="input_unavailable")
+    lg.retry(c, OPERATOR)
+    lg.repair(c, OPERATOR)
+    lg.compensate(c, OPERATOR, "undo")
+
+    d = running(2, run_deadline_seconds=100, item_deadline_seconds=50, backoff_seconds=0)
+    (first,) = lg.claim(d, WORKER, limit=1)
+    lg.fail_attempt(first, "flaky")  # retryable, then past the item deadline
+    clock.advance(101)
+    lg.reconcile(actor=Actor("rec", S.RECONCILER))  # deadline (item), reconcile_deadline
+
+
+@bug(5, "nothing enforces the tables' evidence column; amend has no row in the rule book")
+def test_every_transition_carries_its_rows_evidence(lg: Ledger, clock: Any) -> None:
+    """Generated from the tables: each row's `evidence` keys are on every transition
+    recorded for it (none null), and every row of both tables was made."""
+    every_row(lg, clock)
+    # rows of commands that move no state (amend), where the rule book has them
+    run_rows = {r.command: r for r in (*S.RUN_TRANSITIONS, *getattr(S, "COMMAND_RULES", ()))}
+    item_rows = {r.command: r for r in S.ITEM_TRANSITIONS}
+    seen: set[tuple[str, str]] = set()
+    lacking: dict[tuple[str, str], list[str]] = {}
+    for t in lg.audit():
+        kind = "item" if t.item_id is not None else "run"
+        rows = item_rows if kind == "item" else run_rows
+        if t.command not in rows:
+            lacking[(kind, t.command)] = ["<no row in the rule book>"]
+            continue
+        seen.add((kind, t.command))
+        missing = [k for k in rows[t.command].evidence if t.evidence.get(k) is None]
+        if missing:
+            lacking[(kind, t.command)] = missing
+    # a heartbeat extends a lease and items enter pending with their run's submit or
+    # amend: those rows record no transition of their own in the history
+    silent = {("item", "heartbeat"), ("item", "submit")}
+    expected = {("run", r.command) for r in S.RUN_TRANSITIONS} | {("item", c) for c in item_rows}
+    expected -= silent
+    assert expected - seen == set(), sorted(expected - seen)
+    assert not lacking, lacking
     verify_clean(lg)
