@@ -16,6 +16,9 @@ Cases (ratio = ledger / baseline, same run, same server):
   5 status() median latency with 1,000 vs 200,000 events (<= 1.5x; < 2 ms PG, < 1 ms SQLite)
   6 SQLite, one process, claim+accept in batches of 50 vs raw sqlite3 (>= 0.3)
   7 `ledger status RUN --json` start-up (< 0.5 s median)
+  8 scaling on PostgreSQL (issue 15): claim+record with 1 / 2 / 8 processes on one run
+    and 4 runs x 2 processes; WAL bytes, client and server CPU per item (/proc), top
+    wait events of the active backends (pg_stat_activity every 100 ms)
 
 The throwaway server keeps PostgreSQL's durable defaults (fsync and
 synchronous_commit on) and its data on disk. `--profile DIR` runs cProfile

@@ -1,0 +1,246 @@
+"""Case 8: does the PostgreSQL write path scale out? (issue 15)
+
+The ledger's claim(L)+record loop over N no-op items with 1, 2 and 8 processes on one
+run, and 4 runs x 2 processes (each pair on its own run), in the same run of the bench.
+Per row: items/s, WAL bytes per item (`pg_current_wal_lsn()` before and after),
+client CPU per item (the worker processes' own /proc/self/stat) and server CPU per
+item (/proc/<pid>/stat of the database's backends, read while the workers are still
+connected; n/a when the server is on another machine), and the top wait events of
+the active backends sampled from `pg_stat_activity` every 100 ms.
+
+Goals (issue 15): 8 processes on one run >= 1.3x the 1-process figure; 4 runs x 2
+processes >= 1.5x the 8 processes on one run; CPU <= 0.16 ms per item (client +
+server) and WAL <= 3,500 bytes per item, both with 8 processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .common import Callback, PgTarget, Row, Sizes, accept_all, ratio_row, running_run
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int | str = "self") -> float | None:
+    """utime + stime of a process from /proc (None where /proc cannot tell)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _child(dsn: str, run_id: str, index: int, batch: int, ready: Any, go: Any, out: Any) -> None:
+    try:
+        from ledger import Actor, Ledger
+
+        lg = Ledger.open(dsn)
+        lg.status(run_id)  # warm the pool and the imports
+        ready.put(("ready", index, ""))
+        go.wait()
+        start = cpu_seconds()
+        done = accept_all(lg, run_id, Actor(f"bench-s{index}", "worker"), batch)
+        end = cpu_seconds()
+        out.put(("ok", index, done, time.monotonic(), (end or 0) - (start or 0)))
+        go.wait()  # stay connected until the parent has read the server's CPU
+        lg.close()
+    except BaseException:
+        try:
+            ready.put(("error", index, traceback.format_exc()))
+        finally:
+            out.put(("error", index, 0, 0.0, traceback.format_exc()))
+
+
+def _server_cpu(conn: Any) -> float | None:
+    """CPU seconds of every backend of this database (this bench's only)."""
+    pids = [
+        r[0]
+        for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        ).fetchall()
+    ]
+    total = 0.0
+    for pid in pids:
+        cpu = cpu_seconds(pid)
+        if cpu is None:
+            return None
+        total += cpu
+    return total
+
+
+def _wal(conn: Any) -> int:
+    return int(conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])
+
+
+def _measure(
+    dsn: str, runs: list[str], per_run: int, batch: int, start_method: str | None
+) -> dict[str, Any]:
+    import psycopg
+
+    if start_method is None:
+        start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.get_context(start_method)
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    kids = [
+        ctx.Process(target=_child, args=(dsn, r, i, batch, ready, go, out), daemon=True)
+        for i, r in enumerate(r for r in runs for _ in range(per_run))
+    ]
+    for k in kids:
+        k.start()
+    waits: Counter[str] = Counter()
+    samples = 0
+    stop = threading.Event()
+    try:
+        for _ in kids:
+            status, index, text = ready.get(timeout=120)
+            if status != "ready":
+                raise RuntimeError(f"scaling process {index} failed to start:\n{text}")
+        with (
+            psycopg.connect(dsn, autocommit=True) as conn,
+            psycopg.connect(dsn, autocommit=True) as sampler,
+        ):
+
+            def sample() -> None:
+                nonlocal samples
+                while not stop.wait(0.1):
+                    rows = sampler.execute(
+                        "SELECT coalesce(wait_event_type || '/' || wait_event, 'CPU') "
+                        "FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND state = 'active' AND pid <> pg_backend_pid()"
+                    ).fetchall()
+                    samples += 1
+                    waits.update(r[0] for r in rows)
+
+            wal0, server0 = _wal(conn), _server_cpu(conn)
+            thread = threading.Thread(target=sample, daemon=True)
+            start = time.monotonic()
+            go.set()
+            thread.start()
+            ends, done, client = [], 0, 0.0
+            for _ in kids:
+                status, index, n, end, cpu = out.get(timeout=900)
+                if status != "ok":
+                    raise RuntimeError(f"scaling process {index} failed:\n{cpu}")
+                ends.append(end)
+                done += n
+                client += cpu
+            stop.set()
+            thread.join()
+            # the sampler's own backend is excluded from the waits but not from the CPU:
+            # it is a few ms over the whole case
+            server1, wal1 = _server_cpu(conn), _wal(conn)
+        for k in kids:
+            k.join(timeout=60)
+    finally:
+        stop.set()
+        for k in kids:
+            if k.is_alive():
+                k.terminate()
+                k.join(timeout=10)
+    seconds = max(ends) - start
+    server = None if server0 is None or server1 is None else server1 - server0
+    active = sum(waits.values())
+    top = (
+        ", ".join(f"{name} {100 * n / active:.0f}%" for name, n in waits.most_common(3))
+        if active
+        else "none"
+    )
+    return {
+        "items": done,
+        "seconds": seconds,
+        "rate": done / seconds,
+        "wal_per_item": (wal1 - wal0) / done,
+        "client_ms": 1000 * client / done,
+        "server_ms": None if server is None else 1000 * server / done,
+        "waits": top,
+        "active_per_sample": active / samples if samples else 0.0,
+    }
+
+
+def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = None) -> list[Row]:
+    from ledger import Ledger
+
+    n, batch = sizes.throughput_items, sizes.throughput_ledger_batch
+    procs = max(sizes.throughput_procs, 2)
+    results: dict[str, dict[str, Any]] = {}
+    layouts = [("1 proc", 1, 1), ("2 procs", 1, 2)]
+    if procs > 2:
+        layouts.append((f"{procs} procs", 1, procs))
+    layouts.append((f"4 runs x {procs // 4 or 1} procs", 4, procs // 4 or 1))
+    for label, nruns, per_run in layouts:
+        say(f"case 8: {label}, claim({batch})+record, {n} items")
+        with pg.database("c8") as dsn:
+            with Ledger.open(dsn) as lg:
+                runs = [running_run(lg, n // nruns, prefix=f"r{k}-") for k in range(nruns)]
+            got = _measure(dsn, runs, per_run, batch, start_method)
+        results[label] = got
+        server = "n/a" if got["server_ms"] is None else f"{got['server_ms']:.3f}"
+        say(
+            f"  {got['rate']:,.0f} items/s, WAL {got['wal_per_item']:,.0f} B/item, CPU ms/item "
+            f"client {got['client_ms']:.3f} server {server}; waits: {got['waits']}"
+        )
+
+    def note(label: str) -> str:
+        g = results[label]
+        server = "n/a" if g["server_ms"] is None else f"{g['server_ms']:.3f}"
+        return (
+            f"{g['items']} items {g['seconds']:.1f}s; WAL {g['wal_per_item']:,.0f} B/item; "
+            f"CPU ms/item client {g['client_ms']:.3f} + server {server}; "
+            f"active backends {g['active_per_sample']:.1f}: {g['waits']}"
+        )
+
+    one, many, four = layouts[0][0], layouts[-2][0], layouts[-1][0]
+    rows = [
+        ratio_row(
+            "8",
+            f"PG items/s, {label} vs 1 proc",
+            results[label]["rate"],
+            results[one]["rate"],
+            "items/s",
+            {many: 1.3, four: 1.3}.get(label, 0.0),
+            note=note(label),
+        )
+        for label, _r, _p in layouts
+    ]
+    rows.append(
+        ratio_row(
+            "8",
+            f"PG items/s, {four} vs {many} on one run",
+            results[four]["rate"],
+            results[many]["rate"],
+            "items/s",
+            1.5,
+        )
+    )
+    g = results[many]
+    cpu = None if g["server_ms"] is None else g["client_ms"] + g["server_ms"]
+    rows.append(
+        Row(
+            "8",
+            f"PG CPU ms/item (client+server), {many}",
+            cpu,
+            "ms",
+            goal="<= 0.16",
+            met=None if cpu is None else cpu <= 0.16,
+            note=note(many) if cpu is None else "",
+        )
+    )
+    rows.append(
+        Row(
+            "8",
+            f"PG WAL bytes/item, {many}",
+            g["wal_per_item"],
+            "B",
+            goal="<= 3500",
+            met=g["wal_per_item"] <= 3500,
+        )
+    )
+    return rows
