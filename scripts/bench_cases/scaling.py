@@ -38,7 +38,9 @@ def cpu_seconds(pid: int | str = "self") -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def _child(dsn: str, run_id: str, index: int, batch: int, ready: Any, go: Any, out: Any) -> None:
+def _child(
+    dsn: str, run_id: str, index: int, batch: int, ready: Any, go: Any, release: Any, out: Any
+) -> None:
     try:
         from ledger import Actor, Ledger
 
@@ -50,7 +52,7 @@ def _child(dsn: str, run_id: str, index: int, batch: int, ready: Any, go: Any, o
         done = accept_all(lg, run_id, Actor(f"bench-s{index}", "worker"), batch)
         end = cpu_seconds()
         out.put(("ok", index, done, time.monotonic(), (end or 0) - (start or 0)))
-        go.wait()  # stay connected until the parent has read the server's CPU
+        release.wait(300)  # stay connected until the parent has read the server's CPU
         lg.close()
     except BaseException:
         try:
@@ -88,9 +90,9 @@ def _measure(
     if start_method is None:
         start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     ctx = mp.get_context(start_method)
-    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    ready, out, go, release = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
     kids = [
-        ctx.Process(target=_child, args=(dsn, r, i, batch, ready, go, out), daemon=True)
+        ctx.Process(target=_child, args=(dsn, r, i, batch, ready, go, release, out), daemon=True)
         for i, r in enumerate(r for r in runs for _ in range(per_run))
     ]
     for k in kids:
@@ -137,10 +139,12 @@ def _measure(
             # the sampler's own backend is excluded from the waits but not from the CPU:
             # it is a few ms over the whole case
             server1, wal1 = _server_cpu(conn), _wal(conn)
+        release.set()
         for k in kids:
             k.join(timeout=60)
     finally:
         stop.set()
+        release.set()
         for k in kids:
             if k.is_alive():
                 k.terminate()
