@@ -29,6 +29,11 @@ from .errors import (
 from .states import IN_PROGRESS, PENDING, RETRYABLE, RUNNING, WORKER, is_terminal
 from .views import Actor, ItemStatus, Lease
 
+# Adaptive prefetch (Worker without prefetch=): the most leases held at once, and how
+# long the queued ones should take to drain. 250 is the batch case 1 measured best.
+MAX_ADAPTIVE_PREFETCH = 250
+ADAPTIVE_QUEUE_SECONDS = 1.0
+
 if TYPE_CHECKING:
     from .service import Ledger
 
@@ -101,9 +106,12 @@ class _InFlight:
 class Worker:
     """Processes one run's items until there is nothing left for it to do.
 
-    `run()` claims up to `prefetch` (default `concurrency`) items at a time (one
-    transaction per claim; while every thread is busy, it tops the queue up only once
-    half of it is gone), records every outcome that is ready in one transaction,
+    `run()` claims up to `prefetch` items at a time (one transaction per claim; while
+    every thread is busy, it tops the queue up only once half of it is gone). Without
+    `prefetch`, it adapts: it starts at `concurrency` and, while handlers are fast,
+    grows (doubling at most per recorded batch, up to `MAX_ADAPTIVE_PREFETCH`) so that
+    the queued leases take about `ADAPTIVE_QUEUE_SECONDS` (at most a tenth of the run's
+    `lease_seconds`) to drain; slow handlers bring it back down. It records every outcome that is ready in one transaction,
     runs `handle(lease)` on a thread pool, heartbeats every live lease about every
     third of the run's `lease_seconds`, and records each outcome. It stops claiming
     as soon as the run is no longer running (canceling, pausing, terminal...), lets
@@ -133,6 +141,10 @@ class Worker:
         # leases held at once (claimed in one transaction); more than `concurrency` queues
         # items behind the busy threads (still heartbeated) for fewer, larger transactions
         self.prefetch = prefetch if prefetch is not None else concurrency
+        self._adaptive = prefetch is None
+        self._handled = 0  # handler calls finished and their total seconds (adaptive)
+        self._handled_seconds = 0.0
+        self._queue_seconds = ADAPTIVE_QUEUE_SECONDS
         self.lg = lg
         self.run_id = run_id
         self.handle = handle
@@ -160,6 +172,7 @@ class Worker:
         if is_terminal(status.state):
             return self._finish(f"run is {status.state}", status.state)
         lease_seconds = float(status.policy.get("lease_seconds", 60.0) or 60.0)
+        self._queue_seconds = min(ADAPTIVE_QUEUE_SECONDS, lease_seconds / 10)
         interval = self.heartbeat_every if self.heartbeat_every is not None else lease_seconds / 3
         beat = threading.Thread(
             target=self._heartbeat_loop,
@@ -270,13 +283,35 @@ class Worker:
     def _submit(self, pool: ThreadPoolExecutor, lease: Lease, interval: float) -> None:
         self._summary.claimed += 1
         entry = _InFlight(lease, time.monotonic() + interval)
-        future = pool.submit(self.handle, lease)
+        future = pool.submit(self._timed if self._adaptive else self.handle, lease)
         with self._registry_lock:
             self._in_flight[future] = entry
+
+    def _timed(self, lease: Lease) -> Outcome:
+        start = time.perf_counter()
+        try:
+            return self.handle(lease)
+        finally:
+            spent = time.perf_counter() - start
+            with self._registry_lock:
+                self._handled += 1
+                self._handled_seconds += spent
+
+    def _adapt(self) -> None:
+        """The adaptive prefetch after a batch: enough queued leases for the threads to
+        spend about `_queue_seconds` on them at the handlers' mean speed so far."""
+        with self._registry_lock:
+            n, seconds = self._handled, self._handled_seconds
+        if not self._adaptive or n == 0:
+            return
+        mean = max(seconds / n, 1e-6)
+        want = self.concurrency + int(self.concurrency * self._queue_seconds / mean)
+        self.prefetch = max(self.concurrency, min(MAX_ADAPTIVE_PREFETCH, want, 2 * self.prefetch))
 
     # -- outcomes ----------------------------------------------------------------
 
     def _record(self, done: Iterable[Future[Outcome]]) -> None:
+        self._adapt()
         live: list[tuple[_InFlight, Outcome | BaseException]] = []
         for future in done:
             with self._registry_lock:
