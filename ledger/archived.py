@@ -65,6 +65,23 @@ class Archived(DomainEvent, CanInitAggregate[UUID]):
         }
 
 
+def refuse_if_archived(tx: Any, run_id: str, state: str) -> None:
+    """RunArchived when the run's stream ends with an `Archived` event: its items, attempts
+    and manifest are in the archive, not in the store."""
+    from .errors import RunArchived
+    from .stores.raw import last_event
+
+    last = last_event(tx, UUID(run_id))
+    record = archived_record(last.topic, last.state) if last is not None else None
+    if record is not None:
+        raise RunArchived(
+            f"run {run_id} is archived (its events are in {record['archive']!r}); "
+            f"`ledger restore {record['archive']}` brings them back first",
+            state,
+            str(record["archive"]),
+        )
+
+
 def archived_record(topic: str, state: bytes) -> dict[str, Any] | None:
     """The record of a stored `Archived` event (None for any other event)."""
     if topic != ARCHIVED_TOPIC:
@@ -82,4 +99,4 @@ def archived_record(topic: str, state: bytes) -> dict[str, Any] | None:
     return out
 
 
-__all__ = ["ARCHIVED_TOPIC", "Archived", "archived_record"]
+__all__ = ["ARCHIVED_TOPIC", "Archived", "archived_record", "refuse_if_archived"]

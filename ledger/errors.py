@@ -96,6 +96,20 @@ class NotComplete(IllegalTransition):
     """`complete` found work that blocks success; the message names it."""
 
 
+class RunArchived(IllegalTransition):
+    """The run's events are in an archive (ledger/archive.py): a command that needs them
+    (retry, repair, compensate) is refused until `restore` brings them back."""
+
+    def __init__(self, message: str, state: str, archive: str) -> None:
+        super().__init__(message, state)
+        self.archive = archive
+
+    def to_dict(self) -> dict[str, object]:
+        d = super().to_dict()
+        d.update(archive=self.archive)
+        return d
+
+
 class LeaseLost(LedgerError):
     """The lease expired, was fenced or was taken over; the worker must stop writing."""
 

@@ -301,3 +301,27 @@ def test_cli_archive_and_restore(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert _snapshot(lg)[0] == heads
         with lg.store.read() as tx:
             assert max_position(tx) > 0
+
+
+def test_linked_runs_of_an_archived_run_are_refused_until_it_is_restored(
+    lg: Ledger, tmp_path: Path
+) -> None:
+    from ledger import RunArchived
+
+    failed = lg.submit(manifest(2), SUBMITTER).run_id
+    lg.start(failed, CONTROLLER)
+    lg.fail(failed, CONTROLLER, "upstream down", transient=True)
+    path = tmp_path / "a.jsonl"
+    lg.archive(OPERATOR, path, runs=[failed])
+    events = _all_events(lg)
+    for attempt in (
+        lambda: lg.retry(failed, OPERATOR),
+        lambda: lg.repair(failed, OPERATOR),
+        lambda: lg.compensate(failed, OPERATOR, "undo", items=["i0"]),
+    ):
+        with pytest.raises(RunArchived, match="restore") as info:
+            attempt()
+        assert info.value.archive == str(path) and info.value.state == "failed"
+    assert _all_events(lg) == events
+    lg.restore(OPERATOR, path)
+    assert lg.retry(failed, OPERATOR).counts["pending"] == 2

@@ -53,7 +53,7 @@ def raises(lg: Ledger, exc: type[LedgerError], fn: Callable[[], Any]) -> LedgerE
 # ---------------------------------------------------------------------------
 # every error type, once, with its documented attributes
 # ---------------------------------------------------------------------------
-def test_every_error_type_is_raised(lg: Ledger) -> None:
+def test_every_error_type_is_raised(lg: Ledger, tmp_path: Any) -> None:
     seen: set[type[LedgerError]] = set()
 
     def check(exc: type[LedgerError], fn: Callable[[], Any]) -> LedgerError:
@@ -102,6 +102,10 @@ def test_every_error_type_is_raised(lg: Ledger) -> None:
         running.run_once()
         check(ledger.FollowerBusy, lambda: Follower(lg, "busy", lambda ts: None).run_once())
     check(ledger.WebhookNotFound, lambda: remove_webhook(lg, "wh_none"))
+    # an archived run's items left with its events (ledger/archive.py)
+    lg.archive(OPERATOR, tmp_path / "archive.jsonl", runs=[rid])
+    e = check(ledger.RunArchived, lambda: lg.compensate(rid, OPERATOR, "undo", items=["i0"]))
+    assert isinstance(e, ledger.RunArchived) and e.to_dict()["archive"].endswith("archive.jsonl")
     # LedgerError is the base of all of them, never raised bare here
     names = {
         n

@@ -50,7 +50,15 @@ API_NAMES = {
 }
 # Extras the package also exports: the manifest models API.md describes ("validated by
 # pydantic") and the `links` entry type of RunStatus.
-EXTRA_NAMES = {"Manifest", "Policy", "Link", "FollowerBusy", "FollowerNotFound", "WebhookNotFound"}
+EXTRA_NAMES = {
+    "Manifest",
+    "Policy",
+    "Link",
+    "FollowerBusy",
+    "FollowerNotFound",
+    "WebhookNotFound",
+    "RunArchived",
+}
 
 ERROR_NAMES = {
     "LedgerError",

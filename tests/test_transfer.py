@@ -68,7 +68,10 @@ def test_demo_round_trip_sqlite_postgres_sqlite(
 
 @pytest.mark.parametrize(
     "events",
-    [pytest.param(10_000, id="10k"), pytest.param(100_000, id="100k", marks=pytest.mark.slow)],
+    [
+        pytest.param(10_000, id="10k"),
+        pytest.param(100_000, id="100k", marks=[pytest.mark.slow, pytest.mark.timeout(1800)]),
+    ],
 )
 def test_large_round_trip_sqlite_postgres_sqlite(tmp_path: Path, pg_dsn: str, events: int) -> None:
     first = f"sqlite:///{tmp_path}/big.db"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import queries
 from .. import states as S
+from ..archived import refuse_if_archived
 from ..domain import Run, run_stream_id
 from ..errors import IllegalTransition, InvalidInput, ItemNotFound
 from ..stores.base import Tx
@@ -43,6 +44,7 @@ def current_manifest(
     tx: Tx, run: Run, where: str = "", params: Sequence[Any] = ()
 ) -> dict[str, Any]:
     """The run's latest input (its items still in the manifest, optionally filtered)."""
+    refuse_if_archived(tx, run.run_id, run.state)  # its items left with its events
     rows = tx.fetchall(
         "SELECT item_id, required, payload FROM lg_items WHERE run_id = ? AND in_manifest = 1"  # noqa: S608 (`where` is our own fixed filter, values bound)
         + where
@@ -226,6 +228,8 @@ def compensate(
             given = parse_items(items)
     with uow.write() as tx:
         original = uow.load_run(tx, run_id)
+        if ids:
+            refuse_if_archived(tx, run_id, original.state)  # its items are in the archive
         for named in ids or []:
             uow.item_row(tx, run_id, named)  # existence before role (SPEC order of checks)
         require_role(actor, rule.roles, "compensate")

@@ -93,6 +93,22 @@ def read_stream_events(tx: Tx, stream: UUID, since_version: int = 1) -> list[Raw
     ]
 
 
+def last_event(tx: Tx, stream: UUID) -> RawEvent | None:
+    """The last event of one stream (None when the store holds none of it)."""
+    pos = position_sql(tx)
+    row = tx.fetchone(
+        f"SELECT {pos} AS position, originator_version AS version, topic, state "  # noqa: S608 (our own table/column names; values are bound parameters)
+        f"FROM {tx.store.events_table()} WHERE originator_id = ? "
+        "ORDER BY originator_version DESC LIMIT 1",
+        (oid_param(tx.store.dialect, stream),),
+    )
+    if row is None:
+        return None
+    return RawEvent(
+        int(row["position"]), stream, int(row["version"]), row["topic"], bytes(row["state"]), None
+    )
+
+
 def stream_heads(tx: Tx, streams: Sequence[UUID]) -> dict[UUID, tuple[int, str | None]]:
     """The last version of each given stream the store holds, with its recorded hash
     (streams it does not hold are left out)."""
