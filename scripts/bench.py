@@ -6,6 +6,7 @@
     python scripts/bench.py --full          # cases 4 and 5 with 1,000,000 events
     python scripts/bench.py --dsn postgresql://user@host/db   # an existing server (CREATEDB)
     python scripts/bench.py --cases 1,6 --json out.json --profile prof/
+    python scripts/bench.py --cases 8 --peers   # scaling, then the peers (the [bench] extra)
 
 Cases (ratio = ledger / baseline, same run, same server):
   1 item throughput, PostgreSQL, 8 processes: Worker and claim+record loop vs a raw
@@ -19,6 +20,8 @@ Cases (ratio = ledger / baseline, same run, same server):
   8 scaling on PostgreSQL (issue 15): claim+record with 1 / 2 / 8 processes on one run
     and 4 runs x 2 processes; WAL bytes, client and server CPU per item (/proc), top
     wait events of the active backends (pg_stat_activity every 100 ms)
+  P (--peers) the ledger with 8 processes against pgqueuer (asyncpg) on the same server
+    (items/s >= 0.5x; WAL per item); procrastinate and dbos rows say what was not run
 
 The throwaway server keeps PostgreSQL's durable defaults (fsync and
 synchronous_commit on) and its data on disk. `--profile DIR` runs cProfile
@@ -98,9 +101,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "temporary directory first and run from there, so edits made to "
         "the working tree during a long run cannot break it",
     )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also case P: pgqueuer, procrastinate and dbos on the same server "
+        "(pip install -e '.[bench]'; a peer not installed is skipped with a note)",
+    )
     args = parser.parse_args(argv)
     args.case_list = tuple(c.strip() for c in args.cases.split(",") if c.strip())
-    unknown = set(args.case_list) - set(ALL_CASES)
+    if args.peers and "P" not in args.case_list:
+        args.case_list = (*args.case_list, "P")
+    unknown = set(args.case_list) - {*ALL_CASES, "P"}
     if unknown:
         parser.error(f"unknown cases {sorted(unknown)}; cases are {', '.join(ALL_CASES)}")
     return args

@@ -97,3 +97,28 @@ def test_command_line_help() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "--quick" in proc.stdout and "--json" in proc.stdout
+
+
+@pytest.mark.postgres
+def test_peers_case_measures_what_is_installed_and_names_what_is_not(
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench_cases import peers
+
+    # pretend nothing of the [bench] extra is installed: the ledger row still comes, and
+    # every peer gets a row saying what to install
+    monkeypatch.setattr(peers, "missing", lambda peer: list(peers.PEERS[peer]))
+    config = BenchConfig(
+        sizes=TINY, pg=PgTarget(pg_dsn), tmp=tmp_path, cases=("P",), start_method="spawn"
+    )
+    rows = run_all(config)
+    assert [r.name for r in rows] == [
+        "PG items/s, ledger 2 procs",
+        "peer pgqueuer",
+        "peer procrastinate",
+        "peer dbos",
+    ]
+    assert rows[0].ledger is not None and rows[0].ledger > 0
+    for r in rows[1:]:
+        assert r.ledger is None and r.note.startswith("skipped: ") and ".[bench]" in r.note
+    print(format_table(rows, ["header"]))

@@ -58,7 +58,7 @@ def _error_row(case: str, exc: BaseException) -> Row:
 
 def run_all(config: BenchConfig) -> list[Row]:
     """Run the selected cases; a case that raises yields one 'FAILED' row, the rest go on."""
-    from . import append, scaling, sqlite_items, startup, store, submit, throughput
+    from . import append, peers, scaling, sqlite_items, startup, store, submit, throughput
 
     sizes, pg, say = config.sizes, config.pg, config.say
     profiler = Profiler(config.profile_dir)
@@ -111,6 +111,8 @@ def run_all(config: BenchConfig) -> list[Row]:
         attempt("6", lambda: sqlite_items.run(sizes, say, profiler, tmp))
     if "8" in wanted and pg is not None:
         attempt("8", lambda: scaling.run(pg, sizes, say, config.start_method))
+    if "P" in wanted and pg is not None:  # --peers: not in ALL_CASES
+        attempt("P", lambda: peers.run(pg, sizes, say, config.start_method))
     if "7" in wanted:
         attempt("7", lambda: startup.run_sqlite(sizes, say, tmp))
         if pg is not None:

@@ -83,8 +83,15 @@ def _wal(conn: Any) -> int:
 
 
 def _measure(
-    dsn: str, runs: list[str], per_run: int, batch: int, start_method: str | None
+    dsn: str,
+    runs: list[str],
+    per_run: int,
+    batch: int,
+    start_method: str | None,
+    child: Any = _child,
 ) -> dict[str, Any]:
+    """Start `per_run` processes per entry of `runs` (`child(dsn, entry, index, batch,
+    ready, go, release, out)`), release them together, and measure (see the module)."""
     import psycopg
 
     if start_method is None:
@@ -92,7 +99,7 @@ def _measure(
     ctx = mp.get_context(start_method)
     ready, out, go, release = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
     kids = [
-        ctx.Process(target=_child, args=(dsn, r, i, batch, ready, go, release, out), daemon=True)
+        ctx.Process(target=child, args=(dsn, r, i, batch, ready, go, release, out), daemon=True)
         for i, r in enumerate(r for r in runs for _ in range(per_run))
     ]
     for k in kids:

@@ -1,0 +1,164 @@
+"""Case P (`bench.py --peers`): the queues a user would pick instead, in the same run on
+the same server (issue 15).
+
+The ledger's claim(250)+record loop and each peer work N no-op items with P processes
+(Sizes.throughput_items, throughput_procs), measured the same way as case 8: items/s,
+WAL bytes per item, client and server CPU per item, top wait events. Peers come from
+the optional extra (`pip install -e '.[bench]'`); a peer that is not installed gets a
+row saying so, and the rest still run.
+
+- pgqueuer (asyncpg driver; its psycopg driver stalled about 1 s per LISTEN wait):
+  one QueueManager per process in drain mode, batch 250, a no-op entrypoint.
+- procrastinate, dbos: installed or not, not measured yet (a row says so).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+import traceback
+from typing import Any
+
+from .common import Callback, PgTarget, Row, Sizes, ratio_row, running_run
+from .scaling import _measure, cpu_seconds
+
+EXTRA = "pip install -e '.[bench]'"
+PEERS = {
+    "pgqueuer": ("pgqueuer", "asyncpg"),
+    "procrastinate": ("procrastinate",),
+    "dbos": ("dbos",),
+}
+
+
+def missing(peer: str) -> list[str]:
+    """The modules of `peer` that are not installed."""
+    return [m for m in PEERS[peer] if importlib.util.find_spec(m) is None]
+
+
+def _pgqueuer_child(
+    dsn: str, _entry: Any, index: int, batch: int, ready: Any, go: Any, release: Any, out: Any
+) -> None:
+    try:
+        import asyncio
+
+        import asyncpg
+        from pgqueuer import AsyncpgDriver, Queries, QueueManager
+        from pgqueuer.types import QueueExecutionMode
+
+        async def main() -> tuple[int, float, float]:
+            conn = await asyncpg.connect(dsn)
+            qm = QueueManager(Queries(AsyncpgDriver(conn)))
+            done = 0
+
+            @qm.entrypoint("noop")
+            async def noop(job: Any) -> None:
+                nonlocal done
+                done += 1
+
+            ready.put(("ready", index, ""))
+            await asyncio.get_running_loop().run_in_executor(None, go.wait)
+            start = cpu_seconds() or 0.0
+            await qm.run(batch_size=batch, mode=QueueExecutionMode.drain)
+            end = cpu_seconds() or 0.0
+            out.put(("ok", index, done, time.monotonic(), end - start))
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 300)
+            await conn.close()
+            return done, start, end
+
+        asyncio.run(main())
+    except BaseException:
+        try:
+            ready.put(("error", index, traceback.format_exc()))
+        finally:
+            out.put(("error", index, 0, 0.0, traceback.format_exc()))
+
+
+def _pgqueuer_fill(dsn: str, n: int) -> None:
+    import asyncio
+
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries
+
+    async def main() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            queries = Queries(AsyncpgDriver(conn))
+            await queries.install()
+            for k in range(0, n, 5_000):
+                m = min(5_000, n - k)
+                await queries.enqueue(["noop"] * m, [None] * m, [0] * m)
+        finally:
+            await conn.close()
+
+    asyncio.run(main())
+
+
+def _note(g: dict[str, Any]) -> str:
+    server = "n/a" if g["server_ms"] is None else f"{g['server_ms']:.3f}"
+    return (
+        f"{g['items']} items {g['seconds']:.1f}s; WAL {g['wal_per_item']:,.0f} B/item; CPU "
+        f"ms/item client {g['client_ms']:.3f} + server {server}; waits: {g['waits']}"
+    )
+
+
+def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = None) -> list[Row]:
+    from ledger import Ledger
+
+    n, procs, batch = sizes.throughput_items, sizes.throughput_procs, 250
+    rows: list[Row] = []
+    say(f"case P: ledger claim({batch})+record, {procs} procs, {n} items")
+    with pg.database("cP_ledger") as dsn:
+        with Ledger.open(dsn) as lg:
+            run_id = running_run(lg, n)
+        ledger = _measure(dsn, [run_id], procs, batch, start_method)
+    say(f"  {ledger['rate']:,.0f} items/s; {_note(ledger)}")
+    rows.append(
+        Row("P", f"PG items/s, ledger {procs} procs", ledger["rate"], "items/s", note=_note(ledger))
+    )
+    for peer in PEERS:
+        gone = missing(peer)
+        if gone:
+            say(f"case P: {peer} skipped: {', '.join(gone)} not installed ({EXTRA})")
+            rows.append(
+                Row(
+                    "P",
+                    f"peer {peer}",
+                    None,
+                    "items/s",
+                    note=f"skipped: {', '.join(gone)} not installed ({EXTRA})",
+                )
+            )
+            continue
+        if peer != "pgqueuer":
+            rows.append(Row("P", f"peer {peer}", None, "items/s", note="not measured yet"))
+            continue
+        say(f"case P: pgqueuer, batch {batch}, {procs} procs, {n} items")
+        with pg.database("cP_pgqueuer") as dsn:
+            _pgqueuer_fill(dsn, n)
+            got = _measure(dsn, [""], procs, batch, start_method, child=_pgqueuer_child)
+        if got["items"] != n:
+            raise RuntimeError(f"pgqueuer processed {got['items']} of {n} jobs")
+        say(f"  {got['rate']:,.0f} items/s; {_note(got)}")
+        rows.append(
+            ratio_row(
+                "P",
+                f"PG items/s, ledger {procs} procs vs pgqueuer {procs} procs",
+                ledger["rate"],
+                got["rate"],
+                "items/s",
+                0.5,
+                note=_note(got),
+            )
+        )
+        rows.append(
+            Row(
+                "P",
+                "WAL bytes/item, ledger vs pgqueuer",
+                ledger["wal_per_item"],
+                "B",
+                got["wal_per_item"],
+                "B",
+                ledger["wal_per_item"] / got["wal_per_item"],
+            )
+        )
+    return rows
