@@ -21,10 +21,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
+
+# re-exported: the other command modules and the tests take them from here
+from .cli_progress import RebuildProgress as RebuildProgress
+from .cli_progress import VerifyProgress as VerifyProgress
+from .cli_progress import duration
 
 if TYPE_CHECKING:
     from .service import Ledger
@@ -1082,7 +1087,7 @@ def projections_rebuild(
             with RebuildProgress.on_stderr() as progress:
                 replayed = lg.rebuild_projections(progress=progress)
     seconds = time.monotonic() - started
-    typer.echo(f"projections rebuilt from {replayed} events in {_duration(seconds)}")
+    typer.echo(f"projections rebuilt from {replayed} events in {duration(seconds)}")
 
 
 @keys_app.command("prune")
@@ -1126,141 +1131,7 @@ def projections_checksums(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         typer.echo(f"{table:<15} {int(rows):>10,} rows  {digest}")
 
 
-class VerifyProgress:
-    """`progress(stage, done, total)` for verify: a line on stderr at most every `interval`
-    seconds while replaying (events done / total, rate, ETA), and one as each later
-    stage starts."""
-
-    STAGES: ClassVar[dict[str, str]] = {
-        "compare": "verify: comparing the live projections with the replay",
-        "chains": "verify: checking the hash chains",
-    }
-
-    def __init__(self, write: Any, interval: float = 5.0, clock: Any = None) -> None:
-        self.replay = RebuildProgress(
-            write=write, interval=interval, clock=clock, label="verify: replayed"
-        )
-        self.write = write
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if stage == "replay":
-            self.replay(done, total)
-        elif stage in self.STAGES:
-            self.write(self.STAGES[stage])
-
-
-def _duration(seconds: float) -> str:
-    """`0.4s`, `42s`, `3m07s`, `1h02m`."""
-    if seconds < 10:
-        return f"{seconds:.1f}s"
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-class RebuildProgress:
-    """`progress(done, total)` for a rebuild: events done / total, rate and ETA.
-
-    On a terminal a rich progress bar; otherwise (a log, a pipe) one line at most every
-    `interval` seconds plus the last one, so captured output stays short and readable.
-    The rate counts only events replayed by this process (a resumed rebuild starts
-    with the crashed one's events already done).
-    """
-
-    def __init__(
-        self,
-        write: Any = None,
-        interval: float = 2.0,
-        clock: Any = None,
-        bar: Any = None,
-        label: str = "rebuilding projections:",
-    ) -> None:
-        import time
-
-        self.write = write
-        self.label = label
-        self.interval = interval
-        self.clock = clock or time.monotonic
-        self.bar = bar  # (rich Progress, task id) on a terminal
-        self.first: tuple[float, int] | None = None
-        self.shown_at: float | None = None
-        self.shown_done = -1
-
-    @classmethod
-    @contextmanager
-    def on_stderr(cls) -> Iterator[RebuildProgress]:
-        if not sys.stderr.isatty():
-            yield cls(write=lambda line: typer.echo(line, err=True))
-            return
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TaskProgressColumn,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        # fits 80 columns at 1,000,000 events: "rebuilding ━━━━ 500000/1000002 50% 27,862 events/s 0:00:18"
-        bar = Progress(
-            TextColumn("rebuilding"),
-            BarColumn(bar_width=20),
-            MofNCompleteColumn(),
-            TaskProgressColumn(),
-            TextColumn("{task.fields[rate]}"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-        )
-        with bar:
-            task = bar.add_task("rebuild", total=None, rate="")
-            yield cls(bar=(bar, task))
-
-    def rate_eta(self, done: int, total: int) -> tuple[float | None, float | None]:
-        """Events per second since the first report, and seconds left at that rate."""
-        now = self.clock()
-        if self.first is None:
-            self.first = (now, done)
-        t0, d0 = self.first
-        if now <= t0 or done <= d0:
-            return None, None
-        rate = (done - d0) / (now - t0)
-        return rate, max(0, total - done) / rate
-
-    def line(self, done: int, total: int) -> str:
-        rate, eta = self.rate_eta(done, total)
-        pct = 100.0 * done / total if total else 100.0
-        text = f"{self.label} {done:,}/{total:,} events ({pct:.0f}%)"
-        if rate is not None:
-            text += f", {rate:,.0f} events/s"
-            if done < total and eta is not None:
-                text += f", ETA {_duration(eta)}"
-        return text
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.bar is not None:
-            bar, task = self.bar
-            rate, _eta = self.rate_eta(done, total)
-            bar.update(
-                task,
-                completed=done,
-                total=total,
-                rate="" if rate is None else f"{rate:,.0f} events/s",
-            )
-            return
-        now = self.clock()
-        last = done >= total
-        if done == self.shown_done:
-            return
-        if last or self.shown_at is None or now - self.shown_at >= self.interval:
-            self.shown_at, self.shown_done = now, done
-            self.write(self.line(done, total))
-
-
-# -- the HTTP API (ledger/http): thin wrappers over its serve() and add_token() --------
+# -- the HTTP API (ledger/http): a thin wrapper over its serve(); tokens: cli_tokens.py --
 
 
 @app.command()
@@ -1287,58 +1158,6 @@ def serve(
     )
 
 
-@token_app.command("add")
-def token_add(
-    actor_id: Annotated[str, typer.Argument(metavar="ACTOR_ID")],
-    role: Annotated[str, typer.Argument(metavar="ROLE")],
-    tokens: Annotated[
-        Path | None,
-        typer.Option(
-            "--tokens", metavar="PATH", help="[default: $LEDGER_TOKENS, else ./ledger.tokens]"
-        ),
-    ] = None,
-) -> None:
-    """Create a bearer token for ACTOR_ID acting as ROLE; it is shown once, only here."""
-    from .http.tokens import add_token
-
-    typer.echo(add_token(actor_id, role, tokens))
-
-
-TokensOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--tokens", metavar="PATH", help="[default: $LEDGER_TOKENS, else ./ledger.tokens]"
-    ),
-]
-
-
-@token_app.command("list")
-def token_list(tokens: TokensOpt = None, as_json: JsonOpt = False) -> None:
-    """The tokens: actor, role, when added, a fingerprint (never the token)."""
-    from .http.tokens import list_tokens
-
-    found = list_tokens(tokens)
-    if as_json:
-        _emit_json(found)
-        return
-    if not found:
-        typer.echo("no tokens")
-    for t in found:
-        typer.echo(f"{t.fingerprint}  {t.actor_id:<20} {t.role:<11} {t.added_at or '(unknown)'}")
-
-
-@token_app.command("revoke")
-def token_revoke(
-    who: Annotated[str, typer.Argument(metavar="ACTOR|FINGERPRINT")],
-    tokens: TokensOpt = None,
-) -> None:
-    """Revoke every token of ACTOR, or the one token with FINGERPRINT (from token list)."""
-    from .http.tokens import revoke_tokens
-
-    for t in revoke_tokens(who, tokens):
-        typer.echo(f"revoked {t.fingerprint} ({t.actor_id}:{t.role})")
-
-
 # -- the demo -------------------------------------------------------------------
 
 
@@ -1361,7 +1180,7 @@ def demo(
 
 # export, import, copy, archive, restore; top; the change feed (events, followers,
 # webhooks): their own modules, on this app
-from . import cli_feed, cli_top, cli_transfer  # noqa: E402, F401 (they import `app` from this module)
+from . import cli_feed, cli_tokens, cli_top, cli_transfer  # noqa: E402, F401 (they import `app` from this module)
 
 
 def _command_name(args: Sequence[str]) -> str | None:
