@@ -210,3 +210,20 @@ def test_writers_to_different_runs_do_not_wait_for_each_other(pg_dsn: str) -> No
             tx.execute("SELECT 1")
         lg.start(r1, CONTROLLER)
         assert lg.status(r2).state == "running" and lg.status(r1).state == "running"
+
+
+def test_an_import_at_given_positions_holds_readers_below_it(pg_dsn: str) -> None:
+    """ledger import keeps the positions it is given and moves the sequence past them
+    before it commits; readers must not pass them meanwhile."""
+    from ledger.stores.raw import RawEvent, append_raw
+
+    with Ledger.open(pg_dsn) as lg, Ledger.open(pg_dsn) as reader:
+        event = RawEvent(1000, uuid.uuid4(), 1, "test-event", b"{}", None)
+        with lg.store.write() as tx:
+            append_raw(tx, [event], keep_positions=True)
+            assert tx.fetchone("SELECT 1 AS done")  # the pipeline ran up to here: setval too
+            with reader.store.read() as rtx:
+                bound = rtx.readable_position()
+            assert bound is not None and bound < 1000
+            assert 1000 not in _positions(reader)
+        assert 1000 in _positions(reader)

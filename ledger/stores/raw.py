@@ -175,11 +175,19 @@ def append_raw(tx: Tx, events: Sequence[RawEvent], keep_positions: bool) -> list
 
 
 def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
-    """PostgreSQL: insert at given positions under the events table's exclusive lock (so
-    readers by position never see one appear behind another, as with every append), as one
-    statement, then move the position sequence past them."""
+    """PostgreSQL: insert at given positions under the events table's exclusive lock (no
+    append draws a position meanwhile), as one statement, then move the position sequence
+    past them. Like every append it first announces its lowest position (pg_positions.py),
+    so readers by position stop below it until it commits: once the sequence has moved,
+    nothing else would hold them back from passing the rows not yet committed."""
+    from .pg_positions import ANNOUNCE_BASE  # psycopg: PostgreSQL only
+
     ev = tx.store.events_table()
     tx.execute(f"LOCK TABLE {ev} IN EXCLUSIVE MODE")
+    tx.execute(
+        "SELECT pg_advisory_xact_lock_shared(?)",
+        (ANNOUNCE_BASE + min(e.position for e in events),),
+    )
     param = json.dumps(
         [
             [e.position, str(e.stream), e.version, e.topic, base64.b64encode(e.state).decode()]
