@@ -15,6 +15,7 @@ from eventsourcing.domain import DomainEvent
 from ledger.archived import Archived
 from ledger.domain import Item, Run
 from ledger.states import IN_PROGRESS, NEW, QUEUED
+from ledger.stores import statements as rows_sql
 
 from .rows import ITEM_STREAM_COLUMNS, RUN_COLUMNS, dumps, iso, item_stream_values, run_to_row
 
@@ -43,39 +44,72 @@ class Projector:
         self.items_table = "lg_items" + suffix
         self.attempts_table = "lg_attempts" + suffix
         self.transitions_table = "lg_transitions" + suffix
-        cols = ", ".join(RUN_COLUMNS)
-        marks = ", ".join("?" for _ in RUN_COLUMNS)
+        # each written out in its one-row and its bulk form (ledger/stores/statements.py)
         updates = ", ".join(f"{c} = excluded.{c}" for c in RUN_COLUMNS if c != "run_id")
-        self.upsert_run = (
-            f"INSERT INTO {self.runs_table} ({cols}) VALUES ({marks}) "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"ON CONFLICT (run_id) DO UPDATE SET {updates}"
+        self.upsert_run = rows_sql.insert(
+            self.runs_table, RUN_COLUMNS, tail=f" ON CONFLICT (run_id) DO UPDATE SET {updates}"
         )
-        sets = ", ".join(f"{c} = ?" for c in ITEM_STREAM_COLUMNS)
-        self.update_item = f"UPDATE {self.items_table} SET {sets} WHERE run_id = ? AND item_id = ?"  # noqa: S608 (our own table/column names; values are bound parameters)
-        self.insert_item = (
-            f"INSERT INTO {self.items_table} (run_id, item_id, seq, required, payload, in_manifest, "  # noqa: S608 (our own table/column names; values are bound parameters)
-            "state, revision, attempts) VALUES (?, ?, ?, ?, ?, 1, 'pending', 0, 0)"
+        self.update_item = rows_sql.update(
+            self.items_table, ITEM_STREAM_COLUMNS, ("run_id", "item_id")
         )
-        self.replace_item = f"UPDATE {self.items_table} SET required = ?, payload = ? WHERE run_id = ? AND item_id = ?"  # noqa: S608 (our own table/column names; values are bound parameters)
+        self.insert_item = rows_sql.insert(
+            self.items_table,
+            (
+                "run_id",
+                "item_id",
+                "seq",
+                "required",
+                "payload",
+                "in_manifest",
+                "state",
+                "revision",
+                "attempts",
+            ),
+            {"in_manifest": "1", "state": "'pending'", "revision": "0", "attempts": "0"},
+        )
+        self.replace_item = rows_sql.update(
+            self.items_table, ("required", "payload"), ("run_id", "item_id")
+        )
         self.withdraw_item = (
             f"UPDATE {self.items_table} SET in_manifest = 0 WHERE run_id = ? AND item_id = ?"  # noqa: S608 (our own table/column names; values are bound parameters)
         )
-        self.insert_attempt = (
-            f"INSERT INTO {self.attempts_table} (run_id, item_id, attempt, worker_id, lease_token, "  # noqa: S608 (our own table/column names; values are bound parameters)
-            "started_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        self.insert_attempt = rows_sql.insert(
+            self.attempts_table,
+            (
+                "run_id",
+                "item_id",
+                "attempt",
+                "worker_id",
+                "lease_token",
+                "started_at",
+                "expires_at",
+            ),
         )
-        self.finish_attempt = (
-            f"UPDATE {self.attempts_table} SET finished_at = ?, stage = ?, outcome = ?, error = ? "  # noqa: S608 (our own table/column names; values are bound parameters)
-            "WHERE run_id = ? AND item_id = ? AND attempt = ?"
+        self.finish_attempt = rows_sql.update(
+            self.attempts_table,
+            ("finished_at", "stage", "outcome", "error"),
+            ("run_id", "item_id", "attempt"),
         )
-        self.extend_attempt = (
-            f"UPDATE {self.attempts_table} SET expires_at = ? "  # noqa: S608 (our own table/column names; values are bound parameters)
-            "WHERE run_id = ? AND item_id = ? AND attempt = ?"
+        self.extend_attempt = rows_sql.update(
+            self.attempts_table, ("expires_at",), ("run_id", "item_id", "attempt")
         )
-        self.insert_transition = (
-            f"INSERT INTO {self.transitions_table} (position, ord, run_id, item_id, command, "  # noqa: S608 (our own table/column names; values are bound parameters)
-            "from_state, to_state, actor_id, role, reason, evidence, at, revision) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        self.insert_transition = rows_sql.insert(
+            self.transitions_table,
+            (
+                "position",
+                "ord",
+                "run_id",
+                "item_id",
+                "command",
+                "from_state",
+                "to_state",
+                "actor_id",
+                "role",
+                "reason",
+                "evidence",
+                "at",
+                "revision",
+            ),
         )
 
     def project(

@@ -20,6 +20,8 @@ from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
 
+from . import statements
+
 if TYPE_CHECKING:
     from .base import Tx
 
@@ -29,6 +31,7 @@ GENESIS = ""
 HASH_CHAIN_FROM = "hash_chain_from"
 _TAG = b"run-ledger/event-hash/1"
 _CHUNK = 300
+INSERT_HASHES = statements.insert(HASH_TABLE, ("originator_id", "originator_version", "hash"))
 
 
 def event_hash(prev: str, originator_id: UUID, version: int, topic: str, state: bytes) -> str:
@@ -129,7 +132,4 @@ def record_hashes(tx: Tx, stored: Sequence[StoredEvent]) -> None:
         hx = event_hash(prev, oid, version, se.topic, se.state)
         batch[(oid, version)] = hx
         rows.append((oid_param(tx.store.dialect, oid), version, hx))
-    tx.executemany(
-        f"INSERT INTO {HASH_TABLE} (originator_id, originator_version, hash) VALUES (?, ?, ?)",  # noqa: S608 (our own table/column names; values are bound parameters)
-        rows,
-    )
+    tx.executemany(INSERT_HASHES, rows)

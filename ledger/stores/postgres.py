@@ -36,6 +36,7 @@ from ..redact import redact, truncate_bytes
 from . import feed_schema, hashchain, pg_positions
 from .base import SCHEMA_VERSION, Store, StreamConflict, Tx, apply_migrations, refuse_newer
 from .pg_recorder import WAKE_INTERVAL_S, LedgerPostgresRecorder, Waker, _events_json
+from .statements import RowsSql
 
 __all__ = ["EVENTS_TABLE", "LedgerPostgresRecorder", "PostgresStore", "_events_json"]
 
@@ -50,92 +51,23 @@ def to_pg(sql: str) -> str:
     return _QMARK.sub("%s", sql)
 
 
-_INSERT = re.compile(r"^\s*INSERT INTO (\S+) \(([^)]*)\) VALUES \(([^()]*)\)(.*)$", re.DOTALL)
-_UPDATE = re.compile(r"^\s*UPDATE (\S+) SET (.+?) WHERE (.+)$", re.DOTALL)
-_ASSIGN = re.compile(r"^(\w+) = \?$")
-_NAME = re.compile(r"^\w+$")
-
-
-class _Bulk:
-    """A one-row INSERT or UPDATE rewritten to take every row in one parameter: a JSON array
-    of objects keyed by column name, expanded by `json_populate_recordset` with the table's
-    own column types. The statement text is short and the same for any number of rows, so
-    psycopg converts it once and the server keeps it prepared; encoding the rows is one
-    `json.dumps` (measured 4-7x less client CPU than a multi-row VALUES list, whose
-    placeholders psycopg parses again on every call)."""
-
-    def __init__(self, sql: str, names: list[str]) -> None:
-        self.sql = sql
-        self.names = names
-
-    def param(self, rows: Sequence[Sequence[Any]]) -> str | None:
-        """The rows as the JSON parameter; None when a value has no exact JSON form."""
-        names = self.names
-        try:
-            return json.dumps(
-                [dict(zip(names, row, strict=True)) for row in rows],
-                default=_json_scalar,
-                ensure_ascii=False,
-                allow_nan=False,
-            )
-        except (TypeError, ValueError):
-            return None
+def _rows_json(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> str | None:
+    """Rows as the JSON parameter of a bulk form; None when a value has no exact JSON form."""
+    try:
+        return json.dumps(
+            [dict(zip(names, row, strict=True)) for row in rows],
+            default=_json_scalar,
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+    except (TypeError, ValueError):
+        return None
 
 
 def _json_scalar(value: Any) -> str:
     if isinstance(value, UUID):
         return str(value)
     raise TypeError(type(value).__name__)
-
-
-_BULK_CACHE: dict[str, _Bulk | None] = {}
-
-
-def _bulk_form(sql: str) -> _Bulk | None:
-    """`INSERT INTO t (cols) VALUES (?, ..., literal) [tail]` and `UPDATE t SET a = ?, ... WHERE
-    k = ? AND ...` as one statement over a JSON array of rows. None for any other shape."""
-    if sql in _BULK_CACHE:
-        return _BULK_CACHE[sql]
-    bulk: _Bulk | None = None
-    m = _INSERT.match(sql)
-    if m:
-        table, tail = m.group(1), m.group(4)
-        cols = [c.strip() for c in m.group(2).split(",")]
-        values = [v.strip() for v in m.group(3).split(",")]
-        if (
-            len(cols) == len(values)
-            and all(_NAME.match(c) for c in cols)
-            and "?" not in tail
-            and all(v == "?" or "?" not in v for v in values)
-        ):
-            names = [c for c, v in zip(cols, values, strict=True) if v == "?"]
-            select = ", ".join(
-                f"v.{c}" if v == "?" else v for c, v in zip(cols, values, strict=True)
-            )
-            bulk = _Bulk(
-                f"INSERT INTO {table} ({', '.join(cols)}) SELECT {select} "  # noqa: S608 (our own table/column names; values are bound parameters)
-                f"FROM json_populate_recordset(NULL::{table}, %s::json) AS v{tail}",
-                names,
-            )
-    else:
-        u = _UPDATE.match(sql)
-        if u:
-            table = u.group(1)
-            sets = [a.strip() for a in u.group(2).split(",")]
-            keys = [k.strip() for k in u.group(3).split(" AND ")]
-            found = [_ASSIGN.match(x) for x in sets + keys]
-            names = [c.group(1) for c in found if c]
-            if len(names) == len(found) and len(set(names)) == len(names):
-                n_set = len(sets)
-                assign = ", ".join(f"{c} = v.{c}" for c in names[:n_set])
-                where = " AND ".join(f"t.{c} = v.{c}" for c in names[n_set:])
-                bulk = _Bulk(
-                    f"UPDATE {table} AS t SET {assign} "  # noqa: S608 (our own table/column names; values are bound parameters)
-                    f"FROM json_populate_recordset(NULL::{table}, %s::json) AS v WHERE {where}",
-                    names,
-                )
-    _BULK_CACHE[sql] = bulk
-    return bulk
 
 
 def _drain(conn: psycopg.Connection[Any]) -> None:
@@ -175,12 +107,11 @@ class PgTx(Tx):
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any:
         rows = list(rows)
-        if len(rows) > 1:
-            bulk = _bulk_form(sql)
-            param = bulk.param(rows) if bulk is not None else None
-            if bulk is not None and param is not None:
+        if len(rows) > 1 and isinstance(sql, RowsSql):
+            param = _rows_json(sql.names, rows)
+            if param is not None:
                 # one statement for every row: round trips and client CPU, not rows, cost here
-                self.cur.execute(bulk.sql, (param,), prepare=True)
+                self.cur.execute(sql.pg_bulk, (param,), prepare=True)
                 _drain(self.conn)
                 return None
         self.cur.executemany(to_pg(sql), rows)

@@ -18,7 +18,7 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 
 from .base import Tx
-from .hashchain import HASH_TABLE, as_uuid, oid_param
+from .hashchain import HASH_TABLE, INSERT_HASHES, as_uuid, oid_param
 
 _CHUNK = 300  # stream ids per IN list
 
@@ -168,7 +168,7 @@ def append_raw(tx: Tx, events: Sequence[RawEvent], keep_positions: bool) -> list
         ]
         positions = tx.insert_stored_events(stored)
     tx.executemany(
-        f"INSERT INTO {HASH_TABLE} (originator_id, originator_version, hash) VALUES (?, ?, ?)",  # noqa: S608 (our own table/column names; values are bound parameters)
+        INSERT_HASHES,
         [(oid_param(dialect, e.stream), e.version, e.hash) for e in events if e.hash is not None],
     )
     return positions
