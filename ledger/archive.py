@@ -442,7 +442,7 @@ def restore(lg: Any, actor: Actor, source: str | Path) -> ArchiveSummary:
             nonlocal restored
             todo = [e for e in page if e.version > (held.get(e.stream) or (0, None))[0]]
             keep = not occupied_positions(tx, [e.position for e in todo])
-            positions = append_raw(tx, todo, keep_positions=keep)
+            positions = append_raw(tx, todo, keep_positions=keep, reuse_free=keep)
             decode = lg.store.mapper.to_domain_event
             from eventsourcing.persistence import StoredEvent
 

@@ -258,7 +258,10 @@ def iter_events(
     """Stored events in position order (of `streams` only, when given), a page per read
     transaction, up to the highest position when it starts; with the total to expect."""
     with lg.store.read() as tx:
+        bound = tx.readable_position()  # PostgreSQL: never past what a writer may fill in
         top = max_position(tx) if upto is None else upto
+        if bound is not None:
+            top = min(top, bound)
         total = _count(tx, after, top)
     while after < top:
         with lg.store.read() as tx:
@@ -448,13 +451,6 @@ def _opened(source: str | Path | IO[str]) -> Iterator[IO[str]]:
         except UnicodeDecodeError:
             raise ImportRefused(f"history file {str(source)!r} is not UTF-8") from None
         return
-    if not source.seekable():  # read twice: spool a pipe to a temporary file first
-        with tempfile.TemporaryFile("w+", encoding="utf-8") as spool:
-            for text in source:
-                spool.write(text)
-            spool.seek(0)
-            yield spool
-        return
     yield source
 
 
@@ -467,15 +463,14 @@ def import_file(
     """Import a history file into `lg`: check it, append its events with their hashes and
     project them, in one transaction; then `verify` the ledger (unless verify=False).
 
-    Refused with ImportRefused, nothing written: a file that does not check out, a
-    stream the target holds with other events, a stream that continues one the target
-    does not hold. Events the target already holds (same stream, version and hash) are
-    skipped, so a second import of the same file changes nothing."""
+    The file is read once: each event is checked (its chain, then against the target)
+    before it is appended, the closing line at the end, and anything wrong rolls the
+    whole transaction back. Refused with ImportRefused, nothing written: a file that does
+    not check out, a stream the target holds with other events, a stream that continues
+    one the target does not hold. Events the target already holds (same stream, version
+    and hash) are skipped, so a second import of the same file changes nothing."""
     with _opened(source) as f:
-        start = f.tell()
-        check = check_file(f)
-        f.seek(start)
-        summary = _append_file(lg, f, check, progress)
+        summary = _append_file(lg, f, progress)
     if verify:
         report = lg.verify()
         summary = TransferSummary(
@@ -490,51 +485,83 @@ def import_file(
     return summary
 
 
-def _append_file(
-    lg: Any, f: IO[str], check: FileCheck, progress: Progress | None
-) -> TransferSummary:
+class _Target:
+    """The target's side of an import: which events of the file it holds already."""
+
+    def __init__(self, tx: Any, chains: Chains) -> None:
+        self.tx = tx
+        self.chains = chains
+        self.held: dict[UUID, tuple[int, str | None]] = {}
+        self.known: set[UUID] = set()
+        self.empty = False  # the target held no event when the import began
+
+    def new_events(self, batch: list[RawEvent]) -> list[RawEvent]:
+        """The batch's events the target lacks. The ones it holds must have the same hash,
+        and a stream the file takes up in the middle must continue the target's chain."""
+        fresh = list(dict.fromkeys(e.stream for e in batch if e.stream not in self.known))
+        if not self.empty:
+            self.held.update(stream_heads(self.tx, fresh))
+        self.known.update(fresh)
+        for e in batch:
+            if self.chains.open.get(e.stream) is e:
+                self._check_continues(e)
+        return _new_events(self.tx, batch, self.held)
+
+    def _check_continues(self, e: RawEvent) -> None:
+        have = self.held.get(e.stream)
+        if have is None or have[0] < e.version - 1:
+            raise ImportRefused(
+                f"position {e.position}: stream {e.stream} starts at version {e.version} in the "
+                f"file, but this ledger holds {have[0] if have else 'none'} of its earlier "
+                "versions",
+                position=e.position,
+            )
+        if (
+            have[0] == e.version - 1
+            and have[1] is not None
+            and hc.event_hash(have[1], e.stream, e.version, e.topic, e.state) != e.hash
+        ):
+            raise ImportRefused(
+                f"position {e.position}: version {e.version} of stream {e.stream} does not "
+                "continue the chain this ledger holds for it",
+                position=e.position,
+            )
+
+
+def _append_file(lg: Any, f: IO[str], progress: Progress | None) -> TransferSummary:
+    from eventsourcing.persistence import StoredEvent
+
     from projections.rebuild import Replayer
 
     store = lg.store
-    chains = check.chains
+    decode = store.mapper.to_domain_event
+    chains = Chains()
     appended = skipped = 0
     touched: dict[str, None] = {}
+    closing: dict[str, Any] | None = None
+    n = 0
     with store.write() as tx:
-        held = stream_heads(tx, list(chains.heads))
-        for oid, first in chains.open.items():  # streams continuing what the target holds
-            have = held.get(oid)
-            if have is None or have[0] < first.version - 1:
-                raise ImportRefused(
-                    f"position {first.position}: stream {oid} starts at version {first.version} "
-                    f"in the file, but this ledger holds {have[0] if have else 'none'} of its "
-                    "earlier versions",
-                    position=first.position,
-                )
-        keep = max_position(tx) < check.first_position
+        target = _Target(tx, chains)
+        keep: bool | None = None
         replayer = Replayer("")
         batch: list[RawEvent] = []
 
         def flush() -> None:
-            nonlocal appended
-            events = _new_events(tx, batch, held)
+            nonlocal appended, skipped, keep
+            if not batch:
+                return
+            if keep is None:  # the file's positions are free here: keep them
+                top = max_position(tx)
+                keep, target.empty = top < batch[0].position, top == 0
+            events = target.new_events(batch)
+            skipped += len(batch) - len(events)
             positions = append_raw(tx, events, keep_positions=keep)
-            decode = store.mapper.to_domain_event
-            from eventsourcing.persistence import StoredEvent
-
+            if events and positions[0] != events[0].position:
+                keep = False  # another writer drew them first: the rest is numbered too
             replayer.apply(
                 tx,
                 [
-                    (
-                        pos,
-                        decode(
-                            StoredEvent(
-                                originator_id=e.stream,
-                                originator_version=e.version,
-                                topic=e.topic,
-                                state=e.state,
-                            )
-                        ),
-                    )
+                    (pos, decode(StoredEvent(e.stream, e.version, e.topic, e.state)))
                     for pos, e in zip(positions, events, strict=True)
                 ],
             )
@@ -544,23 +571,37 @@ def _append_file(
                     touched[run] = None
             appended += len(events)
             batch.clear()
+            if progress is not None:
+                progress(chains.events, 0)
 
-        done = 0
         for n, doc in _lines(f):
+            if closing is not None:
+                raise ImportRefused(f"line {n} follows the closing line", line=n)
             if isinstance(doc, dict) and "end" in doc:
-                break
+                if doc.get("end") != FORMAT:
+                    raise ImportRefused(
+                        f"line {n}: not a {FORMAT} file (closing line says {doc.get('end')!r})",
+                        line=n,
+                    )
+                closing = doc
+                continue
             e = parse_event(doc, n)
-            if e.version <= held.get(e.stream, (0, None))[0]:
-                skipped += 1  # held already: compared with the stored hash in flush
+            problem = chains.add(e)
+            if problem is not None:
+                raise ImportRefused(
+                    f"line {n}, position {e.position}: {problem}", line=n, position=e.position
+                )
             batch.append(e)
-            done += 1
             if len(batch) >= PAGE:
                 flush()
-                if progress is not None:
-                    progress(done, chains.events)
+        if closing is None:
+            raise ImportRefused(
+                f"the file ends at line {n} without its closing line: it is truncated", line=n
+            )
+        _check_closing(closing, chains, n)  # refused: the transaction rolls back
         flush()
         if progress is not None:
-            progress(done, chains.events)
+            progress(chains.events, chains.events)
     return TransferSummary(
         events=appended,
         streams=len(chains.heads),

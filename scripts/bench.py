@@ -20,6 +20,7 @@ Cases (ratio = ledger / baseline, same run, same server):
   8 scaling on PostgreSQL (issue 15): claim+record with 1 / 2 / 8 processes on one run
     and 4 runs x 2 processes; WAL bytes, client and server CPU per item (/proc), top
     wait events of the active backends (pg_stat_activity every 100 ms)
+  9 export (SQLite, PostgreSQL) vs reading the same rows, import into PostgreSQL vs COPY (>= 0.3)
   P (--peers) the ledger with 8 processes against pgqueuer (asyncpg) on the same server
     (items/s >= 0.5x; WAL per item); procrastinate and dbos rows say what was not run
 

@@ -232,3 +232,46 @@ def test_the_cli_exports_imports_and_copies(tmp_path: Path, pg_dsn: str) -> None
     assert _state(second)[0] == heads
     assert main(["copy", "--from", second, "--to", pg_dsn, "--no-progress"]) == 0
     assert _state(pg_dsn)[0] == heads
+
+
+def test_an_export_since_a_time_continues_a_copy_that_holds_the_earlier_events(
+    tmp_path: Path, clock: Any
+) -> None:
+    a, b = f"sqlite:///{tmp_path}/a.db", f"sqlite:///{tmp_path}/b.db"
+    with Ledger.open(a, clock=clock) as lg:
+        run = lg.submit(manifest(3), SUBMITTER).run_id
+        lg.start(run, CONTROLLER)
+    first = _export(a)
+    with Ledger.open(b) as lg:
+        lg.import_file(io.StringIO(first))
+    clock.advance(60)
+    cut = clock()
+    with Ledger.open(a, clock=clock) as lg:
+        for lease in lg.claim(run, WORKER, limit=3):
+            lg.accept(lease)
+        lg.complete(run, CONTROLLER)
+        other = lg.submit(manifest(1), SUBMITTER).run_id
+    later = _export(a, since=cut)
+    assert json.loads(later.splitlines()[-1])["open"]  # streams taken up in the middle
+    # into a ledger without the earlier events: refused, nothing written
+    with Ledger.open(f"sqlite:///{tmp_path}/empty.db") as lg:
+        with pytest.raises(ImportRefused, match="earlier"):
+            lg.import_file(io.StringIO(later))
+        assert lg.runs() == []
+    with Ledger.open(b) as lg:
+        summary = lg.import_file(io.StringIO(later))
+        assert summary.verify_ok, summary.problems
+        assert lg.status(run).state == "succeeded" and lg.status(other).state == "queued"
+    assert _state(b)[0] == _state(a)[0]
+
+
+def test_the_cli_imports_from_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger.cli import main
+
+    a = f"sqlite:///{tmp_path}/a.db"
+    with Ledger.open(a) as lg:
+        lg.submit(manifest(2), SUBMITTER)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(_export(a)))
+    b = f"sqlite:///{tmp_path}/b.db"
+    assert main(["--dsn", b, "import", "-", "--no-progress"]) == 0
+    assert _state(b)[0] == _state(a)[0]

@@ -140,16 +140,25 @@ def stored_hash(tx: Tx, stream: UUID, version: int) -> str | None:
     return None if row is None else str(row["hash"])
 
 
-def append_raw(tx: Tx, events: Sequence[RawEvent], keep_positions: bool) -> list[int]:
+def append_raw(
+    tx: Tx, events: Sequence[RawEvent], keep_positions: bool, reuse_free: bool = False
+) -> list[int]:
     """Append events exactly as given (bytes and hashes), in the given order; return their
-    positions in this store. With `keep_positions`, each keeps the position it carries (the
-    caller checked they are all above this store's highest); otherwise the store numbers
-    them as it numbers any append. A clash with a stored (stream, version) raises the
-    store's StreamConflict or integrity error and the transaction writes nothing."""
+    positions in this store. A clash with a stored (stream, version) raises the store's
+    StreamConflict or integrity error and the transaction writes nothing.
+
+    `keep_positions`: each keeps the position it carries when those are above every
+    position this store has drawn (SQLite: its highest; PostgreSQL: its sequence, which is
+    then moved past them); otherwise the store numbers them as any append. `reuse_free`
+    (restore): put them back at their positions, which the caller checked are free."""
     if not events:
         return []
     dialect = tx.store.dialect
-    if keep_positions:
+    if keep_positions and (
+        reuse_free
+        or dialect != "postgres"
+        or _pg_reserve_at(tx, events[0].position, events[-1].position)
+    ):
         positions = [e.position for e in events]
         if dialect == "postgres":
             _pg_insert_at(tx, events)
@@ -174,20 +183,27 @@ def append_raw(tx: Tx, events: Sequence[RawEvent], keep_positions: bool) -> list
     return positions
 
 
-def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
-    """PostgreSQL: insert at given positions under the events table's exclusive lock (no
-    append draws a position meanwhile), as one statement, then move the position sequence
-    past them. Like every append it first announces its lowest position (pg_positions.py),
-    so readers by position stop below it until it commits: once the sequence has moved,
-    nothing else would hold them back from passing the rows not yet committed."""
-    from .pg_positions import ANNOUNCE_BASE  # psycopg: PostgreSQL only
+def _pg_reserve_at(tx: Tx, first: int, last: int) -> bool:
+    """PostgreSQL: claim positions first..last for this transaction if no writer has drawn
+    them. `ledger_reserve_positions` (ledger/stores/pg_positions.py) announces this
+    transaction, so readers stop below its positions until it commits, and draws one
+    block from the sequence's value up to `last`; the positions below `first` stay a gap,
+    as a rolled-back transaction's do. False (nothing claimed that matters) when the
+    sequence is already at `first`, or another writer drew in between."""
+    from .pg_positions import RESERVE_FUNCTION, sequence_name
 
+    seq = sequence_name(tx.store.events_table())
+    row = tx.fetchone(f"SELECT last_value AS v, is_called AS c FROM {seq}")  # noqa: S608 (our own sequence name)
+    drawn = (int(row["v"]) - (0 if row["c"] else 1)) if row else 0  # a fresh sequence drew none
+    if drawn >= first:
+        return False
+    got = tx.fetchone(f"SELECT {RESERVE_FUNCTION}(?) AS f", (last - drawn,))
+    return got is not None and int(got["f"]) <= first
+
+
+def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
+    """PostgreSQL: insert at given positions (reserved or free), as one statement."""
     ev = tx.store.events_table()
-    tx.execute(f"LOCK TABLE {ev} IN EXCLUSIVE MODE")
-    tx.execute(
-        "SELECT pg_advisory_xact_lock_shared(?)",
-        (ANNOUNCE_BASE + min(e.position for e in events),),
-    )
     param = json.dumps(
         [
             [e.position, str(e.stream), e.version, e.topic, base64.b64encode(e.state).decode()]
@@ -199,10 +215,6 @@ def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
         "SELECT (e->>0)::bigint, (e->>1)::uuid, (e->>2)::bigint, e->>3, decode(e->>4, 'base64') "
         "FROM json_array_elements(?::json) AS x(e)",
         (param,),
-    )
-    tx.execute(
-        f"SELECT setval(pg_get_serial_sequence('{ev}', 'notification_id'), "  # noqa: S608 (our own table/column names; values are bound parameters)
-        f"(SELECT MAX(notification_id) FROM {ev}))"
     )
 
 

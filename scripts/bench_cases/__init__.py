@@ -16,7 +16,7 @@ from typing import Any
 
 from .common import DEFAULT, FULL, QUICK, TINY, PgTarget, Profiler, Row, Sizes, durable
 
-ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8")
+ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8", "9")
 
 __all__ = [
     "ALL_CASES",
@@ -58,7 +58,17 @@ def _error_row(case: str, exc: BaseException) -> Row:
 
 def run_all(config: BenchConfig) -> list[Row]:
     """Run the selected cases; a case that raises yields one 'FAILED' row, the rest go on."""
-    from . import append, peers, scaling, sqlite_items, startup, store, submit, throughput
+    from . import (
+        append,
+        peers,
+        scaling,
+        sqlite_items,
+        startup,
+        store,
+        submit,
+        throughput,
+        transfer,
+    )
 
     sizes, pg, say = config.sizes, config.pg, config.say
     profiler = Profiler(config.profile_dir)
@@ -117,6 +127,8 @@ def run_all(config: BenchConfig) -> list[Row]:
         attempt("7", lambda: startup.run_sqlite(sizes, say, tmp))
         if pg is not None:
             attempt("7", lambda: startup.run_pg(pg, sizes, say))
+    if "9" in wanted:
+        attempt("9", lambda: transfer.run(pg, sizes, say, tmp))
     return sorted(rows, key=lambda r: r.case)
 
 

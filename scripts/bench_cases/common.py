@@ -45,6 +45,7 @@ class Sizes:
     sqlite_batch: int = 50
     startup_runs: int = 7  # case 7: processes started
     fill_batch: int = 1_000  # claim/record batch used to fill a store with events
+    transfer_events: int = 50_000  # case 9: events exported and imported
 
     def scaled(self, **changes: Any) -> Sizes:
         return replace(self, **changes)
@@ -61,6 +62,7 @@ QUICK = DEFAULT.scaled(
     status_samples=100,
     sqlite_items=1_000,
     startup_runs=3,
+    transfer_events=5_000,
 )
 TINY = Sizes(
     throughput_items=60,
@@ -79,6 +81,7 @@ TINY = Sizes(
     sqlite_batch=10,
     startup_runs=1,
     fill_batch=50,
+    transfer_events=300,
 )
 
 
