@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import states as S
@@ -137,8 +138,6 @@ def page(
     """Up to `limit` transitions after `after` that match `flt`, in position order, and the
     cursor to resume after: the last one's position on a full page, else the head the page
     was bounded by (the reader has seen everything up to it, matching or not)."""
-    from .queries import transition as _transition
-
     bound = head(tx) if upto is None else upto
     if bound <= after:
         return [], after
@@ -149,9 +148,40 @@ def page(
         + " ORDER BY position, ord LIMIT ?",
         (after, bound, *params, limit),
     )
-    found = [_transition(r) for r in rows]
+    found = transitions(rows)
     cursor = found[-1].position if len(found) == limit else bound
     return found, cursor
+
+
+def transitions(rows: list[dict[str, Any]]) -> list[Transition]:
+    """lg_transitions rows as Transition values, equal to `queries.transition`'s, for a whole
+    page at once: one `json.loads` for every row's evidence, and each frozen value filled
+    in one step (about half the client time of the row-by-row path, which bounded
+    the feed's throughput)."""
+    if not rows:
+        return []
+    evidences = json.loads("[" + ",".join(r["evidence"] for r in rows) + "]")
+    parse = datetime.fromisoformat
+    new = object.__new__
+    out: list[Transition] = []
+    for r, evidence in zip(rows, evidences, strict=True):
+        t = new(Transition)
+        t.__dict__.update(
+            run_id=r["run_id"],
+            item_id=r["item_id"],
+            from_state=r["from_state"],
+            to_state=r["to_state"],
+            actor_id=r["actor_id"],
+            role=r["role"],
+            reason=r["reason"],
+            evidence=evidence,
+            at=parse(r["at"]),
+            revision=r["revision"],
+            position=r["position"],
+            command=r["command"],
+        )
+        out.append(t)
+    return out
 
 
 def read(store: Store, after: int, flt: FeedFilter, limit: int) -> list[Transition]:

@@ -130,7 +130,9 @@ class Follower:
         """Make `run()` return after the batch in hand (safe from any thread); final."""
         self._stop.set()
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Take the name's lock and create its checkpoint row if missing (the first batch
+        does this otherwise); FollowerBusy while another process holds the name."""
         if self._lock.held and self._ready:
             return
         self._lock.acquire(wait=self.wait, stop=self._stop)
@@ -173,7 +175,7 @@ class Follower:
 
     def _step(self) -> tuple[int, bool]:
         """One batch: (transitions handled, whether more may be waiting right now)."""
-        self._start()
+        self.start()
         store = self.lg.store
         if self.in_database:
             with store.write() as tx:
@@ -200,7 +202,7 @@ class Follower:
         """Start again from position 0 and catch up; returns the transitions handled.
         `clear(tx)` (e.g. `DELETE FROM my_table`) runs in the transaction that resets the
         checkpoint, so an in-database projection is never seen half cleared."""
-        self._start()
+        self.start()
         with self.lg.store.write() as tx:
             if clear is not None:
                 clear(tx)

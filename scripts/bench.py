@@ -23,6 +23,8 @@ Cases (ratio = ledger / baseline, same run, same server):
   9 export (SQLite, PostgreSQL) vs reading the same rows, import into PostgreSQL vs COPY (>= 0.3)
   P (--peers) the ledger with 8 processes against pgqueuer (asyncpg) on the same server
     (items/s >= 0.5x; WAL per item); procrastinate and dbos rows say what was not run
+  10 change feed, PostgreSQL: Follower transitions/s vs a psycopg read (>= 0.5), wait_for_events
+    wake-up (< 100 ms), follower lag under 8 writer processes (< 1 s)
 
 The throwaway server keeps PostgreSQL's durable defaults (fsync and
 synchronous_commit on) and its data on disk. `--profile DIR` runs cProfile

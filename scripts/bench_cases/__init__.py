@@ -16,7 +16,7 @@ from typing import Any
 
 from .common import DEFAULT, FULL, QUICK, TINY, PgTarget, Profiler, Row, Sizes, durable
 
-ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8", "9")
+ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10")
 
 __all__ = [
     "ALL_CASES",
@@ -60,6 +60,7 @@ def run_all(config: BenchConfig) -> list[Row]:
     """Run the selected cases; a case that raises yields one 'FAILED' row, the rest go on."""
     from . import (
         append,
+        feed,
         peers,
         scaling,
         sqlite_items,
@@ -129,6 +130,8 @@ def run_all(config: BenchConfig) -> list[Row]:
             attempt("7", lambda: startup.run_pg(pg, sizes, say))
     if "9" in wanted:
         attempt("9", lambda: transfer.run(pg, sizes, say, tmp))
+    if "10" in wanted and pg is not None:
+        attempt("10", lambda: feed.run(pg, sizes, say))
     return sorted(rows, key=lambda r: r.case)
 
 

@@ -46,6 +46,10 @@ class Sizes:
     startup_runs: int = 7  # case 7: processes started
     fill_batch: int = 1_000  # claim/record batch used to fill a store with events
     transfer_events: int = 50_000  # case 9: events exported and imported
+    feed_events: int = 50_000  # case 10: events the follower reads
+    feed_wake_samples: int = 20  # case 10: commits wait_for_events waits for
+    feed_writers: int = 8  # case 10: writer processes during the lag measurement
+    feed_load_seconds: float = 10.0
 
     def scaled(self, **changes: Any) -> Sizes:
         return replace(self, **changes)
@@ -63,6 +67,9 @@ QUICK = DEFAULT.scaled(
     sqlite_items=1_000,
     startup_runs=3,
     transfer_events=5_000,
+    feed_events=5_000,
+    feed_wake_samples=10,
+    feed_load_seconds=5.0,
 )
 TINY = Sizes(
     throughput_items=60,
@@ -82,6 +89,10 @@ TINY = Sizes(
     startup_runs=1,
     fill_batch=50,
     transfer_events=300,
+    feed_events=300,
+    feed_wake_samples=2,
+    feed_writers=2,
+    feed_load_seconds=1.0,
 )
 
 
