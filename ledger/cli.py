@@ -313,6 +313,7 @@ def _parse_time(text: str | None) -> datetime | None:
 
 def _read_json_file(path: Path, what: str) -> Any:
     from .errors import ManifestInvalid
+    from .validation import MAX_MANIFEST_BYTES, strict_loads
 
     try:
         data = path.read_bytes()
@@ -320,19 +321,13 @@ def _read_json_file(path: Path, what: str) -> Any:
         raise ManifestInvalid(
             f"cannot read {what} file {str(path)!r}: {e.strerror}", field=what
         ) from None
-    try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        detail = (
-            f"{e.msg} at line {e.lineno} column {e.colno}"
-            if isinstance(e, json.JSONDecodeError)
-            else "not UTF-8"
-        )
-        raise ManifestInvalid(
-            f"{what} file {str(path)!r} is not valid JSON: {detail}", field=what
-        ) from None
-    except RecursionError:
-        raise ManifestInvalid(f"{what} file {str(path)!r} nests too deeply", field=what) from None
+    # strict JSON, as every entry point reads it (ledger.validation)
+    return strict_loads(
+        data,
+        f"{what} file {str(path)!r}",
+        MAX_MANIFEST_BYTES + 64 * 1024,
+        error=lambda message: ManifestInvalid(message, field=what),
+    )
 
 
 @contextmanager

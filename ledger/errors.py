@@ -15,7 +15,10 @@ class LedgerError(Exception):
     """Base class of every error the ledger raises on purpose."""
 
     def __init__(self, message: str) -> None:
-        message = truncate_bytes(redact(message), MAX_MESSAGE_BYTES)
+        # cut before redacting too, so a huge message costs bounded time
+        message = truncate_bytes(
+            redact(truncate_bytes(str(message), 2 * MAX_MESSAGE_BYTES)), MAX_MESSAGE_BYTES
+        )
         super().__init__(message)
         self.message = message
 

@@ -80,6 +80,10 @@ def check_key(key: Any) -> str:
 # fingerprints of arguments and encoded responses
 # --------------------------------------------------------------------------
 def _canon(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 60:
+        # (a huge int cannot be turned into JSON text; its bytes still tell it apart)
+        size = value.bit_length() // 8 + 1
+        return {"$int": hashlib.sha256(value.to_bytes(size, "big", signed=True)).hexdigest()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (bytes, bytearray)):
@@ -110,7 +114,9 @@ def fingerprint(name: str, arguments: dict[str, Any]) -> str:
         ensure_ascii=False,
         default=repr,
     )
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    # surrogatepass: a fingerprint never fails (a lone surrogate in an argument is the
+    # command's to refuse, with a typed error)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def encode(value: Any) -> Any:
@@ -237,13 +243,44 @@ def lookup(tx: Tx, key: str) -> dict[str, Any] | None:
     )
 
 
+def reused(key: str) -> InvalidInput:
+    """The refusal of a key recorded for another command or other arguments. It never
+    names that command or its arguments: they may be another actor's."""
+    return InvalidInput(
+        f"idempotency_key {key!r} was already used for another command or other arguments; "
+        "a repeat must be the same command with the same arguments, a new command needs a new key"
+    )
+
+
+def matches(row: dict[str, Any], name: str, fp: str) -> bool:
+    """Whether a key's record is of this command with these arguments (a repeat)."""
+    return bool(row["command"] == name and row["fingerprint"] == fp)
+
+
 def replay(row: dict[str, Any], key: str, name: str, fp: str) -> Any:
-    if row["command"] != name or row["fingerprint"] != fp:
-        raise InvalidInput(
-            f"idempotency_key {key!r} was already used for {row['command']} with other arguments; "
-            "a repeat must be the same command with the same arguments, a new command needs a new key"
-        )
+    if not matches(row, name, fp):
+        raise reused(key)
     return decode(json.loads(row["response"]))
+
+
+# Errors a command raises before or at its role check (SPEC's order of checks): they
+# answer a reused key first, so a caller who may not make the command learns that (403),
+# not that someone else used the key.
+BEFORE_AUTHORIZATION = (InvalidInput, E.RunNotFound, E.ItemNotFound, E.NotAuthorized)
+
+
+def refuse_reuse(call: Callable[[], Any], key: str) -> None:
+    """A key recorded for another command or other arguments: the command's own checks
+    run first (inside the caller's transaction, which the refusal rolls back, so nothing
+    is written); an error up to the role check is raised as it is, anything after it, or
+    success, becomes the key's refusal."""
+    try:
+        call()
+    except BEFORE_AUTHORIZATION:
+        raise
+    except LedgerError:
+        pass
+    raise reused(key)
 
 
 def record(tx: Tx, key: str, name: str, fp: str, run_id: str | None, result: Any) -> None:
@@ -274,6 +311,14 @@ def with_retry(
     while True:
         try:
             return call()
+        except ValueError as e:
+            if "integer string conversion" not in str(e):
+                raise
+            # Python cannot even show an int past its 4,300-digit limit: the error
+            # message naming the bad argument failed, so say so as a typed refusal
+            raise InvalidInput(
+                "an argument holds an integer of more than 4300 digits; no argument allows one"
+            ) from None
         except KeyTaken:
             continue  # a concurrent repeat committed first: its record answers us now
         except CommitUncertain:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ManifestInvalid
+from .errors import InvalidInput, ManifestInvalid
 from .validation import (  # noqa: F401  (re-exported: part of this module's surface)
     _CONTROL,
     MAX_ID_CHARS,
@@ -20,9 +19,26 @@ from .validation import (  # noqa: F401  (re-exported: part of this module's sur
     check_unicode,
     input_version_of,
     json_depth_ok,
+    plain_json,
+    strict_loads,
 )
 
 _PERCENT = re.compile(r"^(\d{1,3})%$")
+
+
+def _id_rule(value: str) -> str:
+    """The ledger's id rule (validation.check_identifier) as a pydantic validator: the
+    NFC form, or a ValueError pydantic reports with the field's path."""
+    try:
+        return check_identifier(value, "the id")
+    except InvalidInput as e:
+        raise ValueError(e.message.removeprefix("the id ")) from None
+
+
+def _value_error(message: str) -> ValueError:
+    return ValueError(message.removeprefix("payload "))
+
+
 _DAY = 86_400
 
 
@@ -35,6 +51,11 @@ class Review(_Strict):
 
     decision: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     survives_amendment: bool = False
+
+    @field_validator("decision")
+    @classmethod
+    def _decision(cls, v: str) -> str:
+        return _id_rule(v)
 
 
 class Policy(_Strict):
@@ -109,19 +130,13 @@ class ManifestItem(_Strict):
     @field_validator("item_id")
     @classmethod
     def _id(cls, v: str) -> str:
-        if _CONTROL.search(v):
-            raise ValueError("must not contain control characters")
-        return v
+        return _id_rule(v)
 
     @field_validator("payload")
     @classmethod
     def _payload(cls, v: Any) -> Any:
-        if not json_depth_ok(v):
-            raise ValueError(f"must not nest deeper than {MAX_JSON_DEPTH} levels")
-        size = len(canonical_json(v).encode())
-        if size > MAX_PAYLOAD_BYTES:
-            raise ValueError(f"is {size} bytes; at most {MAX_PAYLOAD_BYTES} bytes of JSON allowed")
-        return v
+        # strict JSON (no NaN: pydantic would store it as null), returned as plain data
+        return plain_json(v, "payload", MAX_PAYLOAD_BYTES, error=_value_error)[0]
 
 
 class Manifest(_Strict):
@@ -136,8 +151,15 @@ class Manifest(_Strict):
     @field_validator("source_version", "config_version")
     @classmethod
     def _version(cls, v: str) -> str:
-        if _CONTROL.search(v):
-            raise ValueError("must not contain control characters")
+        return _id_rule(v)
+
+    @field_validator("scope")
+    @classmethod
+    def _scope(cls, v: str) -> str:
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("is not valid Unicode text (it contains a lone surrogate)") from None
         return v
 
     @field_validator("items")
@@ -180,29 +202,9 @@ def _format_error(err: ValidationError) -> ManifestInvalid:
 
 
 def _load_json(data: str | bytes | bytearray) -> Any:
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestInvalid(
-            f"manifest is {len(data)} bytes; at most {MAX_MANIFEST_BYTES} bytes allowed",
-            field="manifest",
-        )
-    if isinstance(data, (bytes, bytearray)):
-        try:
-            data = bytes(data).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ManifestInvalid(f"manifest is not valid UTF-8: {e}", field="manifest") from e
-    try:
-        return json.loads(data)
-    except RecursionError as e:
-        raise ManifestInvalid(
-            f"manifest nests too deeply; at most {MAX_JSON_DEPTH} levels", field="manifest"
-        ) from e
-    except json.JSONDecodeError as e:
-        raise ManifestInvalid(
-            f"manifest is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
-            field="manifest",
-        ) from e
-    except ValueError as e:  # e.g. integers beyond Python's digit limit
-        raise ManifestInvalid(f"manifest is not acceptable JSON: {e}", field="manifest") from e
+    return strict_loads(
+        data, "manifest", MAX_MANIFEST_BYTES, error=lambda m: ManifestInvalid(m, field="manifest")
+    )
 
 
 def parse_manifest(data: Manifest | dict[str, Any] | str | bytes) -> Manifest:
@@ -235,7 +237,12 @@ def parse_manifest_json(
     # a dict never passed through _load_json's size check: measure it as JSON too
     plain = manifest.to_json_dict()
     text = canonical_json(plain)
-    size = len(text.encode())
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:  # every string field is checked; this is the last guard
+        raise ManifestInvalid(
+            "manifest is not valid Unicode text (it contains a lone surrogate)", field="manifest"
+        ) from None
     if size > MAX_MANIFEST_BYTES:
         raise ManifestInvalid(
             f"manifest is {size} bytes as JSON; at most {MAX_MANIFEST_BYTES} bytes allowed",

@@ -22,7 +22,7 @@ from .commands import args as A
 from .domain import Item, Run
 from .errors import InvalidInput, ItemNotFound, RunNotFound
 from .stores.base import Store, Tx
-from .validation import check_identifier
+from .validation import check_identifier, utc_time
 from .views import Attempt, ItemStatus, Lease, Link, NotAcceptedItem, RunStatus, Transition
 
 
@@ -329,9 +329,9 @@ def audit(
     """Transitions filtered by run, actor id, role, target state and time; keyset-paged by
     position. The arguments are checked at once; the pages are read as the caller iterates."""
     if run_id is not None:
-        A.run_id(run_id)
+        run_id = A.run_id(run_id)
     if actor is not None:
-        check_identifier(actor, "actor")
+        actor = check_identifier(actor, "actor")
     if role is not None and role not in S.ROLES:
         raise InvalidInput(f"role {role!r} is not a role; roles: {', '.join(S.ROLES)}")
     if state is not None and state not in S.RUN_STATES and state not in S.ITEM_STATES:
@@ -339,10 +339,18 @@ def audit(
     for name, value in (("since", since), ("until", until)):
         if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
             raise InvalidInput(f"{name} must be an aware datetime")
-    if after is not None and (isinstance(after, bool) or not isinstance(after, int) or after < 0):
+    if after is not None and (
+        isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63
+    ):
         raise InvalidInput("after must be a non-negative position")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidInput("limit must be a positive integer")
+    if (
+        isinstance(page_size, bool)
+        or not isinstance(page_size, int)
+        or not 1 <= page_size <= 10_000
+    ):
+        raise InvalidInput("page_size must be an integer from 1 to 10000")
     where: list[str] = []
     params: list[Any] = []
     for col, val in (
@@ -356,10 +364,10 @@ def audit(
             params.append(val)
     if since is not None:
         where.append("at >= ?")
-        params.append(iso(since))
+        params.append(iso(utc_time(since, "since")))
     if until is not None:
         where.append("at <= ?")
-        params.append(iso(until))
+        params.append(iso(utc_time(until, "until")))
     return _audit_pages(store, where, params, newest_first, after, limit, page_size)
 
 

@@ -12,6 +12,7 @@ projection rows together. A refusal raises before anything is written.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -38,6 +39,7 @@ from .idempotency import check_key, read_command
 from .queries import waiting_on
 from .stores import open_store, resolve_dsn
 from .stores.base import Store, Tx
+from .validation import check_unicode, utc_time
 from .views import (
     Actor,
     Attempt,
@@ -459,6 +461,7 @@ class Ledger:
         """The runs linked to this one (same root), root first."""
         return queries.lineage(self.store, run_id)
 
+    @read_command
     def audit(
         self,
         run_id: str | None = None,
@@ -542,7 +545,7 @@ class Ledger:
         run_id = A.run_id(run_id)
         if not isinstance(at, datetime) or at.tzinfo is None:
             raise InvalidInput("at must be an aware datetime")
-        return status_at(self, run_id, at)
+        return status_at(self, run_id, utc_time(at, "at"))
 
     def verify(self, progress: Callable[[str, int, int], None] | None = None) -> VerifyReport:
         """Replay every event and report broken rules and projection drift. `progress(stage,
@@ -579,8 +582,20 @@ class Ledger:
         """Write the events (of `runs`, recorded since `since`) to the text file object `file`
         as history lines with their hashes and a closing line of stream heads
         (ledger/transfer.py); returns a TransferSummary."""
+        from .commands import args as A
         from .transfer import export
 
+        if not callable(getattr(file, "write", None)):
+            raise InvalidInput(f"file must be a text file object, got {type(file).__name__}")
+        if runs is not None:
+            if isinstance(runs, (str, bytes)) or not isinstance(
+                runs, (list, tuple, set, frozenset)
+            ):
+                raise InvalidInput("runs must be a list of run ids")
+            runs = [A.run_id(r) for r in runs]
+        if since is not None:
+            since = utc_time(since, "since")
+        _progress(progress)
         return export(self, file, runs=runs, since=since, progress=progress)
 
     def import_file(
@@ -590,6 +605,10 @@ class Ledger:
         hashes, projected, in one transaction; then verify (ledger/transfer.py)."""
         from .transfer import import_file
 
+        _source(source)
+        if not isinstance(verify, bool):
+            raise InvalidInput(f"verify must be true or false, got {type(verify).__name__}")
+        _progress(progress)
         return import_file(self, source, progress=progress, verify=verify)
 
     def archive(
@@ -625,4 +644,23 @@ class Ledger:
         """Drop and rebuild every projection from the first event; returns the events replayed."""
         from projections.rebuild import rebuild
 
+        _progress(progress)
         return rebuild(self, progress=progress)
+
+
+def _progress(progress: Any) -> None:
+    if progress is not None and not callable(progress):
+        raise InvalidInput("progress must be None or a callable")
+
+
+def _source(source: Any) -> None:
+    """A file to read: a path (text without NUL or lone surrogates) or a text file object."""
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not isinstance(path, str) or "\x00" in path:
+            raise InvalidInput("source must be a file path without NUL characters")
+        check_unicode(path, "source")
+    elif not callable(getattr(source, "read", None)):
+        raise InvalidInput(
+            f"source must be a path or a text file object, got {type(source).__name__}"
+        )

@@ -26,6 +26,7 @@ from .errors import (
     LedgerError,
     StoreUnavailable,
 )
+from .redact import safe_text
 from .states import IN_PROGRESS, PENDING, RETRYABLE, RUNNING, WORKER, is_terminal
 from .views import Actor, ItemStatus, Lease
 
@@ -330,12 +331,18 @@ class Worker:
             outcomes = [_as_outcome(entry.lease, result) for entry, result in live]
             try:
                 results = _retry_conflicts(lambda: batch(outcomes))
-            except (InvalidInput, Conflict):
-                pass  # one outcome the ledger refuses: record them one by one below
             except (CommitUncertain, StoreUnavailable):
                 # the connection failed during (or around) COMMIT: read what the store holds
                 # and record again only the outcomes that did not commit
-                live = self._uncommitted(live, [o.kind for o in outcomes])
+                try:
+                    live = self._uncommitted(live, [o.kind for o in outcomes])
+                except LedgerError:
+                    pass  # the store is still away: each outcome is tried (and reported) alone
+            except Exception:  # noqa: BLE001, S110
+                # one outcome the ledger refuses (bad evidence, a rule), or a bug: the batch
+                # wrote nothing, so record them one by one below and report each failure per
+                # item; the worker never dies with finished outcomes unrecorded
+                pass
             else:
                 for (entry, _), item in zip(live, results, strict=True):
                     self._settle(entry, item)
@@ -392,15 +399,22 @@ class Worker:
                 item = _retry_conflicts(lambda: self._write(entry.lease, result))
         except InvalidInput as e:
             # e.g. evidence that is not JSON: the attempt produced nothing recordable
-            try:
-                item = self.lg.fail_attempt(
-                    entry.lease, f"the ledger refused the handler's outcome: {e}", retryable=True
-                )
-            except LedgerError as again:
-                item = again
+            item = self._refused(entry, f"the ledger refused the handler's outcome: {e}")
         except LedgerError as e:
             item = e
+        except Exception as e:  # noqa: BLE001  (a bug must not lose the other outcomes)
+            item = self._refused(entry, f"recording the handler's outcome failed: {_error_text(e)}")
         self._settle(entry, item)
+
+    def _refused(self, entry: _InFlight, why: str) -> ItemStatus | LedgerError:
+        """Record a retryable failed attempt saying why the outcome could not be recorded;
+        if even that fails, the error is what the summary reports for this item."""
+        try:
+            return self.lg.fail_attempt(entry.lease, safe_text(why), retryable=True)
+        except LedgerError as again:
+            return again
+        except Exception as again:  # noqa: BLE001
+            return LedgerError(f"recording a failed attempt failed: {_error_text(again)}")
 
     def _settle(self, entry: _InFlight, item: ItemStatus | LedgerError) -> None:
         if isinstance(item, LeaseLost):
@@ -460,9 +474,15 @@ def _retry_conflicts(write: Callable[[], _T], attempts: int = 3) -> _T:
 
 
 def _error_text(result: Outcome | BaseException) -> str:
+    """What a failed attempt records: the exception's type and text, made storable
+    (lone surrogates, as in non-UTF-8 file names, are escaped, never dropped)."""
     if isinstance(result, BaseException):
-        text = str(result)
-        return f"{type(result).__name__}: {text}" if text else type(result).__name__
+        try:
+            text = str(result)
+        except Exception:  # noqa: BLE001  (a broken __str__ still fails the attempt)
+            text = "<the exception's text could not be read>"
+        name = type(result).__name__
+        return safe_text(f"{name}: {text}" if text else name)
     return f"handler returned {type(result).__name__}; expected Accepted, Rejected or Quarantine"
 
 

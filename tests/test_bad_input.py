@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import unicodedata
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -83,11 +86,51 @@ def generated_manifest(size: int) -> dict[str, Any]:
     }
 
 
+class _Opaque:
+    """An object that is no JSON value."""
+
+
+def _deep(n: int) -> Any:
+    value: Any = 1
+    for _ in range(n):
+        value = {"a": value}
+    return value
+
+
+def _with_payload(payload: Any) -> dict[str, Any]:
+    return {
+        "source_version": "s",
+        "config_version": "c",
+        "items": [{"item_id": "x", "payload": payload}],
+    }
+
+
+# `{"$python": name}`: values JSON cannot spell, as a careless Python caller passes them
+PYTHON_VALUES: dict[str, Any] = {
+    "nan": lambda: math.nan,
+    "inf": lambda: math.inf,
+    "-inf": lambda: -math.inf,
+    "set": lambda: {1, 2},
+    "bytes": lambda: b"\x00\xff",
+    "datetime": lambda: datetime(2026, 1, 1, tzinfo=UTC),
+    "object": _Opaque,
+    "int_and_str_keys": lambda: {1: "a", "1": "b"},
+    "int_key": lambda: {1: "a"},
+    "deep_1000": lambda: _deep(1000),
+    "huge_int": lambda: 10**5000,
+    "manifest_nan_payload": lambda: _with_payload({"score": math.nan}),
+    "manifest_int_keys_payload": lambda: _with_payload({1: "a", "1": "b"}),
+    "manifest_set_payload": lambda: _with_payload({1, 2}),
+}
+
+
 def expand(value: Any, world: World) -> Any:
     if isinstance(value, list):
         return [expand(v, world) for v in value]
     if not isinstance(value, dict):
         return value
+    if "$python" in value:
+        return PYTHON_VALUES[value["$python"]]()
     if "$actor" in value:
         ident, role = value["$actor"]
         return Actor(ident, role)
@@ -156,13 +199,27 @@ def test_bad_input_is_refused_and_nothing_is_written(world: World, name: str) ->
 # --------------------------------------------------------------------------
 # legal strings come back byte-exact
 # --------------------------------------------------------------------------
+def _as_id(entry: dict[str, Any], k: int) -> str:
+    """The id a legal string gives: itself, its NFC form, or (refused as an id) a stand-in."""
+    rule = entry.get("id")
+    if rule == "refused":
+        return f"id-{k}"
+    if rule == "nfc":
+        return unicodedata.normalize("NFC", entry["text"])
+    return str(entry["text"])
+
+
 def test_legal_strings_are_stored_and_returned_byte_exact(lg: Ledger, clock: ManualClock) -> None:
     texts = [s["text"] for s in LEGAL["strings"]]
+    ids = [_as_id(s, k) for k, s in enumerate(LEGAL["strings"])]
     m = {
-        "source_version": texts[1],
-        "config_version": texts[2][:200],
+        "source_version": ids[1],
+        "config_version": ids[2][:200],
         "scope": " | ".join(texts)[:2000],
-        "items": [{"item_id": t, "payload": {"text": t, "list": [t, {t: t}]}} for t in texts],
+        "items": [
+            {"item_id": i, "payload": {"text": t, "list": [t, {t: t}]}}
+            for i, t in zip(ids, texts, strict=True)
+        ],
     }
     run_id = lg.submit(m, SUBMITTER).run_id
     st = lg.status(run_id)
@@ -172,8 +229,8 @@ def test_legal_strings_are_stored_and_returned_byte_exact(lg: Ledger, clock: Man
         m["scope"],
     )
     items = lg.items(run_id)
-    assert [i.item_id for i in items] == texts
-    assert [i.item_id.encode() for i in items] == [t.encode() for t in texts]
+    assert [i.item_id for i in items] == ids
+    assert [i.item_id.encode() for i in items] == [t.encode() for t in ids]
     assert [i.payload for i in items] == [it["payload"] for it in m["items"]]
 
     lg.start(run_id, CONTROLLER)
@@ -182,30 +239,32 @@ def test_legal_strings_are_stored_and_returned_byte_exact(lg: Ledger, clock: Man
         (it["item_id"], it["payload"]) for it in m["items"]
     ]
     for k, (lease, t) in enumerate(zip(leases, texts, strict=True)):
+        i = ids[k]
         if k % 3 == 0:
-            lg.accept(lease, evidence={"receipt": t, t: [t]}, stage=t)
+            lg.accept(lease, evidence={"receipt": t, t: [t]}, stage=i)
         elif k % 3 == 1:
-            lg.reject(lease, t, detail=t, stage=t)
+            lg.reject(lease, i, detail=t, stage=i)
         else:
-            lg.fail_attempt(lease, t, stage=t)
-            lg.skip(run_id, t, OPERATOR, t)
+            lg.fail_attempt(lease, t, stage=i)
+            lg.skip(run_id, i, OPERATOR, t)
     hist = {(t.item_id, t.command): t for t in lg.history(run_id) if t.item_id is not None}
     for k, t in enumerate(texts):
+        i = ids[k]
         if k % 3 == 0:
-            assert hist[(t, "accept")].evidence["evidence"] == {"receipt": t, t: [t]}
-            assert hist[(t, "accept")].evidence["stage"] == t
+            assert hist[(i, "accept")].evidence["evidence"] == {"receipt": t, t: [t]}
+            assert hist[(i, "accept")].evidence["stage"] == i
         elif k % 3 == 1:
-            ev = hist[(t, "reject")]
-            assert (ev.reason, ev.evidence["rule"], ev.evidence["detail"]) == (t, t, t)
+            ev = hist[(i, "reject")]
+            assert (ev.reason, ev.evidence["rule"], ev.evidence["detail"]) == (i, i, t)
         else:
-            assert hist[(t, "fail_attempt")].evidence["error"] == t
-            assert hist[(t, "skip")].reason == t
-            assert lg.item(run_id, t).last_error == t
+            assert hist[(i, "fail_attempt")].evidence["error"] == t
+            assert hist[(i, "skip")].reason == t
+            assert lg.item(run_id, i).last_error == t
     attempts = {a.item_id: a for a in lg.attempts(run_id)}
     for k, t in enumerate(texts):
-        assert attempts[t].stage == t
+        assert attempts[ids[k]].stage == ids[k]
         if k % 3 == 2:
-            assert attempts[t].error == t
+            assert attempts[ids[k]].error == t
 
     for entry in LEGAL["reasons_only"]:
         reason = entry["text"]

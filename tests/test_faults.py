@@ -124,9 +124,11 @@ def test_same_key_with_other_arguments_or_command_is_refused(lg: Ledger) -> None
     run_id = running(lg, 3)
     (lease,) = lg.claim(run_id, WORKER, idempotency_key="k-claim")
     before = event_count(lg)
-    with pytest.raises(InvalidInput, match="idempotency_key 'k-claim' was already used for claim"):
+    with pytest.raises(
+        InvalidInput, match="idempotency_key .k-claim. was already used for another command"
+    ):
         lg.claim(run_id, WORKER, limit=2, idempotency_key="k-claim")
-    with pytest.raises(InvalidInput, match="already used for claim"):
+    with pytest.raises(InvalidInput, match="already used for another command"):
         lg.accept(lease, idempotency_key="k-claim")
     with pytest.raises(InvalidInput, match="already used"):
         lg.claim(run_id, Actor("w2", "worker"), idempotency_key="k-claim")

@@ -699,7 +699,7 @@ def test_invalid_input_maps_to_422(api: Api) -> None:
         "ManifestInvalid",
     )
     error_of(
-        api.post(f"/runs/{run_id}/pause", "operator", json={"reason": "x" * 100_000}),
+        api.post(f"/runs/{run_id}/pause", "operator", json={"reason": "x" * 5_000}),
         422,
         "InvalidInput",
     )
@@ -715,7 +715,7 @@ def test_invalid_input_maps_to_422(api: Api) -> None:
         (b"{not json", 400),
         (b"\xff\xfe\x00garbage", 400),
         (b'{"reason": "\xc3\x28"}', 400),  # invalid UTF-8 inside a string
-        (b"[" * 100_000 + b"]" * 100_000, 400),
+        (b"[" * 30_000 + b"]" * 30_000, 400),  # (fits the route's 64 KiB body limit)
         (b'{"reason": "r", "expected_revision": 1' + b"0" * 5000 + b"}", 400),
         (b'{"reason": "r", "expected_revision": 100000000000000000000000000000}', 422),
         (b'{"reason": "r", "expected_revision": 1e999}', 422),
@@ -826,7 +826,9 @@ def test_strange_strings_in_bodies_are_refused_or_kept(api: Api) -> None:
                 content=json.dumps({"reason": reason}).encode(),
                 headers={"Content-Type": "application/json"},
             )
-            assert r.status_code in (200, 409, 422), (reason, r.text)
+            # a lone surrogate escape is not strict JSON text: a malformed body (400)
+            allowed = (400,) if reason == "\ud800" else (200, 409, 422)
+            assert r.status_code in allowed, (reason, r.text)
     lone = json.dumps({"reason": "\ud800"}).encode()
     error_of(
         api.post(
@@ -835,7 +837,7 @@ def test_strange_strings_in_bodies_are_refused_or_kept(api: Api) -> None:
             content=lone,
             headers={"Content-Type": "application/json"},
         ),
-        422,
+        400,
         "InvalidInput",
     )
 

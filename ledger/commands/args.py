@@ -6,7 +6,6 @@ Each returns the checked value (parsed where a string form is accepted) or raise
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,11 +13,10 @@ from typing import Any, Literal, overload
 
 from .. import states as S
 from ..errors import InvalidInput
-from ..redact import MAX_REASON_BYTES
-from ..validation import check_identifier, check_unicode
+from ..redact import MAX_REASON_BYTES, clean_reason, redact_evidence
+from ..validation import MAX_EVIDENCE_BYTES, check_identifier, check_unicode, plain_json
 from ..views import Actor, Lease
 
-MAX_EVIDENCE_BYTES = 64 * 1024
 _REASON_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
@@ -42,12 +40,13 @@ def actor(value: Any, what: str = "actor") -> Actor:
         value = Actor.parse(value)
     if not isinstance(value, Actor):
         raise InvalidInput(f"{what} must be an Actor(id, role), got {type(value).__name__}")
-    check_identifier(value.id, f"{what}.id")
+    ident = check_identifier(value.id, f"{what}.id")
     if value.role not in S.ROLES:
         raise InvalidInput(
             f"{what}.role {value.role!r} is not a role; roles are: {', '.join(S.ROLES)}"
         )
-    return value
+    # the id as the ledger keeps it (NFC), so lookalike spellings are one actor
+    return value if ident == value.id else Actor(ident, value.role)
 
 
 @overload
@@ -73,7 +72,7 @@ def reason(value: Any, what: str = "reason", required: bool = False) -> str | No
         raise InvalidInput(
             f"{what} must not contain control characters (newline and tab are allowed)"
         )
-    return value
+    return clean_reason(value)
 
 
 def revision(expected: Any) -> int | None:
@@ -89,8 +88,7 @@ def revision(expected: Any) -> int | None:
 
 def run_id(value: Any) -> str:
     """A run id (existence is checked later, against the store)."""
-    check_identifier(value, "run_id")
-    return str(value)
+    return check_identifier(value, "run_id")
 
 
 def item_id(value: Any) -> str:
@@ -138,13 +136,10 @@ def evidence(value: Any) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise InvalidInput(f"evidence must be a JSON object, got {type(value).__name__}")
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError) as e:
-        raise InvalidInput(f"evidence must be JSON-serialisable: {e}") from None
-    if len(text.encode()) > MAX_EVIDENCE_BYTES:
-        raise InvalidInput("evidence is larger than 64 KiB")
-    return value
+    # strict JSON at the boundary (a NaN would poison every read of the history), as
+    # plain data, with the values of secret-looking keys redacted
+    plain, _text = plain_json(value, "evidence", MAX_EVIDENCE_BYTES)
+    return dict(redact_evidence(plain))
 
 
 def boolean(value: Any, what: str) -> bool:

@@ -98,7 +98,7 @@ def reject_item(
     expected_revision: int | None = None,
 ) -> ItemStatus:
     """quarantined -> rejected, by a reviewer."""
-    check_identifier(rule, "rule")
+    rule = check_identifier(rule, "rule")
     return item_command(
         uow,
         run_id,

@@ -273,7 +273,7 @@ def reject(
     stage: str | None = None,
 ) -> ItemStatus:
     """in_progress -> rejected (the item breaks a rule; final)."""
-    check_identifier(rule, "rule")
+    rule = check_identifier(rule, "rule")
     return _outcome(
         uow,
         Outcome(
@@ -305,6 +305,8 @@ def fail_attempt(
 
 def record(uow: UnitOfWork, outcomes: Sequence[Outcome]) -> list[ItemStatus | LedgerError]:
     """Record many outcomes, one transaction per run. A lost lease is returned, not raised."""
+    if not isinstance(outcomes, (list, tuple)):
+        raise InvalidInput(f"outcomes must be a list of Outcome, got {type(outcomes).__name__}")
     checked: list[Outcome] = []
     for o in outcomes:
         if not isinstance(o, Outcome) or o.kind not in ("accept", "reject", "fail"):

@@ -18,7 +18,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..idempotency import check_key, fingerprint, lookup, record, replay, run_id_of, with_retry
+from ..idempotency import (
+    check_key,
+    fingerprint,
+    lookup,
+    matches,
+    record,
+    refuse_reuse,
+    replay,
+    run_id_of,
+    with_retry,
+)
 from .uow import UnitOfWork
 
 if TYPE_CHECKING:
@@ -46,6 +56,10 @@ def execute(
         with ledger.store.write() as tx:
             row = lookup(tx, checked)
             if row is not None:
+                if not matches(row, name, fp):
+                    # the command's own checks answer first (a 403 stays a 403); the
+                    # refusal rolls this transaction back, so nothing is written
+                    refuse_reuse(lambda: handler(UnitOfWork(ledger, tx), **arguments), checked)
                 return replay(row, checked, name, fp)  # type: ignore[no-any-return]
             result = handler(UnitOfWork(ledger, tx), **arguments)
             record(tx, checked, name, fp, run_id_of(result, arguments), result)

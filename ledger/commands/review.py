@@ -25,7 +25,7 @@ def request_review(
     expected_revision: int | None = None,
 ) -> RunStatus:
     """running -> awaiting_review, bound to the current input version."""
-    check_identifier(decision, "decision")
+    decision = check_identifier(decision, "decision")
 
     def decide(tx: Tx, run: Run, now: datetime) -> tuple[str, str | None, dict[str, Any]]:
         review = run.policy.get("review")

@@ -9,11 +9,10 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from ..manifest import Manifest
-from ..validation import MAX_MANIFEST_BYTES
 from . import commands, feed, operator, page, reads
 from .auth import Gate
 from .errors import install_error_handlers
-from .limits import BodyLimit
+from .guard import SUBMIT_BODY_BYTES, ReadDeadline, RequestGuard
 from .tokens import TokenFile
 
 if TYPE_CHECKING:
@@ -21,8 +20,8 @@ if TYPE_CHECKING:
 
 TITLE = "run-ledger"
 API_VERSION = "1"
-# The largest manifest plus room for the JSON around it.
-MAX_BODY_BYTES = MAX_MANIFEST_BYTES + 64 * 1024
+# The largest body of any route (a manifest plus room for the JSON around it).
+MAX_BODY_BYTES = SUBMIT_BODY_BYTES
 
 DESCRIPTION = """\
 The durable, auditable record of runs and items, over HTTP: the reads and
@@ -80,7 +79,9 @@ def create_app(
     app.state.ledger = lg
     app.state.gate = Gate(tokens=TokenFile(tokens_path), public_reads=public_reads)
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    # token before body, per-route body limits, read deadlines (guard.py)
+    app.state.read_deadline = ReadDeadline()
+    app.add_middleware(RequestGuard, gate=app.state.gate, deadline=app.state.read_deadline)
     app.include_router(page.router)
     app.include_router(reads.router)
     app.include_router(feed.router)

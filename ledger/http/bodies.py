@@ -13,28 +13,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
+from ..validation import first_bad_string
+
 # Revisions and positions fit in a JSON-safe integer (and a BIGINT column).
 Revision = Annotated[StrictInt, Field(ge=0, le=2**53 - 1)]
 Text = StrictStr
-
-
-def first_bad_string(value: Any) -> str | None:
-    """The first string in a JSON value that is not valid Unicode (a lone surrogate
-    such as the JSON escape \\ud800), or None. Such strings cannot be stored as UTF-8."""
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            try:
-                node.encode("utf-8")
-            except UnicodeEncodeError:
-                return node
-        elif isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return None
 
 
 class _Body(BaseModel):

@@ -7,7 +7,6 @@ that `errors.py` maps to a status. Run commands answer the run's new status.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,8 +23,13 @@ from .auth import CommandActor
 from .deps import CommandLedgerDep, aware, view_response
 from .errors import error_responses
 from .reads import RunId
+from .strict import StrictJSONRoute, strict_body
 
-router = APIRouter(tags=["commands"], responses=error_responses(400, 401, 403, 422))
+router = APIRouter(
+    tags=["commands"],
+    responses=error_responses(400, 401, 403, 422),
+    route_class=StrictJSONRoute,
+)
 
 RUN_ERRORS = error_responses(404, 409)
 
@@ -69,27 +73,7 @@ def _lease_holder(lg: Any, actor: Actor, body: B.LeaseBody, command: str) -> Lea
 
 
 def _parse_json_body(raw: bytes) -> Any:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise HTTPException(
-            400, f"request body is not UTF-8: {e.reason} at byte {e.start}"
-        ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise HTTPException(
-            400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
-        ) from None
-    except (ValueError, RecursionError) as e:  # e.g. integers past the 4300-digit limit
-        raise HTTPException(
-            400, f"request body is not acceptable JSON: {type(e).__name__}"
-        ) from None
-    if B.first_bad_string(data) is not None:
-        raise HTTPException(
-            400, "request body holds a string that is not valid Unicode (a lone surrogate escape)"
-        )
-    return data
+    return strict_body(raw)
 
 
 # --- runs ----------------------------------------------------------------------

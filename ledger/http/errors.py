@@ -55,6 +55,7 @@ _NAME_BY_STATUS = {
     403: "NotAuthorized",
     404: "NotFound",
     405: "MethodNotAllowed",
+    408: "RequestTimeout",
     413: "PayloadTooLarge",
     415: "UnsupportedMediaType",
     422: "InvalidInput",
@@ -168,11 +169,12 @@ def install_error_handlers(app: FastAPI) -> None:
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     descriptions = {
         400: "Malformed request (not JSON, not UTF-8)",
-        401: "No bearer token, or an unknown one",
+        401: "No bearer token, or an unknown one (for a command: checked before the body is read)",
         403: "NotAuthorized: this role may never make this command",
         404: "RunNotFound or ItemNotFound",
         409: "Conflict, StaleReview, LeaseLost, IllegalTransition, AlreadyTerminal or NotComplete",
-        413: "Request body too large",
+        408: "The request body did not arrive in time",
+        413: "Request body too large for this route",
         422: "InvalidInput or ManifestInvalid",
     }
     return {s: {"model": ErrorBody, "description": descriptions[s]} for s in statuses}

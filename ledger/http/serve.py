@@ -12,6 +12,12 @@ if TYPE_CHECKING:
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+KEEP_ALIVE_SECONDS = 5
+# (the same values as protocol.HEADER_TIMEOUT_SECONDS and guard.READ_*_SECONDS; kept
+# here so that importing this module does not import uvicorn)
+HEADER_TIMEOUT_SECONDS = 10.0
+READ_IDLE_SECONDS = 10.0
+READ_TOTAL_SECONDS = 60.0
 
 
 def make_server(
@@ -21,17 +27,30 @@ def make_server(
     tokens_path: str | os.PathLike[str] | None = None,
     public_reads: bool = False,
     log_level: str = "info",
+    *,
+    header_timeout: float = HEADER_TIMEOUT_SECONDS,
+    read_idle_seconds: float = READ_IDLE_SECONDS,
+    read_total_seconds: float = READ_TOTAL_SECONDS,
+    keep_alive_seconds: int = KEEP_ALIVE_SECONDS,
 ) -> uvicorn.Server:
     """A uvicorn server for `create_app(lg, ...)`, not yet started (tests run it in a thread).
 
     Uvicorn's access log shows method, path and status only: tokens travel in the
     Authorization header or the session cookie, never in a URL, so none is logged.
+
+    Slow clients are cut off: request headers must arrive within `header_timeout`
+    seconds (protocol.py), each part of a body within `read_idle_seconds` and all of it
+    within `read_total_seconds` (guard.py, 408), and an idle keep-alive connection is
+    closed after `keep_alive_seconds`.
     """
     import uvicorn
 
     from .app import create_app
+    from .protocol import protocol_with
 
     app = create_app(lg, tokens_path=tokens_path, public_reads=public_reads)
+    app.state.read_deadline.idle_seconds = read_idle_seconds
+    app.state.read_deadline.total_seconds = read_total_seconds
     config = uvicorn.Config(
         app,
         host=host,
@@ -42,6 +61,8 @@ def make_server(
         lifespan="off",
         # event streams (GET /events/stream) never finish by themselves: cut them at shutdown
         timeout_graceful_shutdown=3,
+        http=protocol_with(header_timeout),
+        timeout_keep_alive=keep_alive_seconds,
     )
     return uvicorn.Server(config)
 
