@@ -86,7 +86,9 @@ def board(
         raise InvalidInput(f"waiting_on {waiting_on!r} is not one of {', '.join(OWNERS)}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidInput(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
-    if after is not None and (isinstance(after, bool) or not isinstance(after, int) or after < 0):
+    if after is not None and (
+        isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63
+    ):
         raise InvalidInput("after must be a non-negative cursor")
     if state is not None:
         states: tuple[str, ...] = (state,)

@@ -264,6 +264,10 @@ def _actor(ctx: typer.Context, command: str) -> Actor:
     ident, sep, role = text.rpartition(":")
     if not sep:
         ident, role = text, default_role
+    from .validation import check_not_reserved
+
+    # a person may not act under the ids the ledger writes itself (`ledger`, ...)
+    check_not_reserved(ident or default_id, "--as")
     return Actor(ident or default_id, role or default_role)
 
 

@@ -74,6 +74,23 @@ def check_identifier(value: Any, what: str) -> str:
     return str(value)
 
 
+# Actor ids the ledger writes itself: `ledger` for its automatic transitions (cancel's
+# skips, a drained run's end) and `reconciler` for a reconcile pass given no actor. No
+# token may stand for them and the CLI's --as may not name them, so a person's command
+# can never pass for the ledger's own in the audit.
+RESERVED_ACTOR_IDS = frozenset({"ledger", "reconciler"})
+
+
+def check_not_reserved(actor_id: str, what: str = "actor id") -> str:
+    """Refuse an actor id the ledger writes itself (RESERVED_ACTOR_IDS)."""
+    if unicodedata.normalize("NFC", actor_id).casefold() in RESERVED_ACTOR_IDS:
+        raise InvalidInput(
+            f"{what} {actor_id!r} is reserved: the ledger records its own transitions under "
+            f"{', '.join(sorted(RESERVED_ACTOR_IDS))}; choose another id"
+        )
+    return actor_id
+
+
 def utc_time(value: Any, what: str) -> datetime:
     """An aware datetime as UTC. A time whose UTC form falls off the calendar
     (`0001-01-01T00:00:00+14:00`, `9999-12-31T23:59:59-14:00`) is clamped to the

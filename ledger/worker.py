@@ -10,6 +10,7 @@ returns anything else is recorded as a failed attempt, never as accepted.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -334,11 +335,10 @@ class Worker:
             except (CommitUncertain, StoreUnavailable):
                 # the connection failed during (or around) COMMIT: read what the store holds
                 # and record again only the outcomes that did not commit
-                try:
+                # (if the store is still away, each outcome is tried, and reported, alone)
+                with contextlib.suppress(LedgerError):
                     live = self._uncommitted(live, [o.kind for o in outcomes])
-                except LedgerError:
-                    pass  # the store is still away: each outcome is tried (and reported) alone
-            except Exception:  # noqa: BLE001, S110
+            except Exception:  # noqa: S110
                 # one outcome the ledger refuses (bad evidence, a rule), or a bug: the batch
                 # wrote nothing, so record them one by one below and report each failure per
                 # item; the worker never dies with finished outcomes unrecorded
@@ -402,7 +402,7 @@ class Worker:
             item = self._refused(entry, f"the ledger refused the handler's outcome: {e}")
         except LedgerError as e:
             item = e
-        except Exception as e:  # noqa: BLE001  (a bug must not lose the other outcomes)
+        except Exception as e:
             item = self._refused(entry, f"recording the handler's outcome failed: {_error_text(e)}")
         self._settle(entry, item)
 
@@ -413,7 +413,7 @@ class Worker:
             return self.lg.fail_attempt(entry.lease, safe_text(why), retryable=True)
         except LedgerError as again:
             return again
-        except Exception as again:  # noqa: BLE001
+        except Exception as again:
             return LedgerError(f"recording a failed attempt failed: {_error_text(again)}")
 
     def _settle(self, entry: _InFlight, item: ItemStatus | LedgerError) -> None:
@@ -479,7 +479,7 @@ def _error_text(result: Outcome | BaseException) -> str:
     if isinstance(result, BaseException):
         try:
             text = str(result)
-        except Exception:  # noqa: BLE001  (a broken __str__ still fails the attempt)
+        except Exception:
             text = "<the exception's text could not be read>"
         name = type(result).__name__
         return safe_text(f"{name}: {text}" if text else name)

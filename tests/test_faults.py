@@ -125,7 +125,7 @@ def test_same_key_with_other_arguments_or_command_is_refused(lg: Ledger) -> None
     (lease,) = lg.claim(run_id, WORKER, idempotency_key="k-claim")
     before = event_count(lg)
     with pytest.raises(
-        InvalidInput, match="idempotency_key .k-claim. was already used for another command"
+        InvalidInput, match=r"idempotency_key .k-claim. was already used for another command"
     ):
         lg.claim(run_id, WORKER, limit=2, idempotency_key="k-claim")
     with pytest.raises(InvalidInput, match="already used for another command"):

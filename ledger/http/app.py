@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from ..manifest import Manifest
-from . import commands, feed, operator, page, reads
+from . import commands, docs, feed, operator, page, reads
 from .auth import Gate
 from .errors import install_error_handlers
 from .guard import SUBMIT_BODY_BYTES, ReadDeadline, RequestGuard
@@ -73,7 +73,7 @@ def create_app(
         title=TITLE,
         version=API_VERSION,
         description=DESCRIPTION,
-        docs_url="/docs",
+        docs_url=None,  # FastAPI's Swagger UI loads its script from a CDN: ours is docs.py
         redoc_url=None,
     )
     app.state.ledger = lg
@@ -83,6 +83,7 @@ def create_app(
     app.state.read_deadline = ReadDeadline()
     app.add_middleware(RequestGuard, gate=app.state.gate, deadline=app.state.read_deadline)
     app.include_router(page.router)
+    app.include_router(docs.router)
     app.include_router(reads.router)
     app.include_router(feed.router)
     app.include_router(commands.router)

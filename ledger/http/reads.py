@@ -14,6 +14,7 @@ from ..views import Attempt, ItemStatus, RunStatus, Transition
 from .auth import Reader
 from .deps import LedgerDep, aware, view_response
 from .errors import error_responses
+from .visibility import reader_response
 
 router = APIRouter(tags=["reads"], responses=error_responses(401, 422))
 
@@ -68,7 +69,7 @@ def run_status(
     responses=error_responses(404),
 )
 def run_items(
-    _reader: Reader,
+    reader: Reader,
     lg: LedgerDep,
     run_id: RunId,
     state: Annotated[
@@ -79,7 +80,7 @@ def run_items(
     ] = None,
 ) -> JSONResponse:
     """`lg.items(run_id, state)`."""
-    return view_response(list(lg.items(run_id, state=state)))
+    return reader_response(lg.items(run_id, state=state), reader)
 
 
 @router.get(
@@ -89,13 +90,13 @@ def run_items(
     responses=error_responses(404),
 )
 def run_attempts(
-    _reader: Reader,
+    reader: Reader,
     lg: LedgerDep,
     run_id: RunId,
     item_id: Annotated[str | None, Query(description="Only this item's attempts.")] = None,
 ) -> JSONResponse:
     """`lg.attempts(run_id, item_id)`."""
-    return view_response(list(lg.attempts(run_id, item_id=item_id)))
+    return reader_response(lg.attempts(run_id, item_id=item_id), reader)
 
 
 @router.get(
@@ -104,9 +105,9 @@ def run_attempts(
     summary="A run's transitions",
     responses=error_responses(404),
 )
-def run_history(_reader: Reader, lg: LedgerDep, run_id: RunId) -> JSONResponse:
+def run_history(reader: Reader, lg: LedgerDep, run_id: RunId) -> JSONResponse:
     """`lg.history(run_id)`: every run and item transition in position order."""
-    return view_response(list(lg.history(run_id)))
+    return reader_response(lg.history(run_id), reader)
 
 
 @router.get(
@@ -122,7 +123,7 @@ def run_lineage(_reader: Reader, lg: LedgerDep, run_id: RunId) -> JSONResponse:
 
 @router.get("/audit", response_model=list[Transition], summary="The audit trail, keyset paged")
 def audit(
-    _reader: Reader,
+    reader: Reader,
     lg: LedgerDep,
     run_id: Annotated[str | None, Query(description="Only this run's transitions.")] = None,
     actor: Annotated[
@@ -158,4 +159,4 @@ def audit(
     )
     page: list[Transition] = list(islice(transitions, limit))
     headers = {NEXT_AFTER_HEADER: str(page[-1].position)} if len(page) == limit else None
-    return view_response(page, headers=headers)
+    return reader_response(page, reader, headers=headers)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import InvalidInput
 from ..states import ROLES
-from ..validation import check_identifier
+from ..validation import check_identifier, check_not_reserved
 from ..views import Actor
 
 ENV_TOKENS = "LEDGER_TOKENS"
@@ -48,6 +48,7 @@ def hash_token(token: str) -> str:
 
 def _check_actor(actor_id: str, role: str) -> None:
     check_identifier(actor_id, "actor_id")
+    check_not_reserved(actor_id, "actor_id")
     if _WHITESPACE.search(actor_id):
         raise InvalidInput(f"actor_id must not contain whitespace, got {actor_id!r}")
     if role not in ROLES:
