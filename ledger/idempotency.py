@@ -312,13 +312,7 @@ def with_retry(
         try:
             return call()
         except ValueError as e:
-            if "integer string conversion" not in str(e):
-                raise
-            # Python cannot even show an int past its 4,300-digit limit: the error
-            # message naming the bad argument failed, so say so as a typed refusal
-            raise InvalidInput(
-                "an argument holds an integer of more than 4300 digits; no argument allows one"
-            ) from None
+            raise _typed(e) from None
         except KeyTaken:
             continue  # a concurrent repeat committed first: its record answers us now
         except CommitUncertain:
@@ -339,6 +333,33 @@ def retry_transient(step: Callable[..., T], *args: Any) -> T:
     """Run `step(*args)` (one transaction of an idempotent step, such as one run's reconcile
     pass), repeating it on StoreUnavailable and CommitUncertain: repeating it is always safe."""
     return with_retry(lambda: step(*args), keyed=True)
+
+
+def _typed(error: ValueError) -> Exception:
+    """Python cannot even show an int past its 4,300-digit limit, so a message naming such
+    an argument fails while it is made: that is bad input, refused as InvalidInput."""
+    if "integer string conversion" not in str(error):
+        return error
+    return InvalidInput(
+        "an argument holds an integer of more than 4300 digits; no argument allows one"
+    )
+
+
+def typed_refusals(fn: Callable[P, T]) -> Callable[P, T]:
+    """Wrap a public `Ledger` method that is neither a command nor a retried read, so its
+    refusals are typed too (see `_typed`)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except ValueError as e:
+            typed = _typed(e)
+            if typed is e:
+                raise
+            raise typed from None
+
+    return wrapper
 
 
 def read_command(fn: Callable[P, T]) -> Callable[P, T]:

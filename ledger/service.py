@@ -35,7 +35,7 @@ from .commands.runs import CANCEL_RETRIES
 from .commands.uow import LEDGER
 from .domain import Run
 from .errors import InvalidInput, LedgerError
-from .idempotency import check_key, read_command
+from .idempotency import check_key, read_command, typed_refusals
 from .queries import waiting_on
 from .stores import open_store, resolve_dsn
 from .stores.base import Store, Tx
@@ -528,6 +528,7 @@ class Ledger:
 
         return events(self.store, after, run_id, kinds, limit)
 
+    @typed_refusals
     def wait_for_events(self, after: int | None, timeout: float) -> bool:
         """Block until a transition past `after` has committed (True) or `timeout` seconds
         pass (False). LISTEN/NOTIFY on PostgreSQL, short polling elsewhere (ledger/feed.py)."""
@@ -547,6 +548,7 @@ class Ledger:
             raise InvalidInput("at must be an aware datetime")
         return status_at(self, run_id, utc_time(at, "at"))
 
+    @typed_refusals
     def verify(self, progress: Callable[[str, int, int], None] | None = None) -> VerifyReport:
         """Replay every event and report broken rules and projection drift. `progress(stage,
         done, total)` follows it: "replay" after each batch (events done, events stored), then
@@ -557,6 +559,7 @@ class Ledger:
             raise InvalidInput("progress must be a callable (stage, done, total)")
         return verify(self, progress)
 
+    @typed_refusals
     def prune_idempotency_keys(self, older_than: timedelta) -> int:
         """Forget idempotency keys recorded more than `older_than` ago (by the store's clock);
         returns how many. A repeat with a forgotten key is a new command."""
@@ -572,6 +575,7 @@ class Ledger:
             return 0  # longer ago than the calendar goes: no key is that old
         return prune(self.store, before)
 
+    @typed_refusals
     def export(
         self,
         file: Any,
@@ -598,6 +602,7 @@ class Ledger:
         _progress(progress)
         return export(self, file, runs=runs, since=since, progress=progress)
 
+    @typed_refusals
     def import_file(
         self, source: Any, progress: Callable[[int, int], None] | None = None, verify: bool = True
     ) -> Any:
@@ -611,6 +616,7 @@ class Ledger:
         _progress(progress)
         return import_file(self, source, progress=progress, verify=verify)
 
+    @typed_refusals
     def archive(
         self,
         actor: Actor,
@@ -624,8 +630,10 @@ class Ledger:
         chain (operator role; ledger/archive.py). Resumes an interrupted archive."""
         from .archive import archive
 
+        _path(to, "to")
         return archive(self, actor, to, terminal_before=terminal_before, runs=runs, reason=reason)
 
+    @typed_refusals
     def archived(self, run_id: str) -> dict[str, Any] | None:
         """Where an archived run's events went (file, sha256, digest, events, when, by whom);
         None when the run is not archived. Its history and attempts are in that file."""
@@ -633,13 +641,16 @@ class Ledger:
 
         return archived_run(self, run_id)
 
+    @typed_refusals
     def restore(self, actor: Actor, source: Any) -> Any:
         """Bring archived runs back from their archive file, once it is proven to hold the
         events that left (operator role; ledger/archive.py)."""
         from .archive import restore
 
+        _path(source, "source")
         return restore(self, actor, source)
 
+    @typed_refusals
     def rebuild_projections(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Drop and rebuild every projection from the first event; returns the events replayed."""
         from projections.rebuild import rebuild
@@ -653,13 +664,23 @@ def _progress(progress: Any) -> None:
         raise InvalidInput("progress must be None or a callable")
 
 
+def _path(value: Any, what: str) -> None:
+    """A file path: text (or os.PathLike) without NUL or lone surrogates."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise InvalidInput(f"{what} must be a file path, got {type(value).__name__}")
+    path = os.fspath(value)
+    if not isinstance(path, str) or "\x00" in path:
+        raise InvalidInput(f"{what} must be a file path without NUL characters")
+    check_unicode(path, what)
+    # longer names than any file system takes are bad input, not an OSError later
+    if len(path.encode()) > 4096 or any(len(part.encode()) > 255 for part in path.split(os.sep)):
+        raise InvalidInput(f"{what} is not a usable file path (a name over 255 bytes)")
+
+
 def _source(source: Any) -> None:
     """A file to read: a path (text without NUL or lone surrogates) or a text file object."""
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        if not isinstance(path, str) or "\x00" in path:
-            raise InvalidInput("source must be a file path without NUL characters")
-        check_unicode(path, "source")
+        _path(source, "source")
     elif not callable(getattr(source, "read", None)):
         raise InvalidInput(
             f"source must be a path or a text file object, got {type(source).__name__}"

@@ -183,6 +183,12 @@ def _plausible(name: str, world: World) -> st.SearchStrategy[Any]:
     return table.get(name, _texts())
 
 
+def _short_wait(value: Any) -> Any:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.02 < value <= 86_400:
+        return 0.01
+    return value
+
+
 def _strategy(method: Any, world: World) -> st.SearchStrategy[dict[str, Any]]:
     params = [p for p in inspect.signature(method).parameters.values() if p.name != "self"]
     required = {}
@@ -192,6 +198,9 @@ def _strategy(method: Any, world: World) -> st.SearchStrategy[dict[str, Any]]:
             value = st.none() | _texts()
         elif p.name in ("progress",):
             value = st.none() | ANY
+        elif p.name == "timeout":
+            # a valid wait would block for real: keep those short, the rest arbitrary
+            value = st.one_of(st.floats(0, 0.02), ANY.map(_short_wait))
         else:
             value = st.one_of(_plausible(p.name, world), ANY)
         if p.default is inspect.Parameter.empty:
