@@ -43,6 +43,7 @@ from eventsourcing.persistence import StoredEvent
 from ledger import states as S
 from ledger.archived import Archived, archived_record
 from ledger.domain import Item, Run
+from ledger.errors import InvalidInput
 from ledger.stores.base import Store, Tx
 from ledger.stores.hashchain import (
     GENESIS,
@@ -52,6 +53,7 @@ from ledger.stores.hashchain import (
     as_uuid,
     event_hash,
 )
+from ledger.validation import MAX_JSON_DEPTH, strict_loads
 from ledger.views import VerifyReport
 
 from .checksums import checksums, diff_rows
@@ -187,6 +189,7 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
     rows = store.read_stored_rows(tx, after, BATCH_SIZE)
     events: list[tuple[int, DomainEvent]] = []
     for pos, stored in rows:
+        _check_strict_json(store, pos, stored, problems)
         try:
             events.append((pos, cast(DomainEvent, store.mapper.to_domain_event(stored))))
         except Exception as exc:
@@ -339,6 +342,27 @@ class RuleChecker:
                 "run recorded succeeded but required items were not accepted: "
                 + ", ".join(f"{r['item_id']} ({r['state']})" for r in rows),
             )
+
+
+def _check_strict_json(store: Store, pos: int, stored: StoredEvent, problems: Problems) -> None:
+    """Report an event whose payload is not strict JSON (SPEC rule 17): NaN or Infinity
+    (which older versions stored from a float evidence value), a duplicate key or a lone
+    surrogate escape. Such an event breaks every strict JSON reader of its history. Only
+    payloads holding `NaN`/`Infinity` or a `\\u` escape are parsed again (the ledger
+    writes its payloads from dicts, as UTF-8: nothing else can hide a violation)."""
+    raw = bytes(stored.state)
+    if b"NaN" not in raw and b"Infinity" not in raw and b"\\u" not in raw:
+        return
+    try:
+        # (the ledger's own wrapping adds a few levels around a caller's evidence)
+        strict_loads(raw, "payload", max_bytes=len(raw), max_depth=MAX_JSON_DEPTH + 16)
+    except InvalidInput as e:
+        problems.add(
+            "not_strict_json",
+            _run_id_of_stored(store, stored),
+            pos,
+            f"event v{stored.originator_version} of stream {stored.originator_id}: {e.message}",
+        )
 
 
 def _describe(e: DomainEvent) -> str:
