@@ -212,6 +212,8 @@ class SpecMachine(RuleBasedStateMachine):
     def first_run(self, n: int, required: list[bool], policy: dict[str, Any]) -> None:
         self.submit(n, required, policy, 0, False)
         self.start(0, 0)
+        if self.bugs:
+            self.bug_moves(0, 0, True)
 
     @precondition(lambda self: len(self.order) < 3)
     @rule(
@@ -497,7 +499,7 @@ class SpecMachine(RuleBasedStateMachine):
     @rule(
         pick=PICK,
         item=PICK,
-        who=st.sampled_from([S.SUBMITTER, S.OPERATOR]),
+        who=st.sampled_from([S.SUBMITTER, S.OPERATOR] * 4 + [S.REVIEWER, S.WORKER, S.CONTROLLER]),
         kind=st.sampled_from(
             ["add", "withdraw", "replace", "strengthen", "weaken", "weaken", "weaken"]
         ),
@@ -527,12 +529,10 @@ class SpecMachine(RuleBasedStateMachine):
             if not pending:
                 return
             target = pending[item % len(pending)]
+            self.fresh += 1  # a payload it never had, so the content changes
+            replaced = {"amount": 10**6 + self.fresh}
             kwargs["items"] = [
-                {
-                    "item_id": target.item_id,
-                    "required": target.required,
-                    "payload": {"amount": 10**6},
-                }
+                {"item_id": target.item_id, "required": target.required, "payload": replaced}
             ]
             pays = True
         else:
@@ -541,7 +541,7 @@ class SpecMachine(RuleBasedStateMachine):
                 return
             kwargs["policy"] = change
         weak = bool(change) and weakens(run, change)
-        if weak and run.terminal:
+        if weak and run.terminal and actor.role in (S.SUBMITTER, S.OPERATOR):
             return  # governance or state first: SPEC's order does not say
         if weak and actor.role == S.SUBMITTER and not self.allow(2):
             return  # bug 2: the submitter may weaken acceptance
@@ -566,7 +566,9 @@ class SpecMachine(RuleBasedStateMachine):
                 return  # bug 2: an operator may weaken without a reason
             reason = None
         err: Any = None
-        if run.terminal:
+        if actor.role not in (S.SUBMITTER, S.OPERATOR):
+            err = NotAuthorized  # a role that may never amend, whatever the amendment
+        elif run.terminal:
             err = AlreadyTerminal
         elif weak and actor.role == S.SUBMITTER:
             err = NotAuthorized
@@ -730,6 +732,8 @@ class SpecMachine(RuleBasedStateMachine):
         if run.murky(self.now()):
             self.reconcile(0, False)  # settle the expired leases first
         actor = pick_actor({S.CONTROLLER, S.OPERATOR}, who)
+        if actor.role == S.OPERATOR and who != 7:
+            transient = True  # mostly; an operator's permanent failure is refused
         if actor.role == S.CONTROLLER and reason is None and not self.allow(7):
             reason = "input_unavailable"  # bug 7: the controller's default reason is null
         if actor.role not in (S.CONTROLLER, S.OPERATOR) or (
@@ -862,6 +866,42 @@ class SpecMachine(RuleBasedStateMachine):
             self.target = run.run_id
             try:
                 self.linked(0, who, command, again=True)
+            finally:
+                self.target = None
+
+    @precondition(lambda self: bool(self.bugs) and bool(self.order))
+    @rule(pick=PICK, which=st.integers(0, 4), flag=st.booleans())
+    def bug_moves(self, pick: int, which: int, flag: bool) -> None:
+        """A variant's own moves on one run, more often than the rules above draw them
+        (and once at the start of every example, so an open bug is found whatever path
+        the rest of the example takes)."""
+        run = self.pick(pick, S.RUNNING)
+        for n in sorted(self.bugs):
+            self.target = run.run_id
+            try:
+                if n == 1:
+                    self.review_with_live_lease(0, WORKERS[0], False, 0)
+                elif n == 2:
+                    self.amend(0, pick, S.SUBMITTER if flag else S.OPERATOR, "weaken", which, True)
+                    if run.state == S.RUNNING:
+                        self.request_review(0, 0)
+                    if run.state == S.AWAITING_REVIEW:
+                        self.decide(0, flag, 4, False)  # by the submitter or an amender
+                elif n == 3:
+                    self.reconcile(0, True)
+                elif n == 4:
+                    if run.state in LIVE_RUN:
+                        self.do_fail(0, 0, True, "input_unavailable")
+                    self.linked(0, S.OPERATOR, "retry" if flag else "repair")
+                elif n == 5 and len(self.order) < 4:
+                    self.target = None
+                    policy = {"max_attempts": 2, "backoff_seconds": 0, "partial_delivery": False}
+                    policy.update(tolerated_failures=0, review=None, run_deadline_seconds=None)
+                    self.submit(2, [True] * 4, policy, 0, True)
+                elif n == 6:
+                    self.do_cancel(0, 0, True, None)
+                elif n == 7:
+                    self.do_fail(0, 0, flag, None)
             finally:
                 self.target = None
 
