@@ -318,3 +318,28 @@ def reset(lg: Ledger, name: Any, to: Any = 0) -> int:
     finally:
         lock.release()
     return int(to)
+
+
+TRACKING_NAME = "run-ledger"  # the application_name of the ledger's positions in a Tracking
+
+
+def projection_handler(projection: Any) -> Callable[[list[Any]], None]:
+    """An external-mode handler that runs an `eventsourcing.projection.Projection` over the
+    ledger's transitions, eventsourcing's way: each transition goes to
+    `projection.process_event(transition, Tracking("run-ledger", transition.position))`,
+    whose tracking recorder (`projection.view`) records the position with the view's rows,
+    and a transition its view has tracked already is skipped, so a redelivered batch
+    changes nothing (exactly once in the view). Start the follower after
+    `projection.view.max_tracking_id("run-ledger")` with `ledger followers reset`, or let
+    the skip do it."""
+    from eventsourcing.persistence import Tracking
+
+    view = projection.view
+
+    def handle(batch: list[Any]) -> None:
+        for t in batch:
+            if view.has_tracking_id(TRACKING_NAME, t.position):
+                continue
+            projection.process_event(t, Tracking(TRACKING_NAME, t.position))
+
+    return handle

@@ -275,3 +275,35 @@ def test_run_follows_new_commits_until_stopped(lg: Ledger) -> None:
         thread.join(WAIT)
     assert not thread.is_alive()
     assert got == lg.history(run_id)
+
+
+def test_an_eventsourcing_projection_runs_over_the_feed(lg: Ledger) -> None:
+    from functools import singledispatchmethod
+
+    from eventsourcing.persistence import Tracking
+    from eventsourcing.popo import POPOTrackingRecorder
+    from eventsourcing.projection import Projection
+
+    from ledger.follower import TRACKING_NAME, projection_handler
+
+    class AcceptedPerRun(Projection[POPOTrackingRecorder]):
+        def __init__(self, view: POPOTrackingRecorder) -> None:
+            super().__init__(view)
+            self.counts: dict[str, int] = {}
+
+        @singledispatchmethod
+        def process_event(self, domain_event: Any, tracking: Tracking) -> None:
+            if domain_event.command == "accept":
+                self.counts[domain_event.run_id] = self.counts.get(domain_event.run_id, 0) + 1
+            self.view.insert_tracking(tracking)
+
+    projection = AcceptedPerRun(POPOTrackingRecorder())
+    a, b = _busy_run(lg, 3), _busy_run(lg, 2)
+    with Follower(lg, "es", projection_handler(projection), batch=4) as f:
+        f.catch_up()
+    assert projection.counts == {a: 3, b: 2}
+    assert projection.view.max_tracking_id(TRACKING_NAME) == lg.events()[-1].position
+    reset(lg, "es", 0)  # redelivered from the start: the view's tracking skips what it has
+    with Follower(lg, "es", projection_handler(projection)) as f:
+        f.catch_up()
+    assert projection.counts == {a: 3, b: 2}
