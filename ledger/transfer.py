@@ -459,6 +459,7 @@ def import_file(
     source: str | Path | IO[str],
     progress: Progress | None = None,
     verify: bool = True,
+    total: int | None = None,
 ) -> TransferSummary:
     """Import a history file into `lg`: check it, append its events with their hashes and
     project them, in one transaction; then `verify` the ledger (unless verify=False).
@@ -470,7 +471,9 @@ def import_file(
     one the target does not hold. Events the target already holds (same stream, version
     and hash) are skipped, so a second import of the same file changes nothing."""
     with _opened(source) as f:
-        summary = _append_file(lg, f, progress)
+        if total is None and progress is not None and isinstance(source, (str, Path)):
+            total = _count_lines(Path(source)) - 1  # for the progress bar: less the closing line
+        summary = _append_file(lg, f, progress, max(total or 0, 0))
     if verify:
         report = lg.verify()
         summary = TransferSummary(
@@ -528,7 +531,12 @@ class _Target:
             )
 
 
-def _append_file(lg: Any, f: IO[str], progress: Progress | None) -> TransferSummary:
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+
+
+def _append_file(lg: Any, f: IO[str], progress: Progress | None, total: int = 0) -> TransferSummary:
     from eventsourcing.persistence import StoredEvent
 
     from projections.rebuild import Replayer
@@ -572,7 +580,7 @@ def _append_file(lg: Any, f: IO[str], progress: Progress | None) -> TransferSumm
             appended += len(events)
             batch.clear()
             if progress is not None:
-                progress(chains.events, 0)
+                progress(chains.events, max(total, chains.events))
 
         for n, doc in _lines(f):
             if closing is not None:
@@ -657,11 +665,17 @@ def copy_ledger(
     src = Ledger.open(source_dsn)
     try:
         with tempfile.TemporaryFile("w+", encoding="utf-8") as spool:
-            export(src, cast(IO[str], spool), progress=_staged(progress, "export"))
+            exported = export(src, cast(IO[str], spool), progress=_staged(progress, "export"))
             spool.seek(0)
             dst = Ledger.open(target_dsn)
             try:
-                return import_file(dst, spool, progress=_staged(progress, "import"), verify=verify)
+                return import_file(
+                    dst,
+                    spool,
+                    progress=_staged(progress, "import"),
+                    verify=verify,
+                    total=exported.events,
+                )
             finally:
                 dst.close()
     finally:
