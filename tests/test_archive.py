@@ -325,3 +325,53 @@ def test_linked_runs_of_an_archived_run_are_refused_until_it_is_restored(
     assert _all_events(lg) == events
     lg.restore(OPERATOR, path)
     assert lg.retry(failed, OPERATOR).counts["pending"] == 2
+
+
+@pytest.mark.postgres
+def test_sigkill_of_the_archiver_on_postgres_never_loses_an_event(
+    pg_server: Any, pg_dsn: str, tmp_path: Path
+) -> None:
+    """The batched deletes in short transactions, killed between them (PostgreSQL)."""
+    import secrets
+
+    from tests.pgserver import create_database, drop_database
+
+    with Ledger.open(pg_dsn) as lg:
+        runs = _finished_runs(lg, n=3)
+        before = _snapshot(lg)
+        events = _all_events(lg)
+        with lg.store.read() as tx:
+            cutoff = tx.now().isoformat()
+    base = pg_dsn.rsplit("/", 1)[1]
+
+    def clone() -> tuple[str, str]:
+        name = f"{base}_k{secrets.token_hex(3)}"
+        create_database(pg_server.admin_dsn, name, template=base)
+        return name, pg_server.dsn(name)
+
+    name, probe = clone()
+    try:
+        done = _archiver(probe, tmp_path / "probe.jsonl", 0, cutoff)
+        assert done.returncode == 0, done.stderr
+        points = done.stdout.split()
+    finally:
+        drop_database(pg_server.admin_dsn, name)
+    deletes = [i + 1 for i, p in enumerate(points) if p in ("archived", "deleted")]
+    for attempt, kill_at in enumerate(random.Random(15).sample(deletes, min(4, len(deletes)))):
+        name, dsn = clone()
+        path = tmp_path / f"a{attempt}.jsonl"
+        try:
+            crashed = _archiver(dsn, path, kill_at, cutoff)
+            assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+            with Ledger.open(dsn) as lg:
+                report = lg.verify()
+                assert report.ok, (points[kill_at - 1], report.problems[:3])
+                stored, in_file = _all_events(lg), _file_events(path)
+                assert all(e in stored or e in in_file for e in events)
+            assert _archiver(dsn, path, 0, cutoff).returncode == 0
+            with Ledger.open(dsn) as lg:
+                assert {a["run_id"] for a in lg.verify().archived} == set(runs)
+                lg.restore(OPERATOR, path)
+                assert _snapshot(lg) == before
+        finally:
+            drop_database(pg_server.admin_dsn, name)
