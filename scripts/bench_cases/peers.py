@@ -9,7 +9,9 @@ row saying so, and the rest still run.
 
 - pgqueuer (asyncpg driver; its psycopg driver stalled about 1 s per LISTEN wait):
   one QueueManager per process in drain mode, batch 250, a no-op entrypoint.
-- procrastinate, dbos: installed or not, not measured yet (a row says so).
+- procrastinate (psycopg connector): one worker per process, concurrency 8, `wait=False`
+  (it returns once the queue is empty), a no-op task; jobs deferred in one batch.
+- dbos: installed or not, not measured yet (a row says so).
 """
 
 from __future__ import annotations
@@ -93,12 +95,87 @@ def _pgqueuer_fill(dsn: str, n: int) -> None:
     asyncio.run(main())
 
 
+def _procrastinate_app(dsn: str, sync: bool = False) -> Any:
+    import procrastinate
+
+    connector = (
+        procrastinate.SyncPsycopgConnector(conninfo=dsn)
+        if sync
+        else procrastinate.PsycopgConnector(conninfo=dsn)
+    )
+    app = procrastinate.App(connector=connector)
+
+    @app.task(name="noop")
+    def noop() -> None:
+        return None
+
+    return app
+
+
+def _procrastinate_child(
+    dsn: str, _entry: Any, index: int, batch: int, ready: Any, go: Any, release: Any, out: Any
+) -> None:
+    try:
+        import asyncio
+
+        async def main() -> None:
+            app = _procrastinate_app(dsn)
+            async with app.open_async():
+                ready.put(("ready", index, ""))
+                await asyncio.get_running_loop().run_in_executor(None, go.wait)
+                start = cpu_seconds() or 0.0
+                await app.run_worker_async(
+                    concurrency=8, wait=False, install_signal_handlers=False, name=f"w{index}"
+                )
+                end = cpu_seconds() or 0.0
+                # it does not say how many jobs it ran: counted from the table afterwards
+                out.put(("ok", index, -1, time.monotonic(), end - start))
+                await asyncio.get_running_loop().run_in_executor(None, release.wait, 300)
+
+        asyncio.run(main())
+    except BaseException:
+        try:
+            ready.put(("error", index, traceback.format_exc()))
+        finally:
+            out.put(("error", index, 0, 0.0, traceback.format_exc()))
+
+
+def _procrastinate_fill(dsn: str, n: int) -> None:
+    app = _procrastinate_app(dsn, sync=True)
+    with app.open():
+        app.schema_manager.apply_schema()
+        task = app.tasks["noop"]
+        for k in range(0, n, 5_000):
+            task.batch_defer(*[{} for _ in range(min(5_000, n - k))])
+
+
+def _procrastinate_done(dsn: str) -> int:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+
 def _note(g: dict[str, Any]) -> str:
     server = "n/a" if g["server_ms"] is None else f"{g['server_ms']:.3f}"
     return (
         f"{g['items']} items {g['seconds']:.1f}s; WAL {g['wal_per_item']:,.0f} B/item; CPU "
         f"ms/item client {g['client_ms']:.3f} + server {server}; waits: {g['waits']}"
     )
+
+
+def _per_item(got: dict[str, Any], n: int) -> dict[str, Any]:
+    """Figures per item for a peer whose processes do not count their jobs (-1 each)."""
+    scale = got["items"] / n  # negative: the processes' -1s
+    out = dict(got, items=n, rate=n / got["seconds"])
+    out["wal_per_item"] = got["wal_per_item"] * scale
+    out["client_ms"] = got["client_ms"] * scale
+    if got["server_ms"] is not None:
+        out["server_ms"] = got["server_ms"] * scale
+    return out
 
 
 def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = None) -> list[Row]:
@@ -126,6 +203,28 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = No
                     None,
                     "items/s",
                     note=f"skipped: {', '.join(gone)} not installed ({EXTRA})",
+                )
+            )
+            continue
+        if peer == "procrastinate":
+            say(f"case P: procrastinate, concurrency 8, {procs} procs, {n} items")
+            with pg.database("cP_procrastinate") as dsn:
+                _procrastinate_fill(dsn, n)
+                got = _measure(dsn, [""], procs, batch, start_method, child=_procrastinate_child)
+                done = _procrastinate_done(dsn)
+            if done != n:
+                raise RuntimeError(f"procrastinate ran {done} of {n} jobs")
+            got = _per_item(got, n)
+            say(f"  {got['rate']:,.0f} items/s; {_note(got)}")
+            rows.append(
+                ratio_row(
+                    "P",
+                    f"PG items/s, ledger {procs} procs vs procrastinate {procs} procs",
+                    ledger["rate"],
+                    got["rate"],
+                    "items/s",
+                    0.0,
+                    note=_note(got),
                 )
             )
             continue
