@@ -440,3 +440,41 @@ def test_claims_racing_a_cancel_or_pause_never_commit_after_it(pg_dsn: str) -> N
         for q in [*run_queues, stop_queue]:
             q.close()
             q.join_thread()
+
+
+def test_sixteen_processes_on_two_runs_one_canceled_midway(pg_dsn: str) -> None:
+    """Eight processes on each of two runs at once; a seventeenth cancels the second run
+    midway. The first run: no double lease, every item accepted exactly once. The second:
+    no claim commits after the cancel, in-flight attempts finish and are kept."""
+    n = 600
+    with Ledger.open(pg_dsn) as lg:
+        first, second = running_run(lg, n), running_run(lg, n)
+    children = Children()
+    go = SPAWN.Event()
+    try:
+        for k in range(8):
+            children.start(_claimer, pg_dsn, first, f"a{k}", 10, 0, go)
+            children.start(_claimer, pg_dsn, second, f"b{k}", 10, 0, go)
+        children.start(_stopper, pg_dsn, second, "cancel", n // 4, go)
+        go.set()
+        results = children.results(17)
+    finally:
+        children.close()
+
+    results.pop("stopper")
+    assert all(results[f"a{k}"]["stopped_by"] == "drained" for k in range(8)), results
+    with Ledger.open(pg_dsn) as lg:
+        history = lg.history(first)
+        claims = assert_one_live_lease_at_a_time(history)
+        assert_attempts_consistent(lg, first, claims)
+        accepted = Counter(t.item_id for t in history if t.to_state == "accepted")
+        assert accepted == {f"i{k}": 1 for k in range(n)}
+
+        history = lg.history(second)
+        [cancel_at] = positions(history, "cancel", run_level=True)
+        assert [t for t in history if t.command == "claim" and t.position > cancel_at] == []
+        claims = assert_one_live_lease_at_a_time(history)
+        assert_attempts_consistent(lg, second, claims)
+        st = lg.status(second)
+        assert st.state == "canceled" and st.counts.get("in_progress", 0) == 0
+        assert st.counts["accepted"] + st.counts["skipped"] == n

@@ -133,17 +133,20 @@ def _events_json(conn: psycopg.Connection[Any], stored: Sequence[StoredEvent]) -
 class Waker:
     """NOTIFY on the recorder's channel after commits, coalesced: at most one per
     `interval` seconds, and a commit is always followed by one (the last is never
-    dropped). A wake-up is a hint for `subscribe()` listeners, never needed for
-    correctness, so a failure to send one is ignored. The thread starts on first use."""
+    dropped). A wake-up is a hint for listeners (`subscribe()`, the change feed), never
+    needed for correctness, so a failure to send one is ignored. The thread and its
+    connection (its own, not the pool's: it never makes the pool grow behind the
+    commands' back) start on first use."""
 
-    def __init__(self, datastore: PostgresDatastore, channel: str, interval: float) -> None:
-        self._datastore = datastore
+    def __init__(self, dsn: str, channel: str, interval: float) -> None:
+        self._dsn = dsn
         self._statement = sql.SQL("NOTIFY {}").format(sql.Identifier(channel))
         self._interval = interval
         self._pending = threading.Event()
         self._closed = threading.Event()
         self._start = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[Any] | None = None
 
     def poke(self) -> None:
         """Ask for a wake-up (after a commit that appended events)."""
@@ -156,20 +159,30 @@ class Waker:
                     )
                     self._thread.start()
 
+    def _send(self) -> None:
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=10)
+            # an autocommit statement: a transaction of its own, off every write path
+            self._conn.execute(self._statement)
+        except Exception:  # a hint only (see the class docstring)
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+
     def _run(self) -> None:
-        while True:
-            self._pending.wait()
-            if self._closed.is_set():
-                return
-            self._pending.clear()
-            try:
-                # an autocommit statement: a transaction of its own, off every write path
-                with self._datastore.get_connection() as conn:
-                    conn.execute(self._statement)
-            except Exception:  # noqa: S110 - a hint only (see the class docstring)
-                pass
-            if self._closed.wait(self._interval):
-                return
+        try:
+            while True:
+                self._pending.wait()
+                if self._closed.is_set():
+                    return
+                self._pending.clear()
+                self._send()
+                if self._closed.wait(self._interval):
+                    return
+        finally:
+            if self._conn is not None:
+                self._conn.close()
 
     def close(self) -> None:
         """Stop the thread (a pending wake-up is dropped: nobody can read after close)."""
