@@ -193,6 +193,7 @@ class SpecMachine(RuleBasedStateMachine):
         for it in self.lg.items(status.run_id):
             assert (it.state, it.attempts) == (S.PENDING, 0)
             items[it.item_id] = MItem(it.item_id, it.required)
+        assert items, f"run {status.run_id} has no items (SPEC: a manifest has at least one)"
         run = MRun(
             status.run_id,
             dict(status.policy),
@@ -512,6 +513,7 @@ class SpecMachine(RuleBasedStateMachine):
             return  # SPEC does not say whether a canceling run may be amended
         actor = BY_ROLE[who]
         ids = sorted(run.items)
+        assert ids, f"run {run.run_id} has no items (SPEC: a manifest has at least one)"
         target = run.items[ids[item % len(ids)]]
         kwargs: dict[str, Any] = {}
         change: dict[str, Any] = {}
