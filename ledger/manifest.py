@@ -5,7 +5,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from .errors import InvalidInput, ManifestInvalid
 from .validation import (  # noqa: F401  (re-exported: part of this module's surface)
@@ -69,12 +78,25 @@ class Policy(_Strict):
     item_deadline_seconds: float | None = Field(default=None, gt=0, le=365 * _DAY)
     run_deadline_seconds: float | None = Field(default=None, gt=0, le=365 * _DAY)
     review: Review | None = None
+    # How long a run waiting on workers may go without a run or item transition before it
+    # is flagged stalled (ledger/signals.py); None means the default, 900 s.
+    stall_seconds: float | None = Field(default=None, gt=0, le=30 * _DAY)
+
+    @model_serializer(mode="wrap")
+    def _without_default_stall(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # an unset stall_seconds is left out, so manifests written before it existed keep
+        # their content digest (input version)
+        data: dict[str, Any] = handler(self)
+        if data.get("stall_seconds") is None:
+            data.pop("stall_seconds", None)
+        return data
 
     @field_validator(
         "backoff_seconds",
         "lease_seconds",
         "item_deadline_seconds",
         "run_deadline_seconds",
+        "stall_seconds",
         mode="before",
     )
     @classmethod

@@ -30,6 +30,9 @@ _STATE_STYLE = {
 }
 
 
+_TERMINAL = frozenset({"succeeded", "completed_with_errors", "failed", "canceled"})
+
+
 def console(wide: bool = False) -> Console:
     """A console on the current stdout (so test runners that swap stdout see the output).
 
@@ -94,10 +97,19 @@ def show_status(out: Console, status: Any) -> None:
     if status.failure_kind:
         failure = f" ({status.failure_kind}, {status.failure_reason})"
     cancel = " (cancel requested)" if status.cancel_requested and status.state != "canceled" else ""
+    owner = status.waiting_on
+    actors = getattr(status, "waiting_on_actors", None)
+    if actors:
+        owner += f" ({escape(', '.join(actors))})"
+    if getattr(status, "stalled", False):
+        owner += " [bold red]STALLED[/]"
+    expired = getattr(status, "expired_leases", 0)
+    if expired:
+        owner += f" [bold red]{expired} expired lease{'s' if expired > 1 else ''}[/]"
     rows: list[tuple[str, str]] = [
         ("run", escape(status.run_id)),
         ("state", state(status.state) + failure + cancel),
-        ("waiting on", status.waiting_on),
+        ("waiting on", owner),
         ("summary", escape(status.summary)),
         ("items", counts(status.counts)),
         ("revision", str(status.revision)),
@@ -111,6 +123,7 @@ def show_status(out: Console, status: Any) -> None:
     ]
     rows += [(k, escape(v)) for k, v in optional if v]
     rows.append(("created", when(status.created_at)))
+    rows += _times(status)
     rows.append(("updated", when(status.updated_at)))
     if status.links:
         rows.append(("links", escape(links(status.links))))
@@ -132,6 +145,27 @@ def show_status(out: Console, status: Any) -> None:
                 escape(item.reason or ""),
             )
         out.print(table)
+
+
+def _times(status: Any) -> list[tuple[str, str]]:
+    """Started, stopped and why, and for an open run: waiting since, activity, rate, ETA."""
+    rows: list[tuple[str, str]] = []
+    for label, name in (
+        ("started", "started_at"),
+        ("stopped", "stopped_at"),
+        ("waiting since", "waiting_since"),
+        ("last activity", "last_activity_at"),
+    ):
+        value = getattr(status, name, None)
+        if value is not None and not (name == "waiting_since" and status.stopped_at):
+            rows.append((label, when(value)))
+    if getattr(status, "stop_reason", None):
+        rows.append(("stop reason", escape(status.stop_reason)))
+    if status.state not in _TERMINAL and getattr(status, "last_activity_at", None) is not None:
+        rows.append(("rate", f"{getattr(status, 'rate', 0.0):g} items/min (last 5 min)"))
+        eta = getattr(status, "eta", None)
+        rows.append(("eta", when(eta) if eta is not None else "none (no items finishing)"))
+    return rows
 
 
 # -- tables: full on a pipe or with --wide; short ids and one line per row on a terminal --

@@ -92,6 +92,16 @@ class RunStatus(_View):
     review: dict[str, Any] | None = None
     policy: dict[str, Any] = field(default_factory=dict)
     root_run_id: str = ""
+    # Who owns the delay, precisely (SPEC rule 19; ledger/signals.py): the person where
+    # known, since when, the latest run or item transition, stalled, items finished per
+    # minute over the last 5 minutes, the estimated end, leases expired but unreconciled.
+    waiting_on_actors: list[str] = field(default_factory=list)
+    waiting_since: datetime | None = None
+    last_activity_at: datetime | None = None
+    stalled: bool = False
+    rate: float = 0.0
+    eta: datetime | None = None
+    expired_leases: int = 0
 
 
 @dataclass(frozen=True)

@@ -151,3 +151,15 @@ def test_run_page_reads_one_page_and_mark_expired_leases(lg: Ledger, clock: Manu
     assert not any(i.lease_expired for i in runpage.item_page(lg.store, run_id).items)
     row = runpage.board_row(lg.store, run_id)
     assert row.waiting_on == "workers" and row.expired_leases == 0
+
+
+def test_policy_stall_seconds_sets_the_threshold(lg: Ledger, clock: ManualClock) -> None:
+    quick = started(lg, 2, stall_seconds=60)
+    slow = started(lg, 2)  # the default, 900 s
+    clock.advance(61)
+    (row,) = lg.board(stalled=True).runs
+    assert row.run_id == quick
+    assert lg.status(quick).policy["stall_seconds"] == 60.0
+    assert "stall_seconds" not in lg.status(slow).policy  # unset: left out of the digest
+    clock.advance(900)
+    assert {r.run_id for r in lg.board(stalled=True).runs} == {quick, slow}
