@@ -507,11 +507,16 @@ def request_review(
     ctx: typer.Context,
     run_id: RunArg,
     decision: Annotated[str, typer.Option("--decision", help="The decision required")],
+    reviewer: Annotated[
+        str | None, typer.Option("--reviewer", metavar="ACTOR_ID", help="Route it to this person")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Ask for a review decision bound to the run's current input version (controller)."""
     with _ledger(ctx) as lg:
-        status = lg.request_review(run_id, _actor(ctx, "request-review"), decision)
+        status = lg.request_review(
+            run_id, _actor(ctx, "request-review"), decision, reviewer=reviewer
+        )
     _show_run(status, as_json, f"review requested ({status.input_version}) for")
 
 

@@ -141,6 +141,8 @@ class Run(Aggregate):
                 "approved_version": (self.review or {}).get("approved_version"),
                 "requested_at": e.timestamp.isoformat(),
             }
+            if ev.get("reviewer"):
+                self.review["reviewer"] = ev["reviewer"]
         elif e.command == "decide" and self.review is not None:
             self.review = dict(self.review)
             self.review["decided_by"] = e.actor_id

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -77,12 +78,14 @@ def _dt(text: str) -> datetime:
     return dt
 
 
-def status_tx(tx: Tx, run_id: str) -> RunStatus:
-    """The run's status inside an open transaction."""
+def status_tx(tx: Tx, run_id: str, signals: bool = True) -> RunStatus:
+    """The run's status inside an open transaction; with `signals`, who owns its delay by
+    the store's clock now (SPEC rule 19; a replayed past status has none)."""
     row = tx.fetchone("SELECT * FROM lg_runs WHERE run_id = ?", (run_id,))
     if row is None:
         raise RunNotFound(run_id)
-    return status_of_row(tx, row)
+    status = status_of_row(tx, row)
+    return with_signals(tx, [row], [status])[0] if signals else status
 
 
 def status_of_row(tx: Tx, row: dict[str, Any]) -> RunStatus:
@@ -93,6 +96,34 @@ def status_of_row(tx: Tx, row: dict[str, Any]) -> RunStatus:
         (row["run_id"],),
     )
     return status_from_row(row, na)
+
+
+def with_signals(
+    tx: Tx, rows: list[dict[str, Any]], statuses: list[RunStatus]
+) -> list[RunStatus]:
+    """The statuses of `rows` with their delay signals (ledger/signals.py), read in `tx`:
+    `waiting_on` (reconciler when a lease expired unreconciled), the person, waiting since,
+    last activity, stalled, rate, ETA and expired leases."""
+    from .signals import signals_for
+
+    found = signals_for(tx, rows, tx.now())
+    out = []
+    for status in statuses:
+        sig = found[status.run_id]
+        out.append(
+            replace(
+                status,
+                waiting_on=sig.waiting_on,
+                waiting_on_actors=list(sig.waiting_on_actors),
+                waiting_since=sig.waiting_since,
+                last_activity_at=sig.last_activity_at,
+                stalled=sig.stalled,
+                rate=sig.rate,
+                eta=sig.eta,
+                expired_leases=sig.expired_leases,
+            )
+        )
+    return out
 
 
 def status_from_row(row: dict[str, Any], na: list[dict[str, Any]]) -> RunStatus:
@@ -225,7 +256,7 @@ def runs(store: Store, state: str | None = None, limit: int = 100) -> list[RunSt
                 "SELECT * FROM lg_runs WHERE state = ? ORDER BY seq DESC LIMIT ?",
                 (state, limit),
             )
-        return [status_of_row(tx, row) for row in rows]
+        return with_signals(tx, rows, [status_of_row(tx, row) for row in rows])
 
 
 def items(store: Store, run_id: str, state: str | None = None) -> list[ItemStatus]:
@@ -310,7 +341,7 @@ def lineage(store: Store, run_id: str) -> list[RunStatus]:
         rows = tx.fetchall(
             "SELECT * FROM lg_runs WHERE root_run_id = ? ORDER BY seq", (run.root_run_id,)
         )
-        return [status_of_row(tx, row) for row in rows]
+        return with_signals(tx, rows, [status_of_row(tx, row) for row in rows])
 
 
 def audit(

@@ -168,10 +168,12 @@ class Ledger:
         actor: Actor,
         decision: str,
         expected_revision: int | None = None,
+        reviewer: str | None = None,
         *,
         idempotency_key: str | None = None,
     ) -> RunStatus:
-        """running -> awaiting_review, bound to the current input version."""
+        """running -> awaiting_review, bound to the current input version; `reviewer` routes
+        the review to a person (the status then names them as the one it waits on)."""
         return self._execute(_review.request_review, locals())
 
     def decide(

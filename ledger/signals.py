@@ -27,6 +27,7 @@ from typing import Any
 from projections.rows import iso, parse_dt
 
 from . import states as S
+from .queries import waiting_on as base_waiting_on
 
 DEFAULT_STALL_SECONDS = 900.0
 RATE_WINDOW_SECONDS = 300.0
@@ -36,6 +37,7 @@ OWNERS: tuple[str, ...] = ("reconciler", "reviewer", "operator", "controller", "
 _REMAINING = (S.PENDING, S.IN_PROGRESS, S.RETRYABLE)
 _FINISHED = tuple(sorted(S.FINAL_ITEM_STATES))
 _MAX_ACTORS = 5
+_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -51,25 +53,6 @@ class RunSignals:
     eta: datetime | None
     expired_leases: int
     remaining_required: int
-
-
-def base_waiting_on(state: str, counts: dict[str, int]) -> str:
-    """Who owns the next step by state and item counts alone (SPEC rule 9)."""
-    if state in S.TERMINAL_RUN_STATES:
-        return "nobody"
-    if state == S.QUEUED:
-        return "controller"
-    if state == S.AWAITING_REVIEW:
-        return "reviewer"
-    if state == S.PAUSED:
-        return "operator"
-    if state in (S.CANCELING, S.PAUSING):
-        return "workers" if counts.get(S.IN_PROGRESS, 0) else "controller"
-    if counts.get(S.PENDING, 0) or counts.get(S.RETRYABLE, 0) or counts.get(S.IN_PROGRESS, 0):
-        return "workers"
-    if counts.get(S.QUARANTINED, 0):
-        return "reviewer"
-    return "controller"
 
 
 def stall_seconds(policy: dict[str, Any]) -> float:
@@ -89,6 +72,11 @@ def _marks(n: int) -> str:
 def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[str, RunSignals]:
     """The signals of each run row (`lg_runs` columns run_id, state, counts, policy, review,
     created_at, updated_at, stopped_at), by run id, read in transaction `tx`."""
+    if len(rows) > _BATCH:  # bounded IN lists on every store
+        out: dict[str, RunSignals] = {}
+        for k in range(0, len(rows), _BATCH):
+            out.update(signals_for(tx, rows[k : k + _BATCH], now))
+        return out
     if not rows:
         return {}
     ids = [r["run_id"] for r in rows]
@@ -148,10 +136,10 @@ def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
             (*open_ids, *_REMAINING),
         ):
             remaining[r["run_id"]] = int(r["n"])
-    out: dict[str, RunSignals] = {}
+    result: dict[str, RunSignals] = {}
     for row in rows:
         run_id = row["run_id"]
-        out[run_id] = _one(
+        result[run_id] = _one(
             row,
             now,
             parse_dt(last.get(run_id)),
@@ -160,7 +148,7 @@ def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
             finished.get(run_id, 0),
             remaining.get(run_id, 0),
         )
-    return out
+    return result
 
 
 def _one(

@@ -128,6 +128,8 @@ class MRun:
         """Rule 9's owner of the delay; None where SPEC leaves it open."""
         if self.terminal:
             return "nobody"
+        if self.murky(now) and self.state in (S.RUNNING, S.CANCELING, S.PAUSING):
+            return "reconciler"  # rule 19: an expired lease nobody has reconciled
         if self.murky(now) or self.state == S.PAUSING:
             return None
         if self.state == S.QUEUED:

@@ -176,7 +176,16 @@ class MRun:
             and now > self.started_at + timedelta(seconds=d)
         )
 
-    def waiting_on(self) -> str:
+    def waiting_on(self, now: datetime) -> str:
+        owner = self._owner()
+        expired = any(
+            it.state == "in_progress" and it.expires is not None and it.expires < now
+            for it in self.items.values()
+        )
+        # rule 19: the workers' turn, but a lease expired and nobody reconciled it
+        return "reconciler" if owner == "workers" and expired else owner
+
+    def _owner(self) -> str:
         c = self.counts()
         if self.state in TERMINAL_RUN_STATES:
             return "nobody"
@@ -941,7 +950,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 m.input_version,
             ), run_id
             assert s.counts == m.counts()
-            assert s.waiting_on == m.waiting_on()
+            assert s.waiting_on == m.waiting_on(self.clock())
             got = [
                 (i.item_id, i.state, i.attempts, i.revision, i.lease.token if i.lease else None)
                 for i in self.lg.items(run_id)

@@ -23,9 +23,13 @@ def request_review(
     actor: Actor,
     decision: str,
     expected_revision: int | None = None,
+    reviewer: str | None = None,
 ) -> RunStatus:
-    """running -> awaiting_review, bound to the current input version."""
+    """running -> awaiting_review, bound to the current input version (and routed to
+    `reviewer`, an actor id, when given)."""
     decision = check_identifier(decision, "decision")
+    if reviewer is not None:
+        reviewer = check_identifier(reviewer, "reviewer")
 
     def decide(tx: Tx, run: Run, now: datetime) -> tuple[str, str | None, dict[str, Any]]:
         review = run.policy.get("review")
@@ -33,11 +37,10 @@ def request_review(
             raise InvalidInput(
                 f"decision {decision!r} is not the policy's review decision {review['decision']!r}"
             )
-        return (
-            S.AWAITING_REVIEW,
-            f"awaiting review: {decision}",
-            {"decision": decision, "input_version": run.input_version},
-        )
+        evidence: dict[str, Any] = {"decision": decision, "input_version": run.input_version}
+        if reviewer is not None:
+            evidence["reviewer"] = reviewer
+        return (S.AWAITING_REVIEW, f"awaiting review: {decision}", evidence)
 
     return run_transition(uow, run_id, actor, "request_review", expected_revision, decide)
 

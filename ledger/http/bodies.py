@@ -124,6 +124,7 @@ class RequestReviewBody(Expected):
     """Ask for a review decision bound to the current input version."""
 
     decision: Text
+    reviewer: Text | None = None  # the actor id the review is routed to
 
 
 class DecideBody(Expected):

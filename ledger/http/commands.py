@@ -166,8 +166,10 @@ def claim(
 def request_review(
     run_id: RunId, body: B.RequestReviewBody, actor: CommandActor, lg: CommandLedgerDep
 ) -> JSONResponse:
-    """`lg.request_review(run_id, actor, decision)`."""
-    result = lg.request_review(run_id, actor, body.decision, **_expected(body))
+    """`lg.request_review(run_id, actor, decision, reviewer=...)`."""
+    result = lg.request_review(
+        run_id, actor, body.decision, reviewer=body.reviewer, **_expected(body)
+    )
     return view_response(result)
 
 
