@@ -78,14 +78,13 @@ def _dt(text: str) -> datetime:
     return dt
 
 
-def status_tx(tx: Tx, run_id: str, signals: bool = True) -> RunStatus:
-    """The run's status inside an open transaction; with `signals`, who owns its delay by
-    the store's clock now (SPEC rule 19; a replayed past status has none)."""
+def status_tx(tx: Tx, run_id: str) -> RunStatus:
+    """The run's status inside an open transaction, with who owns its delay by the
+    transaction's clock (SPEC rule 19)."""
     row = tx.fetchone("SELECT * FROM lg_runs WHERE run_id = ?", (run_id,))
     if row is None:
         raise RunNotFound(run_id)
-    status = status_of_row(tx, row)
-    return with_signals(tx, [row], [status])[0] if signals else status
+    return with_signals(tx, [row], [status_of_row(tx, row)])[0]
 
 
 def status_of_row(tx: Tx, row: dict[str, Any]) -> RunStatus:
@@ -98,9 +97,7 @@ def status_of_row(tx: Tx, row: dict[str, Any]) -> RunStatus:
     return status_from_row(row, na)
 
 
-def with_signals(
-    tx: Tx, rows: list[dict[str, Any]], statuses: list[RunStatus]
-) -> list[RunStatus]:
+def with_signals(tx: Tx, rows: list[dict[str, Any]], statuses: list[RunStatus]) -> list[RunStatus]:
     """The statuses of `rows` with their delay signals (ledger/signals.py), read in `tx`:
     `waiting_on` (reconciler when a lease expired unreconciled), the person, waiting since,
     last activity, stalled, rate, ETA and expired leases."""

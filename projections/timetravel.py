@@ -38,7 +38,8 @@ class MemoryTables:
 
     store = SimpleNamespace(dialect="sqlite")
 
-    def __init__(self) -> None:
+    def __init__(self, now: datetime | None = None) -> None:
+        self._now = now
         self.conn = sqlite3.connect(":memory:")
         self.conn.row_factory = sqlite3.Row
         self.cur = self.conn.cursor()
@@ -57,6 +58,11 @@ class MemoryTables:
     def fetchone(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
         rows = self.fetchall(sql, params)
         return rows[0] if rows else None
+
+    def now(self) -> datetime:
+        """The clock the status's delay signals are judged by (the replay's last change)."""
+        assert self._now is not None
+        return self._now
 
     def close(self) -> None:
         self.cur.close()
@@ -121,11 +127,12 @@ def status_at(lg: Any, run_id: str, at: datetime) -> RunStatus:
         err = RunNotFound(run_id)
         err.args = (f"run {run_id!r} did not exist yet at {at.isoformat()}",)
         raise err
-    tables = MemoryTables()
+    # The delay signals (rule 19) as of the last change accepted by then: the status a
+    # reader saw right after that change, and the same at any instant until the next one.
+    tables = MemoryTables(now=max(e.timestamp for _p, e in events))
     try:
         Replayer("").apply(tables, events)  # type: ignore[arg-type]
-        # the status as accepted then: its delay signals are of the present, not of `at`
-        status: RunStatus = status_tx(tables, run_id, signals=False)  # type: ignore[arg-type]
+        status: RunStatus = status_tx(tables, run_id)  # type: ignore[arg-type]
         return status
     finally:
         tables.close()

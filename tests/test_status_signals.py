@@ -114,13 +114,15 @@ def test_rate_and_eta_over_the_last_five_minutes(lg: Ledger, clock: ManualClock)
     assert status.rate == 0.0 and status.eta is None
 
 
-def test_a_replayed_past_status_carries_no_present_signals(lg: Ledger, clock: ManualClock) -> None:
+def test_a_past_status_has_the_signals_of_its_last_change(lg: Ledger, clock: ManualClock) -> None:
     run_id = started(lg, 2, lease_seconds=30)
     lg.claim(run_id, WORKER)
+    seen = lg.status(run_id)
     clock.advance(31)
     assert lg.status(run_id).waiting_on == "reconciler"
-    past = lg.status_at(run_id, clock())
-    assert past.waiting_on == "workers" and past.last_activity_at is None
+    past = lg.status_at(run_id, clock())  # nothing changed since the claim
+    assert past == seen and past.waiting_on == "workers" and past.waiting_on_actors == ["w1"]
+    assert past.last_activity_at == clock() - timedelta(seconds=31)
 
 
 def test_cli_status_shows_the_delay(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
