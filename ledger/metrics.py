@@ -49,10 +49,15 @@ class TransitionTally:
         with self._lock:
             while True:
                 with store.read() as tx:
+                    # never past a position a slower writer may still fill in (rule 18):
+                    # a transition counted late is counted, one skipped never would be
+                    bound = tx.readable_position()
                     top = tx.fetchone(
-                        "SELECT MAX(position) AS p FROM (SELECT position FROM lg_transitions "
-                        "WHERE position > ? ORDER BY position LIMIT ?) page",
-                        (self.after, _TALLY_PAGE),
+                        "SELECT MAX(position) AS p FROM (SELECT position FROM lg_transitions "  # noqa: S608 (our own names; values bound)
+                        "WHERE position > ?"
+                        + ("" if bound is None else " AND position <= ?")
+                        + " ORDER BY position LIMIT ?) page",
+                        (self.after, *(() if bound is None else (bound,)), _TALLY_PAGE),
                     )
                     upto = top["p"] if top else None
                     if upto is None:
