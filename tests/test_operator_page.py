@@ -109,6 +109,7 @@ def test_every_stuck_run_is_visible_and_says_on_whom(served: dict[str, Any]) -> 
             review_row = page.locator(f"tr[data-run-id='{runs['review']}']")
             expect(review_row).to_be_visible()
             expect(review_row).to_have_attribute("data-waiting-on", "reviewer")
+            expect(review_row.locator(".person")).to_have_text(" rita")  # routed to her
             dead_row = page.locator(f"tr[data-run-id='{runs['dead']}']")
             expect(dead_row).to_have_attribute("data-waiting-on", "reconciler")
             expect(dead_row.locator(".badge.expired")).to_have_text("3 expired leases")
