@@ -114,8 +114,15 @@ class FollowerLock:
         """Give the lock up (closing its connection or file)."""
         self.held = False
         if self._conn is not None:
-            with contextlib.suppress(OSError, ImportError):
-                self._conn.close()  # ends the session, and so its advisory lock
+            import psycopg
+
+            # Unlock before closing: a closed session's locks are dropped only once
+            # its backend has exited, after close() returns, so a next holder asking
+            # at once could still find the name taken.
+            with contextlib.suppress(psycopg.Error):
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", (_key(self.name),))
+            with contextlib.suppress(OSError, psycopg.Error):
+                self._conn.close()  # ends the session (and so any lock it still held)
             self._conn = None
         if self._fd is not None:
             os.close(self._fd)  # drops the flock
