@@ -911,23 +911,46 @@ def runs(
     show_runs(_console(wide), result, short=_short(wide))
 
 
+PageLimitOpt = Annotated[
+    int | None,
+    typer.Option("--limit", min=1, max=10_000, help="One page of N (default: every page)"),
+]
+JsonlOpt = Annotated[bool, typer.Option("--jsonl", help="One JSON object per line")]
+
+
+def _formats(as_json: bool, as_jsonl: bool) -> None:
+    if as_json and as_jsonl:
+        raise typer.BadParameter("give --json or --jsonl, not both")
+
+
 @app.command()
 def items(
     ctx: typer.Context,
     run_id: RunArg,
     state: Annotated[str | None, typer.Option("--state", callback=_one_of("item"))] = None,
+    limit: PageLimitOpt = None,
+    after: Annotated[
+        str | None, typer.Option("--after", metavar="ITEM", help="Only items after this one")
+    ] = None,
     wide: WideOpt = False,
     as_json: JsonOpt = False,
+    as_jsonl: JsonlOpt = False,
 ) -> None:
-    """A run's items."""
-    with _ledger(ctx) as lg:
-        result = lg.items(run_id, state=state)
-    if as_json:
-        _emit_json(result)
-        return
+    """A run's items in manifest order, printed page by page as they are read."""
+    _formats(as_json, as_jsonl)
+    from . import paging
+    from .cli_pages import emit_pages
     from .render import show_items
 
-    show_items(_console(wide), result, short=_short(wide))
+    with _ledger(ctx) as lg:
+        emit_pages(
+            paging.iter_items(lg.store, run_id, state=state, limit=limit, after=after),
+            as_json=as_json,
+            as_jsonl=as_jsonl,
+            show=lambda page: show_items(_console(wide), page, short=_short(wide)),
+            limit=limit,
+            cursor=lambda i: str(i.item_id),
+        )
 
 
 @app.command()
@@ -935,19 +958,34 @@ def attempts(
     ctx: typer.Context,
     run_id: RunArg,
     item: Annotated[str | None, typer.Option("--item", metavar="ITEM")] = None,
+    limit: PageLimitOpt = None,
+    after: Annotated[
+        str | None,
+        typer.Option(
+            "--after", metavar="ITEM:ATTEMPT", help="Only attempts after this one (oldest first)"
+        ),
+    ] = None,
     wide: WideOpt = False,
     as_json: JsonOpt = False,
+    as_jsonl: JsonlOpt = False,
 ) -> None:
-    """Every attempt of a run's items (or of one item)."""
-    with _ledger(ctx) as lg:
-        result = lg.attempts(run_id, item_id=item)
-        _say_if_archived(lg, run_id, result)
-    if as_json:
-        _emit_json(result)
-        return
+    """Every attempt of a run's items (or of one item), printed page by page."""
+    _formats(as_json, as_jsonl)
+    from . import paging
+    from .cli_pages import emit_pages
     from .render import show_attempts
 
-    show_attempts(_console(wide), result, short=_short(wide))
+    with _ledger(ctx) as lg:
+        first = emit_pages(
+            paging.iter_attempts(lg.store, run_id, item_id=item, limit=limit, after=after),
+            as_json=as_json,
+            as_jsonl=as_jsonl,
+            show=lambda page: show_attempts(_console(wide), page, short=_short(wide)),
+            limit=limit,
+            cursor=lambda a: f"{a.item_id}:{a.attempt}",
+        )
+        if after is None:
+            _say_if_archived(lg, run_id, first)
 
 
 def _say_if_archived(lg: Any, run_id: str, result: Any) -> None:
@@ -965,18 +1003,39 @@ def _say_if_archived(lg: Any, run_id: str, result: Any) -> None:
 
 @app.command()
 def history(
-    ctx: typer.Context, run_id: RunArg, wide: WideOpt = False, as_json: JsonOpt = False
+    ctx: typer.Context,
+    run_id: RunArg,
+    limit: PageLimitOpt = None,
+    after: Annotated[
+        int | None,
+        typer.Option(
+            "--after", metavar="POSITION", min=0, help="Only transitions after this position"
+        ),
+    ] = None,
+    wide: WideOpt = False,
+    as_json: JsonOpt = False,
+    as_jsonl: JsonlOpt = False,
 ) -> None:
-    """Every run and item transition of a run, in order."""
-    with _ledger(ctx) as lg:
-        result = list(lg.history(run_id))
-        _say_if_archived(lg, run_id, result)
-    if as_json:
-        _emit_json(result)
-        return
+    """Every run and item transition of a run, in order, printed page by page."""
+    _formats(as_json, as_jsonl)
+    from . import paging
+    from .cli_pages import emit_pages
     from .render import show_transitions
 
-    show_transitions(_console(wide), result, title=f"history of run {run_id}", short=_short(wide))
+    title = f"history of run {run_id}"
+    with _ledger(ctx) as lg:
+        first = emit_pages(
+            paging.iter_history(lg.store, run_id, limit=limit, after=after),
+            as_json=as_json,
+            as_jsonl=as_jsonl,
+            show=lambda page: show_transitions(
+                _console(wide), page, title=title, short=_short(wide)
+            ),
+            limit=limit,
+            cursor=lambda t: str(t.position),
+        )
+        if after is None:
+            _say_if_archived(lg, run_id, first)
 
 
 @app.command()

@@ -256,23 +256,17 @@ def runs(store: Store, state: str | None = None, limit: int = 100) -> list[RunSt
         return with_signals(tx, rows, [status_of_row(tx, row) for row in rows])
 
 
-def items(store: Store, run_id: str, state: str | None = None) -> list[ItemStatus]:
-    """The run's items in manifest order."""
-    run_id = A.run_id(run_id)
-    if state is not None and state not in S.ITEM_STATES:
-        raise InvalidInput(
-            f"state {state!r} is not an item state; states: {', '.join(S.ITEM_STATES)}"
-        )
-    with store.read() as tx:
-        load_run(tx, run_id, lock=False)
-        if state is None:
-            rows = tx.fetchall("SELECT * FROM lg_items WHERE run_id = ? ORDER BY seq", (run_id,))
-        else:
-            rows = tx.fetchall(
-                "SELECT * FROM lg_items WHERE run_id = ? AND state = ? ORDER BY seq",
-                (run_id, state),
-            )
-        return [item_status(r) for r in rows]
+def items(
+    store: Store,
+    run_id: str,
+    state: str | None = None,
+    limit: int | None = None,
+    after: str | None = None,
+) -> list[ItemStatus]:
+    """The run's items in manifest order (one page with `limit`; see ledger/paging.py)."""
+    from . import paging
+
+    return paging.collect(paging.iter_items(store, run_id, state, limit, after))
 
 
 def item(store: Store, run_id: str, item_id: str) -> ItemStatus:
@@ -284,50 +278,26 @@ def item(store: Store, run_id: str, item_id: str) -> ItemStatus:
         return item_status_tx(tx, run_id, item_id)
 
 
-def attempts(store: Store, run_id: str, item_id: str | None = None) -> list[Attempt]:
-    """Every attempt of the run (or of one item), oldest first."""
-    run_id = A.run_id(run_id)
-    with store.read() as tx:
-        load_run(tx, run_id, lock=False)
-        if item_id is None:
-            rows = tx.fetchall(
-                "SELECT a.* FROM lg_attempts a JOIN lg_items i ON a.run_id = i.run_id AND "
-                "a.item_id = i.item_id WHERE a.run_id = ? ORDER BY a.started_at, i.seq, a.attempt",
-                (run_id,),
-            )
-        else:
-            item_row(tx, run_id, A.item_id(item_id))
-            rows = tx.fetchall(
-                "SELECT * FROM lg_attempts WHERE run_id = ? AND item_id = ? ORDER BY attempt",
-                (run_id, item_id),
-            )
-        return [
-            Attempt(
-                r["run_id"],
-                r["item_id"],
-                r["attempt"],
-                r["worker_id"],
-                r["lease_token"],
-                _dt(r["started_at"]),
-                _dt(r["expires_at"]),
-                parse_dt(r["finished_at"]),
-                r["stage"],
-                r["outcome"],
-                r["error"],
-            )
-            for r in rows
-        ]
+def attempts(
+    store: Store,
+    run_id: str,
+    item_id: str | None = None,
+    limit: int | None = None,
+    after: Any = None,
+) -> list[Attempt]:
+    """Attempts of the run (or of one item), oldest first (one page with `limit`)."""
+    from . import paging
+
+    return paging.collect(paging.iter_attempts(store, run_id, item_id, limit, after))
 
 
-def history(store: Store, run_id: str) -> list[Transition]:
-    """Every run and item transition of the run, in position order, starting with its submit."""
-    run_id = A.run_id(run_id)
-    with store.read() as tx:
-        load_run(tx, run_id, lock=False)
-        rows = tx.fetchall(
-            "SELECT * FROM lg_transitions WHERE run_id = ? ORDER BY position, ord", (run_id,)
-        )
-        return [transition(r) for r in rows]
+def history(
+    store: Store, run_id: str, limit: int | None = None, after: int | None = None
+) -> list[Transition]:
+    """The run's transitions in position order, from its submit (one page with `limit`)."""
+    from . import paging
+
+    return paging.collect(paging.iter_history(store, run_id, limit, after))
 
 
 def lineage(store: Store, run_id: str) -> list[RunStatus]:

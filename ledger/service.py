@@ -439,9 +439,16 @@ class Ledger:
         return queries.runs(self.store, state, limit)
 
     @read_command
-    def items(self, run_id: str, state: str | None = None) -> list[ItemStatus]:
-        """The run's items in manifest order."""
-        return queries.items(self.store, run_id, state)
+    def items(
+        self,
+        run_id: str,
+        state: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> list[ItemStatus]:
+        """The run's items in manifest order. With `limit` (1 to 10,000): one keyset page
+        after the item id `after`; without it every item (read page by page)."""
+        return queries.items(self.store, run_id, state, limit, after)
 
     @read_command
     def item(self, run_id: str, item_id: str) -> ItemStatus:
@@ -449,14 +456,24 @@ class Ledger:
         return queries.item(self.store, run_id, item_id)
 
     @read_command
-    def attempts(self, run_id: str, item_id: str | None = None) -> list[Attempt]:
-        """Every attempt of the run (or of one item), oldest first."""
-        return queries.attempts(self.store, run_id, item_id)
+    def attempts(
+        self,
+        run_id: str,
+        item_id: str | None = None,
+        limit: int | None = None,
+        after: str | tuple[str, int] | None = None,
+    ) -> list[Attempt]:
+        """Every attempt of the run (or of one item), oldest first. With `limit`: one
+        keyset page after the attempt key `after` (`"<item_id>:<attempt>"`)."""
+        return queries.attempts(self.store, run_id, item_id, limit, after)
 
     @read_command
-    def history(self, run_id: str) -> list[Transition]:
-        """Every run and item transition of the run, in position order, starting with its submit."""
-        return queries.history(self.store, run_id)
+    def history(
+        self, run_id: str, limit: int | None = None, after: int | None = None
+    ) -> list[Transition]:
+        """Every run and item transition of the run, in position order, starting with its
+        submit. With `limit`: one keyset page after the position `after`."""
+        return queries.history(self.store, run_id, limit, after)
 
     @read_command
     def lineage(self, run_id: str) -> list[RunStatus]:

@@ -28,6 +28,15 @@ def index_ddl(dialect: str, suffix: str = "") -> list[str]:
     return [s for s in projection_ddl(dialect, suffix) if s.startswith("CREATE INDEX")]
 
 
+def paging_index_ddl(suffix: str = "") -> list[str]:
+    """The indexes schema v6 added for paged reads (also part of projection_ddl)."""
+    return [
+        s
+        for s in index_ddl("sqlite", suffix)
+        if s.split()[5] in (f"lg_items{suffix}_seq", f"lg_attempts{suffix}_started")
+    ]
+
+
 def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
     """CREATE statements for every projection table and index."""
     big = "BIGINT" if dialect == "postgres" else "INTEGER"
@@ -83,6 +92,8 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
         )""",
         f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_state ON {t['lg_items']} (run_id, state, seq)",
         f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_lease ON {t['lg_items']} (state, lease_expires_at)",
+        # keyset pages of a run's items in manifest order (ledger/paging.py; schema v6)
+        f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_seq ON {t['lg_items']} (run_id, seq)",
         f"""CREATE TABLE IF NOT EXISTS {t["lg_attempts"]} (
             run_id TEXT NOT NULL,
             item_id TEXT NOT NULL,
@@ -97,6 +108,8 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
             error TEXT,
             PRIMARY KEY (run_id, item_id, attempt)
         )""",
+        # keyset pages of a run's attempts, oldest first (ledger/paging.py; schema v6)
+        f"CREATE INDEX IF NOT EXISTS {t['lg_attempts']}_started ON {t['lg_attempts']} (run_id, started_at)",
         f"""CREATE TABLE IF NOT EXISTS {t["lg_transitions"]} (
             position {big} NOT NULL,
             ord INTEGER NOT NULL,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from itertools import islice
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse
@@ -62,10 +63,31 @@ def run_status(
     return view_response(status)
 
 
+# the paged run reads: a page of 1,000 by default, at most 10,000 (issue 14)
+RUN_PAGE = 1000
+RUN_PAGE_MAX = 10_000
+PageLimit = Annotated[
+    int,
+    Query(
+        ge=1,
+        le=RUN_PAGE_MAX,
+        description=f"Page size (default {RUN_PAGE}, at most {RUN_PAGE_MAX}). When the "
+        "page is full, the `X-Next-After` header holds the cursor of the next page.",
+    ),
+]
+
+
+def _paged(page: list[Any], limit: int, cursor: Callable[[Any], str], reader: Any) -> JSONResponse:
+    """A page as the JSON list, the next cursor in `X-Next-After` when the page is full
+    (the body stays a plain list, as before paging, for the page's JS and clients)."""
+    headers = {NEXT_AFTER_HEADER: cursor(page[-1])} if len(page) == limit else None
+    return reader_response(page, reader, headers=headers)
+
+
 @router.get(
     "/runs/{run_id}/items",
     response_model=list[ItemStatus],
-    summary="A run's items",
+    summary="A run's items, keyset paged",
     responses=error_responses(404),
 )
 def run_items(
@@ -78,15 +100,20 @@ def run_items(
             description="Only items in this state.", json_schema_extra={"enum": list(ITEM_STATES)}
         ),
     ] = None,
+    after: Annotated[
+        str | None, Query(description="Keyset cursor: the `item_id` of the last item seen.")
+    ] = None,
+    limit: PageLimit = RUN_PAGE,
 ) -> JSONResponse:
-    """`lg.items(run_id, state)`."""
-    return reader_response(lg.items(run_id, state=state), reader)
+    """`lg.items(run_id, state, limit, after)`: one page in manifest order."""
+    page = lg.items(run_id, state=state, limit=limit, after=after)
+    return _paged(page, limit, lambda i: str(i.item_id), reader)
 
 
 @router.get(
     "/runs/{run_id}/attempts",
     response_model=list[Attempt],
-    summary="A run's attempts",
+    summary="A run's attempts, keyset paged",
     responses=error_responses(404),
 )
 def run_attempts(
@@ -94,20 +121,40 @@ def run_attempts(
     lg: LedgerDep,
     run_id: RunId,
     item_id: Annotated[str | None, Query(description="Only this item's attempts.")] = None,
+    after: Annotated[
+        str | None,
+        Query(description="Keyset cursor: `<item_id>:<attempt>` of the last attempt seen."),
+    ] = None,
+    limit: PageLimit = RUN_PAGE,
 ) -> JSONResponse:
-    """`lg.attempts(run_id, item_id)`."""
-    return reader_response(lg.attempts(run_id, item_id=item_id), reader)
+    """`lg.attempts(run_id, item_id, limit, after)`: one page, oldest first."""
+    page = lg.attempts(run_id, item_id=item_id, limit=limit, after=after)
+    return _paged(page, limit, lambda a: f"{a.item_id}:{a.attempt}", reader)
 
 
 @router.get(
     "/runs/{run_id}/history",
     response_model=list[Transition],
-    summary="A run's transitions",
+    summary="A run's transitions, keyset paged",
     responses=error_responses(404),
 )
-def run_history(reader: Reader, lg: LedgerDep, run_id: RunId) -> JSONResponse:
-    """`lg.history(run_id)`: every run and item transition in position order."""
-    return reader_response(lg.history(run_id), reader)
+def run_history(
+    reader: Reader,
+    lg: LedgerDep,
+    run_id: RunId,
+    after: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=2**63 - 1,
+            description="Keyset cursor: the `position` of the last transition seen.",
+        ),
+    ] = None,
+    limit: PageLimit = RUN_PAGE,
+) -> JSONResponse:
+    """`lg.history(run_id, limit, after)`: one page of transitions in position order."""
+    page = lg.history(run_id, limit=limit, after=after)
+    return _paged(page, limit, lambda t: str(t.position), reader)
 
 
 @router.get(

@@ -24,7 +24,7 @@ from .hashchain import record_hashes
 # 2: ledger_event_hashes (hash chain); 3: ledger_idempotency (keys); 4: lg_followers,
 # lg_webhooks, lg_webhook_deliveries (the change feed); 5: positions without the events
 # table lock (PostgreSQL functions, see pg_positions.py; SQLite: a meta row)
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def refuse_newer(current: int, known: int) -> None:

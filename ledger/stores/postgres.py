@@ -28,7 +28,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import send
 from psycopg.rows import dict_row
 
-from projections.schema import projection_ddl
+from projections.schema import paging_index_ddl, projection_ddl
 
 from ..errors import CommitUncertain, StoreUnavailable
 from ..idempotency import ddl as idempotency_ddl
@@ -397,6 +397,7 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
         "INSERT INTO ledger_meta (key, value) VALUES ('positions', 'announced') "
         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
     ]
-    out = [v1, v2, v3, v4, v5]
+    v6: list[Any] = list(paging_index_ddl())  # indexes of the paged reads (ledger/paging.py)
+    out = [v1, v2, v3, v4, v5, v6]
     assert len(out) == SCHEMA_VERSION
     return out

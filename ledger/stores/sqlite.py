@@ -19,7 +19,7 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
 
-from projections.schema import projection_ddl
+from projections.schema import paging_index_ddl, projection_ddl
 
 from ..idempotency import ddl as idempotency_ddl
 from . import feed_schema, hashchain
@@ -229,7 +229,8 @@ def migrations() -> list[list[str]]:
         "INSERT INTO ledger_meta (key, value) VALUES ('positions', 'commit order') "
         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
     ]
-    out = [v1, v2, v3, v4, v5]
+    v6: list[Any] = list(paging_index_ddl())  # indexes of the paged reads (ledger/paging.py)
+    out = [v1, v2, v3, v4, v5, v6]
     assert len(out) == SCHEMA_VERSION
     return out
 
