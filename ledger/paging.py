@@ -144,10 +144,11 @@ _RUN_ATTEMPTS = (
     "OR i.seq > ? OR (i.seq = ? AND a.attempt > ?)) ORDER BY a.started_at, i.seq, a.attempt "
     "LIMIT ?"
 )
-_RUN_ATTEMPTS_FIRST = (
+_RUN_ATTEMPTS_UPTO = (
     "SELECT a.*, i.seq AS item_seq FROM lg_attempts a JOIN lg_items i ON a.run_id = i.run_id "
-    "AND a.item_id = i.item_id WHERE a.run_id = ? ORDER BY a.started_at, i.seq, a.attempt "
-    "LIMIT ?"
+    "AND a.item_id = i.item_id WHERE a.run_id = ? AND a.started_at >= ? AND a.started_at <= ? "
+    "AND (a.started_at > ? OR i.seq > ? OR (i.seq = ? AND a.attempt > ?)) "
+    "ORDER BY a.started_at, i.seq, a.attempt LIMIT ?"
 )
 
 AttemptKey = tuple[str, int, int]  # started_at, item seq, attempt
@@ -200,13 +201,24 @@ def iter_attempts(
         return _pages(item_page, lambda rows: ("", 0, rows[-1]["attempt"]), _attempt, start, limit)
 
     def run_page(key: Any, n: int) -> list[dict[str, Any]]:
-        if key is None:
-            return _read(store, lambda tx: tx.fetchall(_RUN_ATTEMPTS_FIRST, (run_id, n)))
-        at, seq, number = key
-        return _read(
-            store,
-            lambda tx: tx.fetchall(_RUN_ATTEMPTS, (run_id, at, at, seq, seq, number, n)),
-        )
+        at, seq, number = ("", -1, 0) if key is None else key
+
+        def read(tx: Tx) -> list[dict[str, Any]]:
+            # the page ends at or before the n-th start time after the cursor's: found
+            # on the index alone, it bounds the join and sort to about one page (else
+            # PostgreSQL hashes the whole run's items for every page)
+            end = tx.fetchone(
+                "SELECT started_at FROM lg_attempts WHERE run_id = ? AND started_at > ? "
+                "ORDER BY started_at LIMIT 1 OFFSET ?",
+                (run_id, at, n - 1),
+            )
+            if end is None:
+                return tx.fetchall(_RUN_ATTEMPTS, (run_id, at, at, seq, seq, number, n))
+            return tx.fetchall(
+                _RUN_ATTEMPTS_UPTO, (run_id, at, end["started_at"], at, seq, seq, number, n)
+            )
+
+        return _read(store, read)
 
     def last(rows: list[dict[str, Any]]) -> Any:
         r = rows[-1]
