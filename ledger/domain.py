@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate
 
 from . import states as S
+from .errors import AlreadyTerminal, IllegalTransition, InvalidInput
 
 SUMMARY_MAX_BYTES = 1024
 
@@ -38,6 +39,84 @@ def bounded_summary(text: str | None, limit: int = SUMMARY_MAX_BYTES) -> str:
     if len(raw) <= limit:
         return text
     return raw[: limit - 3].decode("utf-8", errors="ignore") + "..."
+
+
+# --------------------------------------------------------------------------
+# the rule book's guards: every transition method below calls them, so no event the
+# table does not allow is ever triggered (the handlers call them first too, to refuse
+# in SPEC's order of checks before they do any other work)
+# --------------------------------------------------------------------------
+def refuse_run_state(run_id: str, state: str, rule: S.Rule, command: str | None = None) -> NoReturn:
+    """AlreadyTerminal (terminal run) or IllegalTransition, naming the state and the allowed set."""
+    name = command or rule.command
+    if S.is_terminal(state):
+        raise AlreadyTerminal(
+            f"run {run_id} is {state}, which is terminal; {name} is allowed from: "
+            f"{rule.allowed()}. Corrections start a new linked run (retry, repair, compensate)",
+            state=state,
+            allowed=rule.sources,
+        )
+    raise IllegalTransition(
+        f"run {run_id} is {state}; {name} is allowed from: {rule.allowed()}",
+        state=state,
+        allowed=rule.sources,
+    )
+
+
+def check_run_state(run_id: str, state: str, rule: S.Rule) -> None:
+    """The run may make `rule`'s move from `state`."""
+    if state not in rule.sources:
+        refuse_run_state(run_id, state, rule)
+
+
+def check_item_run_state(run_id: str, run_state: str, rule: S.Rule) -> None:
+    """An item command needs its run in one of `rule.run_states` (SPEC rule 12: no item of
+    a terminal run changes; claims need a running run)."""
+    if not rule.run_states or run_state in rule.run_states:
+        return
+    allowed = ", ".join(sorted(rule.run_states))
+    if S.is_terminal(run_state):
+        raise AlreadyTerminal(
+            f"run {run_id} is {run_state}, which is terminal; its items never change",
+            state=run_state,
+            allowed=rule.run_states,
+        )
+    what = (
+        "items are claimed only while it is running"
+        if rule.command == "claim"
+        else (f"{rule.command} of an item needs the run {allowed}")
+    )
+    raise IllegalTransition(
+        f"run {run_id} is {run_state}; {what}", state=run_state, allowed=rule.run_states
+    )
+
+
+def check_item_state(run_id: str, item_id: str, state: str, rule: S.Rule) -> None:
+    """The item may make `rule`'s move from `state`."""
+    if state not in rule.sources:
+        raise IllegalTransition(
+            f"item {item_id!r} of run {run_id} is {state}; {rule.command} is allowed from: "
+            f"{rule.allowed()}",
+            state=state,
+            allowed=rule.sources,
+        )
+
+
+def check_target(rule: S.Rule, from_state: str, to_state: str) -> None:
+    """The target is one of the rule's (a rule without targets keeps the state)."""
+    if to_state not in (rule.targets or (from_state,)):
+        raise IllegalTransition(
+            f"{rule.command} leads to {', '.join(rule.targets) or from_state}, not {to_state}",
+            state=from_state,
+            allowed=rule.sources,
+        )
+
+
+def check_evidence(rule: S.Rule, evidence: dict[str, Any]) -> None:
+    """The evidence carries every key the rule's evidence column names, none of them null."""
+    missing = [k for k in rule.evidence if evidence.get(k) is None]
+    if missing:
+        raise InvalidInput(f"{rule.command} needs evidence {', '.join(missing)}")
 
 
 class Run(Aggregate):
@@ -135,19 +214,26 @@ class Run(Aggregate):
         if e.command == "start":
             self.started_at = e.timestamp
         elif e.command == "request_review":
+            prev = self.review or {}
             self.review = {
                 "decision": ev["decision"],
                 "input_version": ev["input_version"],
-                "approved_version": (self.review or {}).get("approved_version"),
+                "approved_version": prev.get("approved_version"),
                 "requested_at": e.timestamp.isoformat(),
             }
             if ev.get("reviewer"):
                 self.review["reviewer"] = ev["reviewer"]
+            if "survives" in prev:
+                self.review["survives"] = prev["survives"]
         elif e.command == "decide" and self.review is not None:
             self.review = dict(self.review)
             self.review["decided_by"] = e.actor_id
             if ev.get("approve"):
                 self.review["approved_version"] = ev["input_version"]
+                if "survives_amendment" in ev:
+                    # recorded since issue 13: whether the policy let this approval survive
+                    # amendments when it was given (a later change of the policy does not)
+                    self.review["survives"] = bool(ev["survives_amendment"])
         elif e.command in ("cancel", "cancel_finished"):
             self.cancel_requested = True
         if e.to_state == S.FAILED:
@@ -163,6 +249,17 @@ class Run(Aggregate):
         self.counts[S.PENDING] += len(e.added)
         if e.policy is not None:
             self.policy = e.policy
+        review = self.review
+        if (
+            review is not None
+            and review.get("approved_version") is not None
+            and "survives" in review
+            and (e.added or e.replaced or not review["survives"])
+        ):
+            # SPEC rule 13: an amendment voids the approval unless it survives amendments
+            # (as the policy said when it was given) and no payload was added or replaced.
+            # Approvals recorded before issue 13 carry no "survives" and read as they did.
+            self.review = {**review, "approved_version": None}
         if self.state == S.AWAITING_REVIEW and self.review is not None:
             # the pending review is now bound to the new input version
             self.review = dict(self.review)
@@ -181,7 +278,11 @@ class Run(Aggregate):
         evidence: dict[str, Any],
         at: datetime,
     ) -> None:
-        """Record one run transition."""
+        """Record one run transition; refused unless the rule book allows it."""
+        rule = S.any_run_rule(command)
+        check_run_state(self.run_id, self.state, rule)
+        check_target(rule, self.state, to_state)
+        check_evidence(rule, evidence)
         self.trigger_event(
             self.Transitioned,
             command=command,
@@ -206,7 +307,8 @@ class Run(Aggregate):
         input_version: str,
         at: datetime,
     ) -> None:
-        """Record a new input version."""
+        """Record a new input version; refused unless the rule book allows an amend."""
+        check_run_state(self.run_id, self.state, S.command_rule("amend"))
         self.trigger_event(
             self.Amended,
             actor_id=actor_id,
@@ -300,8 +402,15 @@ class Item(Aggregate):
         reason: str | None,
         evidence: dict[str, Any],
         at: datetime,
+        run_state: str,
     ) -> None:
-        """Record one item transition."""
+        """Record one item transition of a run in `run_state`; refused unless the rule book
+        allows it (the item's state, the run's state, the target and the evidence)."""
+        rule = S.item_rule(command)
+        check_item_run_state(self.run_id, run_state, rule)
+        check_item_state(self.run_id, self.item_id, self.state, rule)
+        check_target(rule, self.state, to_state)
+        check_evidence(rule, evidence)
         self.trigger_event(
             self.Transitioned,
             run_id=self.run_id,
@@ -316,8 +425,11 @@ class Item(Aggregate):
             timestamp=at,
         )
 
-    def extend_lease(self, expires_at: str, actor_id: str, at: datetime) -> None:
-        """Record a heartbeat."""
+    def extend_lease(self, expires_at: str, actor_id: str, at: datetime, run_state: str) -> None:
+        """Record a heartbeat of a run in `run_state` (the table's heartbeat row)."""
+        rule = S.item_rule("heartbeat")
+        check_item_run_state(self.run_id, run_state, rule)
+        check_item_state(self.run_id, self.item_id, self.state, rule)
         assert self.lease_token is not None
         self.trigger_event(
             self.LeaseExtended,

@@ -67,6 +67,20 @@ class Review(_Strict):
         return _id_rule(v)
 
 
+class Acceptance(_Strict):
+    """What an item's acceptance must carry (SPEC rule 16)."""
+
+    evidence: list[str] = Field(default_factory=list, max_length=100)
+
+    @field_validator("evidence")
+    @classmethod
+    def _keys(cls, v: list[str]) -> list[str]:
+        for key in v:
+            if not key or len(key) > MAX_ID_CHARS or _CONTROL.search(key):
+                raise ValueError(f"evidence key {key!r} must be 1-{MAX_ID_CHARS} characters")
+        return list(dict.fromkeys(v))
+
+
 class Policy(_Strict):
     """How a run decides retries, leases, deadlines, review and success."""
 
@@ -81,14 +95,19 @@ class Policy(_Strict):
     # How long a run waiting on workers may go without a run or item transition before it
     # is flagged stalled (ledger/signals.py); None means the default, 900 s.
     stall_seconds: float | None = Field(default=None, gt=0, le=30 * _DAY)
+    acceptance: Acceptance = Acceptance()
 
     @model_serializer(mode="wrap")
-    def _without_default_stall(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # an unset stall_seconds is left out, so manifests written before it existed keep
-        # their content digest (input version)
+    def _without_defaults_added_later(
+        self, handler: SerializerFunctionWrapHandler
+    ) -> dict[str, Any]:
+        # fields added later (stall_seconds, issue 17; acceptance, issue 13) are left out
+        # while unset, so manifests written before them keep their content digest
         data: dict[str, Any] = handler(self)
         if data.get("stall_seconds") is None:
             data.pop("stall_seconds", None)
+        if data.get("acceptance") == {"evidence": []}:
+            data.pop("acceptance", None)
         return data
 
     @field_validator(

@@ -53,23 +53,8 @@ def item_row(tx: Tx, run_id: str, item_id: str) -> dict[str, Any]:
 
 
 def waiting_on(state: str, counts: dict[str, int]) -> str:
-    """Who owns the next step (SPEC rule 9)."""
-    if state in S.TERMINAL_RUN_STATES:
-        return "nobody"
-    if state == S.QUEUED:
-        return "controller"
-    if state == S.AWAITING_REVIEW:
-        return "reviewer"
-    if state == S.PAUSED:
-        return "operator"
-    if state in (S.CANCELING, S.PAUSING):
-        return "workers" if counts.get(S.IN_PROGRESS, 0) else "controller"
-    # running
-    if counts.get(S.PENDING, 0) or counts.get(S.RETRYABLE, 0) or counts.get(S.IN_PROGRESS, 0):
-        return "workers"
-    if counts.get(S.QUARANTINED, 0):
-        return "reviewer"
-    return "controller"
+    """Who owns the next step (SPEC rule 9): the rule book's WAITING_ON table."""
+    return S.waiting_on(state, counts)
 
 
 def _dt(text: str) -> datetime:

@@ -297,10 +297,13 @@ class Ledger:
         items: list[str] | None = None,
         corrections: list[Any] | None = None,
         reason: str | None = None,
+        config_version: str | None = None,
+        policy: dict[str, Any] | None = None,
         *,
         idempotency_key: str | None = None,
     ) -> RunStatus:
-        """A new linked run for the items not accepted (or given ids), or for corrected items."""
+        """A new linked run for the items not accepted (or given ids), or for corrected items;
+        with `config_version` or `policy`, under a corrected configuration (correction_of)."""
         return self._execute(_lineage.repair, locals())
 
     def compensate(

@@ -44,6 +44,7 @@ RUN_STATES: tuple[str, ...] = (
     CANCELED,
 )
 TERMINAL_RUN_STATES = frozenset({SUCCEEDED, COMPLETED_WITH_ERRORS, FAILED, CANCELED})
+OPEN_RUN_STATES = frozenset(RUN_STATES) - TERMINAL_RUN_STATES
 
 # Item states ---------------------------------------------------------------
 PENDING = "pending"
@@ -77,7 +78,13 @@ FAILURE_REASONS: tuple[str, ...] = (
     "review_rejected",
     "required_items_not_accepted",
     "operator_decision",
+    "controller_decision",
 )
+# The failure_reason a fail without one records, by the failing actor's role (never null).
+DEFAULT_FAILURE_REASON: dict[str, str] = {
+    OPERATOR: "operator_decision",
+    CONTROLLER: "controller_decision",
+}
 
 # Attempt outcomes ----------------------------------------------------------
 ATTEMPT_OUTCOMES: tuple[str, ...] = ("accepted", "rejected", "failed", "lease_expired", "abandoned")
@@ -88,7 +95,13 @@ NEW = "-"
 
 @dataclass(frozen=True)
 class Rule:
-    """One row of a transition table: who may move a stream from where to where."""
+    """One row of a transition table: who may move a stream from where to where.
+
+    `evidence`: the keys the transition's evidence must carry (never null).
+    `run_states`: for item commands, the states the item's run must be in; for the
+    commands that start a linked run, the states the original run must be in.
+    `done_in`: states in which repeating the command answers "already there" (it
+    writes nothing and is not refused)."""
 
     command: str
     sources: frozenset[str]
@@ -96,10 +109,27 @@ class Rule:
     roles: frozenset[str]
     evidence: tuple[str, ...] = ()
     note: str = ""
+    run_states: frozenset[str] = frozenset()
+    done_in: frozenset[str] = frozenset()
+
+    def allowed(self) -> str:
+        """The sources, for messages."""
+        return ", ".join(sorted(self.sources))
+
+
+_OPEN = " ".join(sorted(OPEN_RUN_STATES))
+_TERMINAL = " ".join(sorted(TERMINAL_RUN_STATES))
 
 
 def _rule(
-    command: str, sources: str, targets: str, roles: str, evidence: str = "", note: str = ""
+    command: str,
+    sources: str,
+    targets: str,
+    roles: str,
+    evidence: str = "",
+    note: str = "",
+    run_states: str = "",
+    done_in: str = "",
 ) -> Rule:
     return Rule(
         command=command,
@@ -108,39 +138,51 @@ def _rule(
         roles=frozenset(roles.split()),
         evidence=tuple(evidence.split()),
         note=note,
+        run_states=frozenset(run_states.split()),
+        done_in=frozenset(done_in.split()),
     )
 
 
 # SPEC.md "Run transitions".
 RUN_TRANSITIONS: tuple[Rule, ...] = (
-    _rule("submit", NEW, QUEUED, SUBMITTER, "manifest input_version"),
+    _rule("submit", NEW, QUEUED, SUBMITTER),
     _rule(
         "retry",
         NEW,
         QUEUED,
         f"{SUBMITTER} {OPERATOR}",
-        "retry_of input_version",
-        "new linked run replaying the original's latest input",
+        "",
+        "new linked run replaying a failed(transient) original's latest input",
+        run_states=FAILED,
     ),
     _rule(
         "repair",
         NEW,
         QUEUED,
         f"{SUBMITTER} {OPERATOR}",
-        "repair_of input_version",
-        "new linked run for the items not accepted, or corrections",
+        "",
+        "new linked run for the items not accepted, or corrections (correction_of)",
+        run_states=_TERMINAL,
     ),
     _rule(
         "compensate",
         NEW,
         QUEUED,
         OPERATOR,
-        "compensates input_version",
+        "",
         "new linked run that undoes effects",
+        run_states=_TERMINAL,
     ),
     _rule("start", QUEUED, RUNNING, CONTROLLER),
     _rule("request_review", RUNNING, AWAITING_REVIEW, CONTROLLER, "decision input_version"),
-    _rule("decide", AWAITING_REVIEW, f"{RUNNING} {FAILED}", REVIEWER, "input_version approve"),
+    _rule(
+        "decide",
+        AWAITING_REVIEW,
+        f"{RUNNING} {FAILED}",
+        REVIEWER,
+        "input_version approve",
+        "not by the run's submitter or an amender; a rejection fences live leases",
+    ),
     _rule(
         "pause", RUNNING, f"{PAUSING} {PAUSED}", OPERATOR, "", "paused at once if no lease is live"
     ),
@@ -160,6 +202,7 @@ RUN_TRANSITIONS: tuple[Rule, ...] = (
         f"{SUBMITTER} {OPERATOR}",
         "in_flight",
         "canceled at once if no lease is live",
+        done_in=f"{CANCELING} {CANCELED}",
     ),
     _rule(
         "cancel_finished",
@@ -175,6 +218,7 @@ RUN_TRANSITIONS: tuple[Rule, ...] = (
         f"{SUCCEEDED} {COMPLETED_WITH_ERRORS}",
         CONTROLLER,
         "counts not_accepted",
+        done_in=f"{SUCCEEDED} {COMPLETED_WITH_ERRORS}",
     ),
     _rule(
         "fail",
@@ -189,7 +233,7 @@ RUN_TRANSITIONS: tuple[Rule, ...] = (
         f"{RUNNING} {AWAITING_REVIEW} {PAUSING} {PAUSED}",
         FAILED,
         RECONCILER,
-        "deadline",
+        "failure_kind failure_reason",
         "run deadline passed and no live lease",
     ),
 )
@@ -204,10 +248,29 @@ ITEM_TRANSITIONS: tuple[Rule, ...] = (
         WORKER,
         "lease_token attempt expires_at",
         "retryable items only past their backoff",
+        run_states=RUNNING,
     ),
-    _rule("heartbeat", IN_PROGRESS, IN_PROGRESS, WORKER, "lease_token", "the lease holder"),
-    _rule("accept", IN_PROGRESS, ACCEPTED, WORKER, "lease_token", "the lease holder"),
-    _rule("reject", IN_PROGRESS, REJECTED, WORKER, "lease_token rule", "the lease holder"),
+    _rule(
+        "heartbeat",
+        IN_PROGRESS,
+        IN_PROGRESS,
+        WORKER,
+        "lease_token",
+        "the lease holder",
+        run_states=_OPEN,
+    ),
+    _rule(
+        "accept", IN_PROGRESS, ACCEPTED, WORKER, "lease_token", "the lease holder", run_states=_OPEN
+    ),
+    _rule(
+        "reject",
+        IN_PROGRESS,
+        REJECTED,
+        WORKER,
+        "lease_token rule",
+        "the lease holder",
+        run_states=_OPEN,
+    ),
     _rule(
         "fail_attempt",
         IN_PROGRESS,
@@ -215,6 +278,7 @@ ITEM_TRANSITIONS: tuple[Rule, ...] = (
         WORKER,
         "lease_token error",
         "quarantined when attempts are exhausted or retryable=False",
+        run_states=_OPEN,
     ),
     _rule(
         "expire",
@@ -223,6 +287,7 @@ ITEM_TRANSITIONS: tuple[Rule, ...] = (
         RECONCILER,
         "lease_token",
         "lease expired; quarantined when attempts are exhausted",
+        run_states=_OPEN,
     ),
     _rule(
         "abandon",
@@ -231,6 +296,7 @@ ITEM_TRANSITIONS: tuple[Rule, ...] = (
         f"{CONTROLLER} {OPERATOR}",
         "lease_token",
         "the run failed; its live leases are fenced",
+        run_states=_OPEN,
     ),
     _rule(
         "deadline",
@@ -239,10 +305,17 @@ ITEM_TRANSITIONS: tuple[Rule, ...] = (
         RECONCILER,
         "",
         "the item deadline passed before it was claimed again",
+        run_states=_OPEN,
     ),
-    _rule("release", QUARANTINED, RETRYABLE, f"{REVIEWER} {OPERATOR}"),
-    _rule("reject_item", QUARANTINED, REJECTED, REVIEWER, "rule"),
-    _rule("skip", f"{PENDING} {RETRYABLE} {QUARANTINED}", SKIPPED, f"{OPERATOR} {REVIEWER}"),
+    _rule("release", QUARANTINED, RETRYABLE, f"{REVIEWER} {OPERATOR}", run_states=_OPEN),
+    _rule("reject_item", QUARANTINED, REJECTED, REVIEWER, "rule", run_states=_OPEN),
+    _rule(
+        "skip",
+        f"{PENDING} {RETRYABLE} {QUARANTINED}",
+        SKIPPED,
+        f"{OPERATOR} {REVIEWER}",
+        run_states=_OPEN,
+    ),
     _rule(
         "withdraw",
         f"{PENDING} {RETRYABLE} {QUARANTINED}",
@@ -250,19 +323,90 @@ ITEM_TRANSITIONS: tuple[Rule, ...] = (
         f"{SUBMITTER} {OPERATOR}",
         "",
         "amend(withdraw)",
+        run_states=" ".join(sorted(OPEN_RUN_STATES - {CANCELING})),
     ),
-    _rule("cancel_skip", f"{PENDING} {RETRYABLE}", SKIPPED, CONTROLLER, "", "the run was canceled"),
+    _rule(
+        "cancel_skip",
+        f"{PENDING} {RETRYABLE}",
+        SKIPPED,
+        CONTROLLER,
+        "",
+        "the run was canceled",
+        run_states=_OPEN,
+    ),
 )
 
 _RUN_BY_COMMAND = {r.command: r for r in RUN_TRANSITIONS}
 _ITEM_BY_COMMAND = {r.command: r for r in ITEM_TRANSITIONS}
 
-# Commands that are not transitions but still need a role check.
+# Commands that move no state but are still ruled: who may make them, from where.
+COMMAND_RULES: tuple[Rule, ...] = (
+    _rule(
+        "amend",
+        " ".join(sorted(OPEN_RUN_STATES - {CANCELING})),
+        "",
+        f"{SUBMITTER} {OPERATOR}",
+        "",
+        "a new input version; the run stays in its state",
+    ),
+    _rule(
+        "weaken_acceptance",
+        " ".join(sorted(OPEN_RUN_STATES - {CANCELING})),
+        "",
+        OPERATOR,
+        "weakened",
+        "an amendment that weakens acceptance: operators only, with a reason (SPEC rule 13)",
+    ),
+    _rule("reconcile", "", "", f"{RECONCILER} {OPERATOR}", "", "the reconciler pass"),
+)
+_COMMAND_BY_NAME = {r.command: r for r in COMMAND_RULES}
+
+# Kept for callers of the first version: the roles of the commands above, and claim's.
 RUN_COMMAND_ROLES: dict[str, frozenset[str]] = {
-    "amend": frozenset({SUBMITTER, OPERATOR}),
-    "claim": frozenset({WORKER}),
-    "reconcile": frozenset({RECONCILER, OPERATOR}),
+    "amend": _COMMAND_BY_NAME["amend"].roles,
+    "claim": _ITEM_BY_COMMAND["claim"].roles,
+    "reconcile": _COMMAND_BY_NAME["reconcile"].roles,
 }
+
+# Who owns a run's next step (SPEC rule 9), by state; None: it depends on the item counts
+# (see waiting_on).
+WAITING_ON: dict[str, str | None] = {
+    QUEUED: CONTROLLER,
+    RUNNING: None,
+    AWAITING_REVIEW: REVIEWER,
+    PAUSING: None,
+    PAUSED: OPERATOR,
+    CANCELING: None,
+    SUCCEEDED: "nobody",
+    COMPLETED_WITH_ERRORS: "nobody",
+    FAILED: "nobody",
+    CANCELED: "nobody",
+}
+
+
+def waiting_on(state: str, counts: dict[str, int]) -> str:
+    """Who owns the run's next step: the WAITING_ON row, or by its item counts."""
+    owner = WAITING_ON[state]
+    if owner is not None:
+        return owner
+    if state in (CANCELING, PAUSING):  # draining: the workers finish, then the ledger
+        return "workers" if counts.get(IN_PROGRESS, 0) else CONTROLLER
+    if counts.get(PENDING, 0) or counts.get(RETRYABLE, 0) or counts.get(IN_PROGRESS, 0):
+        return "workers"
+    if counts.get(QUARANTINED, 0):
+        return REVIEWER
+    return CONTROLLER
+
+
+def command_rule(command: str) -> Rule:
+    """The row of COMMAND_RULES for a command that moves no state (amend, reconcile)."""
+    return _COMMAND_BY_NAME[command]
+
+
+def any_run_rule(command: str) -> Rule:
+    """The run's rule for `command`: a transition row, else a COMMAND_RULES row."""
+    rule = _RUN_BY_COMMAND.get(command)
+    return rule if rule is not None else _COMMAND_BY_NAME[command]
 
 
 def run_rule(command: str) -> Rule:

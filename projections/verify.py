@@ -272,9 +272,7 @@ class RuleChecker:
                     position,
                     f"run was {run.state} (terminal) and then recorded {_describe(e)}",
                 )
-            elif getattr(e, "item_id", None) is not None and not (
-                run.state == S.CANCELED and getattr(e, "command", None) == "cancel_skip"
-            ):
+            elif getattr(e, "item_id", None) is not None:
                 add(
                     "terminal_changed",
                     run_id,

@@ -34,7 +34,7 @@ from ledger import states as S
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.drive import event_count, run_in
-from tests.findings import bug, refused, run_transitions, verify_clean
+from tests.findings import refused, run_transitions, verify_clean
 
 QA = {"decision": "qa", "survives_amendment": False}
 QA_SURVIVES = {"decision": "qa", "survives_amendment": True}
@@ -88,7 +88,6 @@ def rejected_with_live_lease(lg: Ledger) -> tuple[str, Any]:
     return d.run_id, d.leases[0]
 
 
-@bug(1, "decide(approve=False) does not fence live leases")
 def test_bug1_review_rejection_fences_live_leases(lg: Ledger) -> None:
     run_id, lease = rejected_with_live_lease(lg)
     st = lg.status(run_id)
@@ -101,7 +100,6 @@ def test_bug1_review_rejection_fences_live_leases(lg: Ledger) -> None:
     verify_clean(lg)
 
 
-@bug(1, "the worker's outcome is accepted on a run failed by review rejection")
 @pytest.mark.parametrize("write", ["heartbeat", "accept", "reject", "fail_attempt_final"])
 def test_bug1_worker_cannot_write_after_review_rejection(lg: Ledger, write: str) -> None:
     run_id, lease = rejected_with_live_lease(lg)
@@ -111,7 +109,6 @@ def test_bug1_worker_cannot_write_after_review_rejection(lg: Ledger, write: str)
     verify_clean(lg)
 
 
-@bug(1, "the reconciler expires a lease of a run failed by review rejection")
 def test_bug1_reconciler_leaves_rejected_run_alone(lg: Ledger, clock: ManualClock) -> None:
     run_id, _lease = rejected_with_live_lease(lg)
     items = lg.items(run_id)
@@ -178,7 +175,6 @@ def with_failure(lg: Ledger, policy: dict[str, Any], failed: bool) -> str:
     return run_id
 
 
-@bug(2, "the submitter may weaken acceptance by amendment")
 @pytest.mark.parametrize(("name", "policy", "failed", "change"), WEAKENINGS, ids=WEAKENING_IDS)
 def test_bug2_submitter_cannot_weaken_acceptance(
     lg: Ledger, name: str, policy: dict[str, Any], failed: bool, change: dict[str, Any]
@@ -189,7 +185,6 @@ def test_bug2_submitter_cannot_weaken_acceptance(
     assert lg.status(run_id) == before
 
 
-@bug(2, "the submitter may remove the review gate while the run awaits review")
 def test_bug2_submitter_cannot_drop_review_while_awaiting_it(lg: Ledger) -> None:
     run_id = running(lg, 1, review=QA)
     lg.request_review(run_id, CONTROLLER, "qa")
@@ -199,7 +194,6 @@ def test_bug2_submitter_cannot_drop_review_while_awaiting_it(lg: Ledger) -> None
     assert lg.status(run_id).state == S.AWAITING_REVIEW
 
 
-@bug(2, "an operator may weaken acceptance without giving a reason")
 @pytest.mark.parametrize(("name", "policy", "failed", "change"), WEAKENINGS, ids=WEAKENING_IDS)
 def test_bug2_operator_weakening_needs_a_reason(
     lg: Ledger, name: str, policy: dict[str, Any], failed: bool, change: dict[str, Any]
@@ -254,7 +248,6 @@ def test_submitter_may_strengthen_acceptance(
         assert got == value
 
 
-@bug(2, "an approval with survives_amendment survives a replaced payload")
 def test_bug2_replaced_payload_needs_a_new_approval(lg: Ledger) -> None:
     m = manifest(1, review=QA_SURVIVES)
     m["items"] = [{"item_id": "pay-1", "payload": {"amount": 10}}]
@@ -268,7 +261,6 @@ def test_bug2_replaced_payload_needs_a_new_approval(lg: Ledger) -> None:
     assert lg.status(run_id).state == S.RUNNING
 
 
-@bug(2, "an approval with survives_amendment survives an added payload")
 def test_bug2_added_payload_needs_a_new_approval(lg: Ledger) -> None:
     run_id = approved(lg, 1, review=QA_SURVIVES)
     lg.amend(run_id, SUBMITTER, "one more", items=[{"item_id": "extra", "payload": {"n": 99}}])
@@ -292,7 +284,6 @@ def test_amendment_without_survives_needs_a_new_approval(lg: Ledger) -> None:
     refused(lg, NotComplete, lambda: lg.complete(run_id, CONTROLLER))
 
 
-@bug(2, "survives_amendment set after the approval makes the old approval survive")
 def test_bug2_survives_set_after_approval_does_not_save_it(lg: Ledger) -> None:
     run_id = approved(lg, 2, review=QA)
     lg.amend(run_id, OPERATOR, "the customer asked", policy={"review": QA_SURVIVES})
@@ -300,7 +291,6 @@ def test_bug2_survives_set_after_approval_does_not_save_it(lg: Ledger) -> None:
     refused(lg, NotComplete, lambda: lg.complete(run_id, CONTROLLER))
 
 
-@bug(2, "a run succeeds after its submitter amended the review away (the issue's scenario)")
 def test_bug2_run_never_succeeds_without_the_decision_its_policy_required(lg: Ledger) -> None:
     run_id = running(lg, 2, review=QA)
     with contextlib.suppress(NotAuthorized):
@@ -309,7 +299,6 @@ def test_bug2_run_never_succeeds_without_the_decision_its_policy_required(lg: Le
     refused(lg, NotComplete, lambda: lg.complete(run_id, CONTROLLER))
 
 
-@bug(2, "the submitter may decide the review of its own run")
 def test_bug2_submitter_may_not_decide_its_own_review(lg: Ledger) -> None:
     run_id = running(lg, 1, review=QA)
     st = lg.request_review(run_id, CONTROLLER, "qa")
@@ -323,7 +312,6 @@ def test_bug2_submitter_may_not_decide_its_own_review(lg: Ledger) -> None:
     assert lg.status(run_id).state == S.AWAITING_REVIEW
 
 
-@bug(2, "the actor who amended a run may decide its review")
 def test_bug2_amender_may_not_decide_the_review(lg: Ledger) -> None:
     run_id = running(lg, 1, review=QA)
     lg.request_review(run_id, CONTROLLER, "qa")
@@ -343,7 +331,6 @@ def test_another_reviewer_may_decide(lg: Ledger) -> None:
 # ---------------------------------------------------------------------------
 # bug 3: reconcile(now=...) trusts any time
 # ---------------------------------------------------------------------------
-@bug(3, "reconcile(now=...) accepts a time ahead of the store's clock")
 @pytest.mark.parametrize("ahead", [timedelta(seconds=1), timedelta(days=1), timedelta(days=365)])
 def test_bug3_reconcile_refuses_a_future_now(
     lg: Ledger, clock: ManualClock, ahead: timedelta
@@ -389,7 +376,6 @@ LINKED = {
 }
 
 
-@bug(4, "a second linked run of the same relation is accepted while the first is open")
 @pytest.mark.parametrize("command", sorted(LINKED))
 def test_bug4_one_open_linked_run_per_relation(lg: Ledger, command: str) -> None:
     run_id = failed_transient(lg)
@@ -415,7 +401,6 @@ def test_linked_runs_of_other_relations_may_be_open_together(lg: Ledger) -> None
 # ---------------------------------------------------------------------------
 # bug 5: accept needs no evidence
 # ---------------------------------------------------------------------------
-@bug(5, "policy.acceptance.evidence is not enforced (accept needs no evidence)")
 def test_bug5_accept_without_required_evidence_is_refused(lg: Ledger) -> None:
     run_id = running(lg, 1, acceptance={"evidence": ["stored_as", "checksum"]})
     (lease,) = lg.claim(run_id, WORKER, limit=1)
@@ -428,11 +413,10 @@ def test_bug5_accept_without_required_evidence_is_refused(lg: Ledger) -> None:
     done = lg.accept(lease, evidence={"stored_as": "s3://out/i0", "checksum": "sha256:ab"})
     assert done.state == S.ACCEPTED
     t = [t for t in lg.history(run_id) if t.item_id == "i0"][-1]
-    assert t.evidence.get("stored_as") == "s3://out/i0"
+    assert t.evidence["evidence"].get("stored_as") == "s3://out/i0"  # the worker's, as given
     verify_clean(lg)
 
 
-@bug(5, "policy.acceptance.evidence cannot be set by amendment")
 def test_bug5_evidence_rule_added_by_amendment_applies(lg: Ledger) -> None:
     run_id = running(lg, 1)
     (lease,) = lg.claim(run_id, WORKER, limit=1)
@@ -452,7 +436,6 @@ def test_accept_without_an_evidence_rule_needs_none(lg: Ledger) -> None:
 # ---------------------------------------------------------------------------
 # bug 6: a cancel with no live lease writes `canceled` before its items' skips
 # ---------------------------------------------------------------------------
-@bug(6, "the run's canceled event precedes its items' cancel skips")
 @pytest.mark.parametrize("state", [S.QUEUED, S.RUNNING, S.PAUSED, S.AWAITING_REVIEW])
 def test_bug6_items_are_skipped_before_the_run_is_canceled(lg: Ledger, state: str) -> None:
     d = run_in(lg, state if state != S.QUEUED else S.QUEUED, n=3)
@@ -476,7 +459,6 @@ def test_bug6_items_are_skipped_before_the_run_is_canceled(lg: Ledger, state: st
 # ---------------------------------------------------------------------------
 # bug 7: repair cannot correct configuration; the cancel reason is lost; fail has no reason
 # ---------------------------------------------------------------------------
-@bug(7, "repair cannot carry a corrected configuration")
 def test_bug7_repair_with_corrected_configuration(lg: Ledger) -> None:
     run_id = failed_transient(lg)
     st = lg.repair(run_id, OPERATOR, config_version="cfg-2", policy={"max_attempts": 5})
@@ -495,7 +477,6 @@ def test_repair_without_corrections_is_repair_of(lg: Ledger) -> None:
     assert st.config_version == "cfg-1"
 
 
-@bug(7, "the canceller's reason is replaced by 'cancel finished' when the last lease ends")
 @pytest.mark.parametrize("ending", ["accept", "expiry"])
 def test_bug7_cancel_reason_stays_the_stop_reason(
     lg: Ledger, clock: ManualClock, ending: str
@@ -519,7 +500,6 @@ def test_cancel_reason_is_the_stop_reason_when_canceled_at_once(lg: Ledger) -> N
     assert lg.status(run_id).stop_reason == "wrong month"
 
 
-@bug(7, "a controller's fail without failure_reason stores null")
 def test_bug7_controller_fail_records_controller_decision(lg: Ledger) -> None:
     for transient in (True, False):
         run_id = running(lg, 1)

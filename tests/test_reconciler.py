@@ -277,7 +277,9 @@ def _reconciler_proc(dsn: str, now_iso: str, go: Any, stop: Any, out: Any, name:
     """Reconcile in a loop with an explicit time until told to stop; report the sums."""
     now = datetime.fromisoformat(now_iso)
     totals = Counter[str]()
-    with Ledger.open(dsn) as lg:
+    # the time moves by an injected clock: a `now` ahead of the store's clock is refused
+    # (SPEC rule 14)
+    with Ledger.open(dsn, clock=lambda: now) as lg:
         go.wait(WAIT)
         passes = 0
         while not stop.is_set() or passes < 2:

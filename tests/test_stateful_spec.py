@@ -53,7 +53,6 @@ from ledger import (
 from ledger import states as S
 from tests.clock import ManualClock
 from tests.drive import event_count
-from tests.findings import bug
 from tests.spec_model import (
     EDITABLE,
     LIVE_RUN,
@@ -1059,13 +1058,10 @@ BUG_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize(
-    "n", [pytest.param(n, marks=bug(n, what), id=f"bug{n}") for n, what in BUG_VARIANTS.items()]
-)
+@pytest.mark.parametrize("n", [pytest.param(n, id=f"bug{n}") for n in BUG_VARIANTS])
 def test_spec_model_with_bug_moves(n: int) -> None:
     run_state_machine_as_test(machine(memory, frozenset({n})), settings=FIND_ONLY)
 
 
-@bug(1, "all of issue 13's bugs at once")
 def test_spec_model_every_move() -> None:
     run_state_machine_as_test(machine(memory, frozenset(BUG_VARIANTS)), settings=FIND_ONLY)

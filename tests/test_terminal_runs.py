@@ -42,7 +42,7 @@ from ledger import states as S
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER
 from tests.drive import actor
-from tests.findings import bug, refused, verify_clean
+from tests.findings import refused, verify_clean
 
 
 @dataclass
@@ -217,17 +217,7 @@ GROUPS = {
 }
 
 
-def _mark(how: str, groups: str) -> list[Any]:
-    if how == "failed_by_review_rejection" and groups == "leases_then_time":
-        return [bug(1, "a run failed by review rejection keeps a live lease its worker can use")]
-    return []
-
-
-CASES = [
-    pytest.param(how, groups, marks=_mark(how, groups), id=f"{how}-{groups}")
-    for how in HOWS
-    for groups in GROUPS
-]
+CASES = [pytest.param(how, groups, id=f"{how}-{groups}") for how in HOWS for groups in GROUPS]
 
 
 def ask(lg: Ledger, clock: ManualClock, ended: Ended, group: str) -> int:
@@ -399,7 +389,6 @@ def test_reconciler_and_controller_cannot_make_worker_outcomes(lg: Ledger) -> No
 # ---------------------------------------------------------------------------
 # the time that is a lie
 # ---------------------------------------------------------------------------
-@bug(3, "reconcile(now=...) ahead of the clock fails healthy runs and expires live leases")
 @pytest.mark.parametrize("how", ["deadline", "lease"])
 def test_a_future_now_cannot_end_a_healthy_run(lg: Ledger, clock: ManualClock, how: str) -> None:
     policy = {"run_deadline_seconds": 3600} if how == "deadline" else {"lease_seconds": 60}

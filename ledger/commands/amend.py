@@ -8,13 +8,15 @@ from typing import Any
 
 from .. import queries
 from .. import states as S
-from ..errors import AlreadyTerminal, IllegalTransition, InvalidInput, ItemNotFound, ManifestInvalid
+from ..domain import Run
+from ..errors import IllegalTransition, InvalidInput, ItemNotFound, ManifestInvalid, NotAuthorized
+from ..stores.base import Tx
 from ..validation import input_version_of
 from ..views import Actor, RunStatus
 from . import args as A
 from .lineage import manifest_of, parse_items
 from .runs import _policy
-from .uow import UnitOfWork, check_revision, require_role, stamp
+from .uow import UnitOfWork, check_revision, require_role, require_run_state, stamp
 
 EDITABLE = frozenset({S.PENDING, S.RETRYABLE, S.QUARANTINED})
 
@@ -49,29 +51,24 @@ def amend(
     overlap = {i.item_id for i in new_items} & set(withdraw)
     if overlap:
         raise InvalidInput(f"items {sorted(overlap)} are both replaced and withdrawn")
-    roles = S.RUN_COMMAND_ROLES["amend"]
+    rule = S.command_rule("amend")
     with uow.write() as tx:
         run = uow.load_run(tx, run_id)
         for w in withdraw:  # existence before role (SPEC order of checks)
             uow.item_row(tx, run_id, w)
-        require_role(actor, roles, "amend")
+        require_role(actor, rule.roles, "amend")
         check_revision(expected, run.version, run.state, f"run {run_id}")
-        if S.is_terminal(run.state):
-            raise AlreadyTerminal(
-                f"run {run_id} is {run.state}, which is terminal; amend is allowed "
-                "while it is not terminal (a repair starts a new linked run)",
-                state=run.state,
-                allowed=set(S.RUN_STATES) - S.TERMINAL_RUN_STATES,
-            )
-        if run.state == S.CANCELING:
-            raise IllegalTransition(
-                f"run {run_id} is canceling; amend is not allowed",
-                state=run.state,
-                allowed=set(S.RUN_STATES) - S.TERMINAL_RUN_STATES - {S.CANCELING},
-            )
+        require_run_state(run, rule)
         new_policy = (
             _policy(run.policy, policy).model_dump(mode="json") if policy is not None else None
         )
+        weakened = (
+            weakenings(tx, run, _policy(run.policy), _policy(new_policy))
+            if new_policy is not None
+            else []
+        )
+        if weakened:
+            govern(run, actor, reason, weakened)
         rows = {
             r["item_id"]: r
             for r in tx.fetchall(
@@ -138,8 +135,20 @@ def amend(
                 reason or "withdrawn",
                 {"withdrawn": True},
                 stamp(now, item),
+                run.state,
             )
             withdrawn_items.append(item)
+        if weakened:
+            # the weakening is its own recorded transition, before the amendment itself
+            run.transition(
+                "weaken_acceptance",
+                run.state,
+                actor.id,
+                actor.role,
+                reason,
+                {"weakened": weakened},
+                at,
+            )
         run.amend(
             actor.id,
             actor.role,
@@ -153,3 +162,62 @@ def amend(
         )
         uow.commit(tx, {run_id: run}, withdrawn_items, first="run")
         return queries.status_tx(tx, run_id)
+
+
+def weakenings(tx: Tx, run: Run, old: Any, new: Any) -> list[str]:
+    """How a policy change weakens acceptance (SPEC rule 13), in words; [] if it does not."""
+    out: list[str] = []
+    if old.review is not None:
+        if new.review is None:
+            out.append("removes the review")
+        elif new.review.decision != old.review.decision:
+            out.append(f"changes the review decision to {new.review.decision!r}")
+        elif new.review.survives_amendment and not old.review.survives_amendment:
+            out.append("sets survives_amendment")
+    if new.partial_delivery and not old.partial_delivery:
+        out.append("enables partial_delivery")
+    elif new.partial_delivery:
+        required = tx.fetchone(
+            "SELECT COUNT(*) AS n FROM lg_items WHERE run_id = ? AND in_manifest = 1 "
+            "AND required = 1",
+            (run.run_id,),
+        )
+        n = int((required or {"n": 0})["n"])
+        # compared on the run's size, and on a large one, so "50%" vs 3 compares fairly
+        if any(new.tolerated(k) > old.tolerated(k) for k in (n, 10_000_000)):
+            out.append("raises tolerated_failures")
+    if new.max_attempts > old.max_attempts and had_failures(tx, run):
+        out.append("raises max_attempts after failures")
+    dropped = set(old.acceptance.evidence) - set(new.acceptance.evidence)
+    if dropped:
+        out.append(f"drops required evidence {', '.join(sorted(dropped))}")
+    return out
+
+
+def had_failures(tx: Tx, run: Run) -> bool:
+    """Whether any attempt of the run has failed or expired."""
+    return (
+        tx.fetchone(
+            "SELECT attempt FROM lg_attempts WHERE run_id = ? "
+            "AND outcome IN ('failed', 'lease_expired') LIMIT 1",
+            (run.run_id,),
+        )
+        is not None
+    )
+
+
+def govern(run: Run, actor: Actor, reason: str | None, weakened: list[str]) -> None:
+    """A weakening amendment: refused for the submitter (the party under review), allowed to
+    an operator only with a reason (SPEC rule 13)."""
+    rule = S.command_rule("weaken_acceptance")
+    what = "; ".join(weakened)
+    if actor.role not in rule.roles:
+        raise NotAuthorized(
+            f"role {actor.role!r} may not weaken the acceptance of run {run.run_id} ({what}); "
+            f"allowed roles: {S.describe_roles(rule.roles)}, with a reason"
+        )
+    if reason is None or not reason.strip():
+        raise InvalidInput(
+            f"an amendment that weakens acceptance ({what}) needs a reason: it is recorded "
+            "as its own transition"
+        )

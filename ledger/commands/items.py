@@ -8,11 +8,17 @@ from projections.rows import iso
 
 from .. import queries
 from .. import states as S
-from ..errors import AlreadyTerminal
 from ..validation import check_identifier
 from ..views import Actor, ItemStatus
 from . import args as A
-from .uow import UnitOfWork, check_revision, require_item_state, require_role, stamp
+from .uow import (
+    UnitOfWork,
+    check_revision,
+    require_item_run_state,
+    require_item_state,
+    require_role,
+    stamp,
+)
 
 
 def item_command(
@@ -37,12 +43,7 @@ def item_command(
         row = uow.item_row(tx, run_id, item_id)
         require_role(actor, rule.roles, command.replace("_", " "))
         check_revision(expected, row["revision"], row["state"], f"item {item_id!r}")
-        if S.is_terminal(run.state):
-            raise AlreadyTerminal(
-                f"run {run_id} is {run.state}, which is terminal; its items never change",
-                state=run.state,
-                allowed=set(S.RUN_STATES) - S.TERMINAL_RUN_STATES,
-            )
+        require_item_run_state(run, rule)
         now = tx.now()
         item = uow.materialize(row, now)
         require_item_state(run_id, row["state"], item_id, rule)
@@ -55,6 +56,7 @@ def item_command(
             reason,
             {**evidence, **extra},
             stamp(now, item),
+            run.state,
         )
         uow.commit(tx, {run_id: run}, [item])
         return queries.item_status_tx(tx, run_id, item_id)

@@ -15,7 +15,6 @@ from .. import queries
 from .. import states as S
 from ..domain import Item, Run
 from ..errors import (
-    AlreadyTerminal,
     IllegalTransition,
     InvalidInput,
     ItemNotFound,
@@ -30,7 +29,7 @@ from ..views import Actor, ItemStatus, Lease
 from . import args as A
 from .args import Outcome
 from .runs import finish_if_drained
-from .uow import UnitOfWork, stamp
+from .uow import UnitOfWork, require_item_run_state, stamp
 
 MAX_CLAIM = 1000
 
@@ -51,13 +50,7 @@ def claim(
     rule = S.item_rule("claim")
     with uow.write() as tx:
         run = uow.guard(tx, run_id, worker, rule.roles, "claim", expected)
-        if run.state != S.RUNNING:
-            cls = AlreadyTerminal if S.is_terminal(run.state) else IllegalTransition
-            raise cls(
-                f"run {run_id} is {run.state}; items are claimed only while it is running",
-                state=run.state,
-                allowed={S.RUNNING},
-            )
+        require_item_run_state(run, rule)
         now = tx.now()
         policy = run.policy
         deadline_passed = (
@@ -97,6 +90,7 @@ def claim(
                 None,
                 {"lease_token": token, "attempt": attempt, "expires_at": iso(expires)},
                 at,
+                run.state,
             )
             items.append(item)
             leases.append(
@@ -155,9 +149,10 @@ def heartbeat(uow: UnitOfWork, lease: Lease) -> Lease:
         run = uow.load_run(tx, lease.run_id)
         now = tx.now()
         item, row = check_lease(uow, tx, run, lease, now)
+        require_item_run_state(run, S.item_rule("heartbeat"))
         at = stamp(now, item)
         expires = at + timedelta(seconds=run.policy["lease_seconds"])
-        item.extend_lease(iso(expires) or "", lease.worker_id, at)
+        item.extend_lease(iso(expires) or "", lease.worker_id, at, run.state)
         uow.commit(tx, {run.run_id: run}, [item])
         return Lease(
             lease.run_id,
@@ -167,6 +162,21 @@ def heartbeat(uow: UnitOfWork, lease: Lease) -> Lease:
             item.attempts,
             expires,
             json.loads(row["payload"]),
+        )
+
+
+OUTCOME_COMMANDS = {"accept": "accept", "reject": "reject", "fail": "fail_attempt"}
+
+
+def required_evidence(run: Run, o: Outcome) -> None:
+    """SPEC rule 16: `accept` carries the evidence keys `policy.acceptance.evidence` names."""
+    keys = (run.policy.get("acceptance") or {}).get("evidence") or []
+    given = o.evidence or {}
+    missing = [k for k in keys if given.get(k) is None]
+    if missing:
+        raise InvalidInput(
+            f"accept of item {o.lease.item_id!r} of run {run.run_id} needs evidence "
+            f"{', '.join(missing)} (policy.acceptance.evidence: {', '.join(keys)})"
         )
 
 
@@ -180,6 +190,11 @@ def apply_outcome(
 ) -> Item:
     """The item's transition for one outcome under its live lease (not yet committed)."""
     item, _row = check_lease(uow, tx, run, o.lease, now, row)
+    # after the lease: a fenced worker hears LeaseLost; a lease still live on an ended run
+    # (histories from before the rule book) is refused by the run's state
+    require_item_run_state(run, S.item_rule(OUTCOME_COMMANDS[o.kind]))
+    if o.kind == "accept":
+        required_evidence(run, o)
     at = stamp(now, item)
     base = {"lease_token": o.lease.token, "attempt": item.attempts, "stage": o.stage}
     if o.kind == "accept":
@@ -191,6 +206,7 @@ def apply_outcome(
             "accepted",
             {**base, "outcome": "accepted", "evidence": o.evidence or {}},
             at,
+            run.state,
         )
     elif o.kind == "reject":
         item.transition(
@@ -201,6 +217,7 @@ def apply_outcome(
             o.rule,
             {**base, "outcome": "rejected", "rule": o.rule, "detail": o.detail},
             at,
+            run.state,
         )
     else:
         policy = run.policy
@@ -228,6 +245,7 @@ def apply_outcome(
                 why,
                 {**base, "outcome": "failed", "error": error},
                 at,
+                run.state,
             )
         else:
             eligible = at + timedelta(seconds=policy["backoff_seconds"])
@@ -239,6 +257,7 @@ def apply_outcome(
                 "attempt failed",
                 {**base, "outcome": "failed", "error": error, "eligible_at": iso(eligible)},
                 at,
+                run.state,
             )
     return item
 
@@ -354,8 +373,8 @@ def record(uow: UnitOfWork, outcomes: Sequence[Outcome]) -> list[ItemStatus | Le
                     continue
                 try:
                     item = apply_outcome(uow, tx, run, o, now, row)
-                except LeaseLost as e:
-                    results[i] = e
+                except (LeaseLost, IllegalTransition, InvalidInput) as e:
+                    results[i] = e  # this outcome only: the others of the run still count
                     continue
                 items.append(item)
                 done[o.lease.item_id] = item

@@ -11,11 +11,12 @@ from .. import queries
 from .. import states as S
 from ..archived import refuse_if_archived
 from ..domain import Run, run_stream_id
-from ..errors import IllegalTransition, InvalidInput, ItemNotFound
+from ..errors import Conflict, IllegalTransition, InvalidInput, ItemNotFound, ManifestInvalid
 from ..stores.base import Tx
-from ..validation import input_version_of, input_version_of_text
+from ..validation import check_identifier, input_version_of, input_version_of_text
 from ..views import Actor, RunStatus
 from . import args as A
+from .runs import _policy
 from .uow import UnitOfWork, require_role
 
 if TYPE_CHECKING:
@@ -60,6 +61,32 @@ def current_manifest(
         for r in rows
     ]
     return manifest_of(run, items, run.policy)
+
+
+# The relation each linked-run command starts (a repair decides its own: repair_of, or
+# correction_of with corrections).
+RELATIONS: dict[str, tuple[str, ...]] = {"retry": ("retry_of",), "compensate": ("compensates",)}
+
+
+def one_open(tx: Tx, original: Run, command: str, relation: str | None = None) -> None:
+    """SPEC rule 15: Conflict when the run already has an open linked run of the relation
+    (the original's row is locked, so two concurrent ones cannot both pass)."""
+    relations = (relation,) if relation else RELATIONS[command]
+    marks = ", ".join("?" for _ in S.TERMINAL_RUN_STATES)
+    for row in tx.fetchall(
+        f"SELECT run_id, state, links FROM lg_runs WHERE root_run_id = ? AND state NOT IN ({marks}) "  # noqa: S608 (placeholders only)
+        "ORDER BY seq",
+        (original.root_run_id, *sorted(S.TERMINAL_RUN_STATES)),
+    ):
+        for link in json.loads(row["links"]):
+            if link["run_id"] == original.run_id and link["relation"] in relations:
+                raise Conflict(
+                    f"run {original.run_id} already has an open {link['relation']} run "
+                    f"{row['run_id']} ({row['state']}); let it end (or cancel it) before "
+                    f"another {command}",
+                    current_revision=original.version,
+                    current_state=original.state,
+                )
 
 
 def submit(
@@ -121,14 +148,15 @@ def retry(uow: UnitOfWork, run_id: str, actor: Actor, reason: str | None = None)
     with uow.write() as tx:
         original = uow.load_run(tx, run_id)
         require_role(actor, rule.roles, "retry")
-        if original.state != S.FAILED or original.failure_kind != S.TRANSIENT:
+        if original.state not in rule.run_states or original.failure_kind != S.TRANSIENT:
             raise IllegalTransition(
                 f"run {run_id} is {original.state}"
                 + (f" ({original.failure_kind})" if original.failure_kind else "")
                 + "; retry needs a failed(transient) run (use repair for other cases)",
                 state=original.state,
-                allowed={S.FAILED},
+                allowed=rule.run_states,
             )
+        one_open(tx, original, "retry")
         manifest = current_manifest(tx, original)
         return create_run(
             uow,
@@ -149,11 +177,18 @@ def repair(
     items: list[str] | None = None,
     corrections: list[Any] | None = None,
     reason: str | None = None,
+    config_version: str | None = None,
+    policy: dict[str, Any] | None = None,
 ) -> RunStatus:
-    """A new linked run for the items not accepted (or given ids), or for corrected items."""
+    """A new linked run for the items not accepted (or given ids), or for corrected items;
+    with `config_version` or `policy`, under a corrected configuration (correction_of)."""
     run_id = A.run_id(run_id)
     actor = A.actor(actor)
     reason = A.reason(reason)
+    if config_version is not None:
+        check_identifier(config_version, "config_version")
+    if policy is not None and not isinstance(policy, dict):
+        raise ManifestInvalid("policy must be an object", field="policy")
     if items is not None and (
         not isinstance(items, list) or not all(isinstance(i, str) for i in items)
     ):
@@ -165,13 +200,14 @@ def repair(
         for named in [*(items or []), *(f.item_id for f in fixed or [])]:
             uow.item_row(tx, run_id, named)  # existence before role (SPEC order of checks)
         require_role(actor, rule.roles, "repair")
-        if not S.is_terminal(original.state):
+        if original.state not in rule.run_states:
             raise IllegalTransition(
                 f"run {run_id} is {original.state}; repair needs a terminal run "
                 "(amend a run that is still open)",
                 state=original.state,
-                allowed=S.TERMINAL_RUN_STATES,
+                allowed=rule.run_states,
             )
+        corrected = config_version is not None or policy is not None
         if fixed:
             known = {
                 r["item_id"]
@@ -195,8 +231,16 @@ def repair(
         else:
             manifest = current_manifest(tx, original, " AND state <> 'accepted'")
             relation = "repair_of"
+        if corrected:
+            # seed 000: the linked run carries the corrected configuration
+            relation = "correction_of"
+            if config_version is not None:
+                manifest["config_version"] = config_version
+            if policy is not None:
+                manifest["policy"] = _policy(original.policy, policy).model_dump(mode="json")
         if not manifest["items"]:
             raise InvalidInput(f"run {run_id} has no items to repair: every item was accepted")
+        one_open(tx, original, "repair", relation)
         return create_run(
             uow,
             tx,
@@ -233,13 +277,14 @@ def compensate(
         for named in ids or []:
             uow.item_row(tx, run_id, named)  # existence before role (SPEC order of checks)
         require_role(actor, rule.roles, "compensate")
-        if original.state not in S.TERMINAL_RUN_STATES:
+        if original.state not in rule.run_states:
             raise IllegalTransition(
                 f"run {run_id} is {original.state}; compensate needs a terminal run "
                 "(cancel it first)",
                 state=original.state,
-                allowed=S.TERMINAL_RUN_STATES,
+                allowed=rule.run_states,
             )
+        one_open(tx, original, "compensate")
         if given is not None:
             manifest = manifest_of(
                 original, [g.model_dump(mode="json") for g in given], original.policy

@@ -24,10 +24,17 @@ def reconcile(
     if now is not None and (not isinstance(now, datetime) or now.tzinfo is None):
         raise InvalidInput("now must be an aware datetime")
     actor = A.actor(actor or Actor("reconciler", S.RECONCILER))
-    require_role(actor, S.RUN_COMMAND_ROLES["reconcile"], "reconcile")
+    require_role(actor, S.command_rule("reconcile").roles, "reconcile")
     expired = cancels = pauses = failed = 0
     with uow.read() as tx:
-        t = now or tx.now()
+        clock = tx.now()
+        if now is not None and now > clock:
+            # SPEC rule 14: the record never leads the store's clock (tests inject a clock)
+            raise InvalidInput(
+                f"now {now.isoformat()} is later than the store's clock {clock.isoformat()}; "
+                "reconcile may look back, never ahead"
+            )
+        t = now or clock
         stale = tx.fetchall(
             "SELECT DISTINCT run_id FROM lg_items WHERE state = 'in_progress' AND "
             "lease_expires_at < ?",
@@ -55,6 +62,8 @@ def reconcile_run(
     """One run's pass, in one transaction: (expired, cancels, pauses, failed)."""
     with uow.write() as tx:
         run = uow.load_run(tx, run_id)
+        if S.is_terminal(run.state):
+            return 0, 0, 0, 0  # its items never change (SPEC rule 12)
         now = now_arg or tx.now()
         policy = run.policy
         rows = tx.fetchall(
@@ -89,9 +98,10 @@ def reconcile_run(
                 "lease expired" + (" (attempts exhausted)" if exhausted else ""),
                 ev,
                 stamp(now, item),
+                run.state,
             )
             items.append(item)
-        if past_item_deadline and not S.is_terminal(run.state):
+        if past_item_deadline:
             for row in tx.fetchall(
                 "SELECT * FROM lg_items WHERE run_id = ? AND state = 'retryable' ORDER BY seq",
                 (run_id,),
@@ -105,6 +115,7 @@ def reconcile_run(
                     "item deadline passed",
                     {},
                     stamp(now, item),
+                    run.state,
                 )
                 items.append(item)
         uow.commit(tx, {run_id: run}, items)

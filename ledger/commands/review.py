@@ -8,12 +8,12 @@ from typing import Any
 
 from .. import states as S
 from ..domain import Run
-from ..errors import InvalidInput, StaleReview
+from ..errors import InvalidInput, NotAuthorized, StaleReview
 from ..stores.base import Tx
 from ..validation import check_identifier
 from ..views import Actor, RunStatus
 from . import args as A
-from .runs import run_transition
+from .runs import fence, run_transition
 from .uow import UnitOfWork
 
 
@@ -61,6 +61,7 @@ def decide(
     reason = A.reason(reason)
 
     def decision(tx: Tx, run: Run, now: datetime) -> tuple[str, str | None, dict[str, Any]]:
+        four_eyes(tx, run, checked)
         bound = (run.review or {}).get("input_version", run.input_version)
         if input_version != bound:
             raise StaleReview(
@@ -68,17 +69,41 @@ def decide(
                 "the input changed since: review the current version",
                 expected_version=bound,
             )
+        review = run.policy.get("review") or {}
         ev = {
             "input_version": input_version,
             "approve": approve,
             "decision": (run.review or {}).get("decision"),
         }
         if approve:
+            ev["survives_amendment"] = bool(review.get("survives_amendment"))
             return S.RUNNING, reason, ev
+        # a rejection fails the run: its live leases are fenced, as fail's are (rule 13)
+        fence(uow, tx, run, now, "review rejected: lease fenced")
         ev.update(failure_kind=S.PERMANENT, failure_reason="review_rejected")
         return S.FAILED, reason, ev
 
-    return run_transition(uow, run_id, actor, "decide", expected_revision, decision)
+    checked = A.actor(actor)
+    return run_transition(uow, run_id, checked, "decide", expected_revision, decision)
+
+
+def four_eyes(tx: Tx, run: Run, reviewer: Actor) -> None:
+    """SPEC rule 13: the actor who submitted or amended a run may not decide its review."""
+    if reviewer.id == run.created_by:
+        raise NotAuthorized(
+            f"{reviewer.id!r} submitted run {run.run_id} and may not decide its review "
+            "(four eyes: another reviewer decides)"
+        )
+    amended = tx.fetchone(
+        "SELECT position FROM lg_transitions WHERE run_id = ? AND item_id IS NULL "
+        "AND command IN ('amend', 'weaken_acceptance') AND actor_id = ? LIMIT 1",
+        (run.run_id, reviewer.id),
+    )
+    if amended is not None:
+        raise NotAuthorized(
+            f"{reviewer.id!r} amended run {run.run_id} and may not decide its review "
+            "(four eyes: another reviewer decides)"
+        )
 
 
 def approve(

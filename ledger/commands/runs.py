@@ -148,9 +148,9 @@ def cancel_once(
     """One try of `cancel` (it retries on Conflict when no revision was expected)."""
     with uow.write() as tx:
         run = uow.guard(tx, run_id, actor, rule.roles, "cancel", expected)
-        if run.state in (S.CANCELING, S.CANCELED):
+        if run.state in rule.done_in:
             return CancelOutcome(run_id, run.state, run.counts[S.IN_PROGRESS], already=True)
-        if run.state in (S.SUCCEEDED, S.COMPLETED_WITH_ERRORS):
+        if run.state in S.run_rule("complete").done_in:
             raise AlreadyTerminal(
                 f"run {run_id} is {run.state}: completion won the race, nothing to cancel; "
                 "to undo its effects start a compensation run",
@@ -161,6 +161,8 @@ def cancel_once(
         now = tx.now()
         in_flight = run.counts[S.IN_PROGRESS]
         to_state = S.CANCELING if in_flight else S.CANCELED
+        # the items first: a run's items never change after it ended (SPEC rule 12)
+        skip_remaining(uow, tx, run, now)
         run.transition(
             "cancel",
             to_state,
@@ -171,7 +173,6 @@ def cancel_once(
             stamp(now, run),
         )
         uow.commit(tx, {run_id: run}, first="run")
-        skip_remaining(uow, tx, run, now)
         return CancelOutcome(run_id, run.state, in_flight, already=False)
 
 
@@ -185,7 +186,7 @@ def complete(
     rule = S.run_rule("complete")
     with uow.write() as tx:
         run = uow.guard(tx, run_id, actor, rule.roles, "complete", expected)
-        if run.state in (S.SUCCEEDED, S.COMPLETED_WITH_ERRORS):
+        if run.state in rule.done_in:
             return queries.status_tx(tx, run_id)
         require_run_state(run, rule)
         open_ = {s: run.counts[s] for s in (S.PENDING, S.IN_PROGRESS, S.RETRYABLE) if run.counts[s]}
@@ -199,10 +200,12 @@ def complete(
             )
         review = run.policy.get("review")
         if review:
-            approved = (run.review or {}).get("approved_version")
-            ok = approved == run.input_version or (
-                approved is not None and review.get("survives_amendment")
-            )
+            given = run.review or {}
+            approved = given.get("approved_version")
+            # whether the approval survives amendments is what the policy said when it was
+            # given (recorded since issue 13; older approvals: the policy as it stands)
+            survives = given.get("survives", review.get("survives_amendment"))
+            ok = approved == run.input_version or (approved is not None and bool(survives))
             if not ok:
                 raise NotComplete(
                     f"run {run_id} needs an approval of {review['decision']!r} for input version "
@@ -278,9 +281,10 @@ def fail(
     checked = A.actor(actor)
 
     def decide(tx: Tx, run: Run, now: datetime) -> tuple[str, str | None, dict[str, Any]]:
-        fence(uow, tx, run, now)
+        fence(uow, tx, run, now, "run failed: lease fenced")
         kind = S.TRANSIENT if transient else S.PERMANENT
-        fr = failure_reason or ("operator_decision" if checked.role == S.OPERATOR else None)
+        # never null (SPEC rule 16): without one, the failing role's decision
+        fr = failure_reason or S.DEFAULT_FAILURE_REASON[checked.role]
         return S.FAILED, reason, {"failure_kind": kind, "failure_reason": fr}
 
     if checked.role == S.OPERATOR and not transient:
@@ -294,7 +298,7 @@ def fail(
     return run_transition(uow, run_id, checked, "fail", expected_revision, decide)
 
 
-def fence(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> None:
+def fence(uow: UnitOfWork, tx: Tx, run: Run, now: datetime, why: str) -> None:
     """End every live lease of the run: its attempts end abandoned, its items retryable."""
     rows = tx.fetchall(
         "SELECT * FROM lg_items WHERE run_id = ? AND state = 'in_progress' ORDER BY seq",
@@ -308,9 +312,10 @@ def fence(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> None:
             S.RETRYABLE,
             LEDGER.id,
             LEDGER.role,
-            "run failed: lease fenced",
+            why,
             {"lease_token": item.lease_token, "attempt": item.attempts, "outcome": "abandoned"},
             stamp(now, item),
+            run.state,
         )
         items.append(item)
     if items:
@@ -328,7 +333,7 @@ def finish_if_drained(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> str |
             S.CANCELED,
             LEDGER.id,
             LEDGER.role,
-            "cancel finished: the last live lease ended",
+            cancel_reason(tx, run),  # the canceller's reason stays the stop reason (rule 16)
             {},
             stamp(now, run),
         )
@@ -349,6 +354,16 @@ def finish_if_drained(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> str |
     return None
 
 
+def cancel_reason(tx: Tx, run: Run) -> str:
+    """The reason of the run's cancel (the stop reason of a cancel that finishes later)."""
+    row = tx.fetchone(
+        "SELECT reason FROM lg_transitions WHERE run_id = ? AND item_id IS NULL "
+        "AND command = 'cancel' ORDER BY position DESC LIMIT 1",
+        (run.run_id,),
+    )
+    return (row or {}).get("reason") or "canceled"
+
+
 def skip_remaining(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> None:
     """Skip the canceled run's items that were never claimed or are waiting to retry."""
     rows = tx.fetchall(
@@ -360,7 +375,14 @@ def skip_remaining(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> None:
     for row in rows:
         item = uow.materialize(row, now)
         item.transition(
-            "cancel_skip", S.SKIPPED, LEDGER.id, LEDGER.role, "canceled", {}, stamp(now, item)
+            "cancel_skip",
+            S.SKIPPED,
+            LEDGER.id,
+            LEDGER.role,
+            "canceled",
+            {},
+            stamp(now, item),
+            run.state,
         )
         items.append(item)
     uow.commit(tx, {run.run_id: run}, items)

@@ -22,8 +22,15 @@ from projections.rows import item_from_row
 
 from .. import queries
 from .. import states as S
-from ..domain import Item, Run, item_stream_id
-from ..errors import AlreadyTerminal, Conflict, IllegalTransition, NotAuthorized
+from ..domain import (
+    Item,
+    Run,
+    check_item_run_state,
+    check_item_state,
+    item_stream_id,
+    refuse_run_state,
+)
+from ..errors import Conflict, NotAuthorized
 from ..idempotency import retry_transient
 from ..stores.base import StreamConflict, Tx
 from ..views import Actor
@@ -58,34 +65,18 @@ def check_revision(expected: int | None, current: int, state: str, what: str) ->
 
 def require_run_state(run: Run, rule: S.Rule, command: str | None = None) -> None:
     """AlreadyTerminal/IllegalTransition unless the run is in one of the rule's sources."""
-    if run.state in rule.sources:
-        return
-    name = command or rule.command
-    allowed = ", ".join(sorted(rule.sources))
-    if S.is_terminal(run.state):
-        raise AlreadyTerminal(
-            f"run {run.run_id} is {run.state}, which is terminal; {name} is allowed from: {allowed}. "
-            "Corrections start a new linked run (retry, repair, compensate)",
-            state=run.state,
-            allowed=rule.sources,
-        )
-    raise IllegalTransition(
-        f"run {run.run_id} is {run.state}; {name} is allowed from: {allowed}",
-        state=run.state,
-        allowed=rule.sources,
-    )
+    if run.state not in rule.sources:
+        refuse_run_state(run.run_id, run.state, rule, command)
 
 
 def require_item_state(run_id: str, state: str, item_id: str, rule: S.Rule) -> None:
     """IllegalTransition unless the item is in one of the rule's sources."""
-    if state in rule.sources:
-        return
-    allowed = ", ".join(sorted(rule.sources))
-    raise IllegalTransition(
-        f"item {item_id!r} of run {run_id} is {state}; {rule.command} is allowed from: {allowed}",
-        state=state,
-        allowed=rule.sources,
-    )
+    check_item_state(run_id, item_id, state, rule)
+
+
+def require_item_run_state(run: Run, rule: S.Rule) -> None:
+    """AlreadyTerminal/IllegalTransition unless the run is in a state the item command needs."""
+    check_item_run_state(run.run_id, run.state, rule)
 
 
 def stamp(now: datetime, agg: Any) -> datetime:
