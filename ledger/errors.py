@@ -144,6 +144,21 @@ class CommitUncertain(LedgerError):
     `idempotency_key` (a keyed command is repeated by the ledger itself)."""
 
 
+class InvariantViolated(LedgerError):
+    """A command would have written what `verify` rejects (a terminal run or its item
+    changed, two live leases, an unearned success, a reconciler's success, time going
+    backwards): the ledger's own pre-commit check refused it and wrote nothing. It
+    means a command's checks missed a rule; `kind` names the rule, `run_id` the run."""
+
+    def __init__(self, message: str, kind: str, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.run_id = run_id
+
+    def to_dict(self) -> dict[str, object]:
+        return {**super().to_dict(), "kind": self.kind, "run_id": self.run_id}
+
+
 class FollowerNotFound(LedgerError):
     """No follower checkpoint has this name (see `ledger followers`)."""
 
@@ -172,6 +187,7 @@ __all__ = [
     "FollowerNotFound",
     "IllegalTransition",
     "InvalidInput",
+    "InvariantViolated",
     "ItemNotFound",
     "LeaseLost",
     "LedgerError",

@@ -25,6 +25,8 @@ Cases (ratio = ledger / baseline, same run, same server):
     (items/s >= 0.5x; WAL per item); procrastinate and dbos rows say what was not run
   10 change feed, PostgreSQL: Follower transitions/s vs a psycopg read (>= 0.5), wait_for_events
     wake-up (< 100 ms), follower lag under 8 writer processes (< 1 s)
+  11 the pre-commit rule checks (issue 13): claim+record with the checks on vs off, in
+    alternating rounds, PostgreSQL and SQLite (>= 0.95: a cost under 5%)
 
 The throwaway server keeps PostgreSQL's durable defaults (fsync and
 synchronous_commit on) and its data on disk. `--profile DIR` runs cProfile

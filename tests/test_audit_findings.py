@@ -118,7 +118,6 @@ def test_bug1_reconciler_leaves_rejected_run_alone(lg: Ledger, clock: ManualCloc
     verify_clean(lg)
 
 
-@bug(1, "ledger review --reject does not fence live leases")
 def test_bug1_cli_review_reject_fences_live_leases(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -266,7 +266,18 @@ def test_unknown_runs_illegal_transitions_and_stale_reviews_write_nothing(
     ok(dsn, "--as", "sam:submitter", "amend", run, part, "--reason", "late item")
     before = snapshot(dsn)
     assert_refused(
-        cli(dsn, "review", run, "--approve", "--input-version", version, "--reason", "ok"),
+        cli(
+            dsn,
+            "--as",
+            "rita:reviewer",  # not the submitter: four eyes (SPEC rule 13)
+            "review",
+            run,
+            "--approve",
+            "--input-version",
+            version,
+            "--reason",
+            "ok",
+        ),
         "StaleReview",
         version,
     )
@@ -279,7 +290,18 @@ def test_unknown_runs_illegal_transitions_and_stale_reviews_write_nothing(
 
     current = doc(dsn, "status", run)["input_version"]
     assert current != version
-    approved = doc(dsn, "review", run, "--approve", "--input-version", current, "--reason", "ok")
+    approved = doc(
+        dsn,
+        "--as",
+        "rita:reviewer",
+        "review",
+        run,
+        "--approve",
+        "--input-version",
+        current,
+        "--reason",
+        "ok",
+    )
     assert approved["state"] == "running"
 
 

@@ -40,6 +40,7 @@ API_NAMES = {
     "NotComplete",
     "LeaseLost",
     "StaleReview",
+    "InvariantViolated",
     # worker helper
     "Worker",
     "Accepted",
@@ -73,6 +74,7 @@ ERROR_NAMES = {
     "NotComplete",
     "LeaseLost",
     "StaleReview",
+    "InvariantViolated",
 }
 
 

@@ -24,7 +24,7 @@ import pytest
 from ledger import Actor, AlreadyTerminal, IllegalTransition, Lease, Ledger
 from ledger import states as S
 from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER
-from tests.findings import bug, refused, verify_clean
+from tests.findings import refused, verify_clean
 
 # ---------------------------------------------------------------------------
 # 1. SPEC.md's tables, transcribed
@@ -318,7 +318,6 @@ def every_row(lg: Ledger, clock: Any) -> None:
     lg.reconcile(actor=Actor("rec", S.RECONCILER))  # deadline (item), reconcile_deadline
 
 
-@bug(5, "nothing enforces the tables' evidence column; amend has no row in the rule book")
 def test_every_transition_carries_its_rows_evidence(lg: Ledger, clock: Any) -> None:
     """Generated from the tables: each row's `evidence` keys are on every transition
     recorded for it (none null), and every row of both tables was made."""

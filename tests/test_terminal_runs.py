@@ -210,7 +210,7 @@ def item_commands(
 
 
 # Groups of asks; the lease writes and the late reconcile are apart from the rest so that
-# bug 1's xfail (a review rejection leaves a live lease) covers only them.
+# a review rejection's fencing (bug 1) shows in the second group.
 GROUPS = {
     "commands": ("claim", "item_commands", "amend_add"),
     "leases_then_time": ("lease_writes", "reconcile"),
@@ -433,10 +433,7 @@ def test_a_clock_that_steps_back_never_moves_a_streams_time_backwards(
     "end",
     [
         "fail",
-        pytest.param(
-            "review_rejection",
-            marks=bug(1, "a review rejection does not fence the Worker's leases"),
-        ),
+        "review_rejection",
     ],
 )
 def test_worker_outcomes_after_its_run_ended_are_not_recorded(lg: Ledger, end: str) -> None:

@@ -119,7 +119,7 @@ def check_lease(
     """The item under a live lease, or LeaseLost (another lease, ended, or expired)."""
     if row is None:
         row = uow.item_row(tx, lease.run_id, lease.item_id)
-    item = item_from_row(row)
+    item = uow.track(item_from_row(row))
     if (
         item is None
         or item.state != S.IN_PROGRESS

@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
+from uuid import UUID
 
 from projections.rows import item_from_row
 
-from .. import queries
+from .. import invariants, queries
 from .. import states as S
 from ..domain import (
     Item,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from ..service import Ledger
 
 T = TypeVar("T")
+A = TypeVar("A", bound=Run | Item | None)
 
 LEDGER = Actor(S.LEDGER_ACTOR_ID, S.CONTROLLER)
 
@@ -94,6 +96,9 @@ class UnitOfWork:
         self.store = ledger.store
         self._projector = ledger._projector
         self._joined = tx  # the keyed command's transaction, shared by every step
+        # the time of the last committed event of every stream loaded: where the pre-commit
+        # rule check (ledger/invariants.py) starts each stream's clock
+        self._stamps: dict[UUID, datetime] = {}
 
     # -- transactions ----------------------------------------------------
     @contextmanager
@@ -125,7 +130,13 @@ class UnitOfWork:
     def load_run(self, tx: Tx, run_id: str, lock: bool = True) -> Run:
         """The run's aggregate from its snapshot row (locked on PostgreSQL); RunNotFound."""
         # through the facade: the one place every command loads its run (tests hook it)
-        return self.ledger._load_run(tx, run_id, lock)
+        return self.track(self.ledger._load_run(tx, run_id, lock))
+
+    def track(self, agg: A) -> A:
+        """Note the time of the aggregate's last committed event (None passes through)."""
+        if agg is not None and agg.modified_on is not None:
+            self._stamps[agg.id] = agg.modified_on
+        return agg
 
     def guard(
         self,
@@ -159,10 +170,9 @@ class UnitOfWork:
                 out[row["item_id"]] = row
         return out
 
-    @staticmethod
-    def materialize(row: dict[str, Any], now: datetime) -> Item:
+    def materialize(self, row: dict[str, Any], now: datetime) -> Item:
         """The item's aggregate; its stream begins now if it has none yet."""
-        item = item_from_row(row)
+        item = self.track(item_from_row(row))
         if item is None:
             item = Item._create(
                 Item.Registered,
@@ -183,6 +193,8 @@ class UnitOfWork:
         events = item_events + run_events if first == "items" else run_events + item_events
         if not events:
             return
+        # the rules verify applies to history, on these events, before anything is written
+        invariants.check(tx, events, runs, self._stamps)
         try:
             positioned = tx.append(cast("list[DomainEvent]", events))
         except StreamConflict as e:

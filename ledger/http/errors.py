@@ -22,6 +22,7 @@ from ..errors import (
     Conflict,
     IllegalTransition,
     InvalidInput,
+    InvariantViolated,
     ItemNotFound,
     LeaseLost,
     LedgerError,
@@ -44,6 +45,8 @@ STATUS_BY_ERROR: dict[type[LedgerError], int] = {
     StaleReview: 409,
     LeaseLost: 409,
     IllegalTransition: 409,
+    # the ledger's own pre-commit rule check refused a command: a bug in a command's checks
+    InvariantViolated: 500,
     # the database is down or the connection dropped: try again (with the same key)
     StoreUnavailable: 503,
     CommitUncertain: 503,

@@ -16,7 +16,7 @@ from typing import Any
 
 from .common import DEFAULT, FULL, QUICK, TINY, PgTarget, Profiler, Row, Sizes, durable
 
-ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10")
+ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11")
 
 __all__ = [
     "ALL_CASES",
@@ -61,6 +61,7 @@ def run_all(config: BenchConfig) -> list[Row]:
     from . import (
         append,
         feed,
+        invariants,
         peers,
         scaling,
         sqlite_items,
@@ -132,6 +133,8 @@ def run_all(config: BenchConfig) -> list[Row]:
         attempt("9", lambda: transfer.run(pg, sizes, say, tmp))
     if "10" in wanted and pg is not None:
         attempt("10", lambda: feed.run(pg, sizes, say))
+    if "11" in wanted:
+        attempt("11", lambda: invariants.run(pg, sizes, say, tmp))
     return sorted(rows, key=lambda r: r.case)
 
 

@@ -1,0 +1,90 @@
+"""Case 11: the cost of the pre-commit rule checks (ledger/invariants.py, SPEC rule 12).
+
+Case 1's work in one process: claim(limit=B) + record(B accepts) until a run is drained,
+on PostgreSQL when a server is given, and on SQLite. The same work runs with the checks
+and with them switched off (`ledger.invariants.check` replaced by a no-op), alternating
+in rounds on fresh runs of the same size so that noise falls on both sides alike.
+Ratio = items/s with the checks / without; goal >= 0.95 (a cost under 5%).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .common import Callback, Clock, PgTarget, Row, Sizes, accept_all, ratio_row, running_run
+
+ROUNDS = 4
+
+
+def _measure(lg: Any, n: int, batch: int, checks: bool) -> float:
+    from ledger import Actor, invariants
+
+    real = invariants.check
+    if not checks:
+        invariants.check = _skip
+    try:
+        run_id = running_run(lg, n)
+        with Clock() as clock:
+            done = accept_all(lg, run_id, Actor("bench-w", "worker"), batch)
+    finally:
+        invariants.check = real
+    if done != n:
+        raise RuntimeError(f"{done} of {n} items accepted")
+    return clock.seconds
+
+
+def _skip(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _compare(open_ledger: Callable[[], Any], n: int, batch: int) -> tuple[float, float]:
+    """Items/s (with checks, without), each side the sum of ROUNDS alternating rounds."""
+    per_round = max(batch, n // ROUNDS)
+    with_s = without_s = 0.0
+    with open_ledger() as lg:
+        _measure(lg, batch, batch, True)  # warm-up: imports, statement caches
+        for k in range(ROUNDS):
+            # alternate which side goes first, so a drift in the machine's load is shared
+            order = (True, False) if k % 2 == 0 else (False, True)
+            for checks in order:
+                seconds = _measure(lg, per_round, batch, checks)
+                if checks:
+                    with_s += seconds
+                else:
+                    without_s += seconds
+    total = per_round * ROUNDS
+    return total / with_s, total / without_s
+
+
+def run(pg: PgTarget | None, sizes: Sizes, say: Callback, tmp: Path | None = None) -> list[Row]:
+    from ledger import Ledger
+
+    n, batch = sizes.sqlite_items, sizes.throughput_ledger_batch
+    rows = []
+
+    def one(name: str, dsn: str) -> None:
+        say(f"case 11: {name}, {n} items, claim({batch})+record, rule checks on vs off")
+        on, off = _compare(lambda: Ledger.open(dsn), n, batch)
+        say(f"  with checks {on:,.0f} items/s, without {off:,.0f} items/s")
+        rows.append(
+            ratio_row(
+                "11",
+                f"{name} items/s, pre-commit rule checks on vs off",
+                on,
+                off,
+                "items/s",
+                0.95,
+                note=f"{n} items in {ROUNDS} alternating rounds a side; cost "
+                f"{(1 - on / off) * 100:.1f}%",
+            )
+        )
+
+    if pg is not None:
+        with pg.database("c11") as dsn:
+            one("PG", dsn)
+    with tempfile.TemporaryDirectory(dir=tmp, prefix="bench-c11-") as d:
+        one("SQLite", f"sqlite:///{d}/ledger.db")
+    return rows
