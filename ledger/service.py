@@ -31,6 +31,7 @@ from .commands import runs as _runs
 from .commands.args import Outcome
 from .commands.leases import MAX_CLAIM
 from .commands.pipeline import execute
+from .commands.registry import COMMANDS
 from .commands.runs import CANCEL_RETRIES
 from .commands.uow import LEDGER
 from .domain import Run
@@ -123,7 +124,9 @@ class Ledger:
         arguments = dict(arguments)
         del arguments["self"]
         key: str | None = arguments.pop("idempotency_key")
-        name = handler.__name__
+        spec = COMMANDS[handler.__name__]  # every command is declared once, in the registry
+        assert spec.handler is handler, spec
+        name = spec.name
         if self._next_key is not None:
             if key is not None:
                 raise InvalidInput("idempotency_key is given twice")

@@ -179,3 +179,25 @@ def test_the_commands_themselves_pass_the_check(lg: Ledger, clock: ManualClock) 
     lg.claim(other, WORKER, limit=1)
     lg.cancel(other, OPERATOR, "stop")
     verify_clean(lg)
+
+
+def test_every_command_is_in_the_registry_once() -> None:
+    """The registry and the facade agree: each public command of Ledger has one entry whose
+    arguments are the method's, and whose rule's roles are the ones the command checks."""
+    import inspect
+
+    from ledger.commands.registry import COMMANDS
+
+    for name, spec in COMMANDS.items():
+        method = getattr(Ledger, name)
+        params = [p for p in inspect.signature(method).parameters if p != "self"]
+        assert params[:-1] == list(spec.arguments), name
+        assert params[-1] == "idempotency_key", name
+        assert spec.summary.startswith(f"{name}: ") and spec.roles, name
+    assert COMMANDS["decide"].roles == S.run_rule("decide").roles
+    assert {n for n, s in COMMANDS.items() if s.creates_run} == {
+        "submit",
+        "retry",
+        "repair",
+        "compensate",
+    }

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from ..commands.registry import COMMANDS
 from ..errors import NotAuthorized
 from ..states import describe_roles, item_rule
 from ..validation import MAX_MANIFEST_BYTES
@@ -83,7 +84,7 @@ def _parse_json_body(raw: bytes) -> Any:
     "/runs",
     status_code=201,
     response_model=RunStatus,
-    summary="submit: a new run, queued",
+    summary=COMMANDS["submit"].summary,
     responses=error_responses(413),
     openapi_extra={
         "requestBody": {
@@ -108,7 +109,7 @@ async def submit(request: Request, actor: CommandActor, lg: CommandLedgerDep) ->
 @router.post(
     "/runs/{run_id}/start",
     response_model=RunStatus,
-    summary="start: queued -> running",
+    summary=COMMANDS["start"].summary,
     responses=RUN_ERRORS,
 )
 def start(
@@ -122,7 +123,7 @@ def start(
 @router.post(
     "/runs/{run_id}/amend",
     response_model=RunStatus,
-    summary="amend: a new input version",
+    summary=COMMANDS["amend"].summary,
     responses=RUN_ERRORS,
 )
 def amend(
@@ -144,7 +145,7 @@ def amend(
 @router.post(
     "/runs/{run_id}/claim",
     response_model=list[Lease],
-    summary="claim: leases on claimable items",
+    summary=COMMANDS["claim"].summary,
     responses=RUN_ERRORS,
 )
 def claim(
@@ -160,7 +161,7 @@ def claim(
 @router.post(
     "/runs/{run_id}/request_review",
     response_model=RunStatus,
-    summary="request_review: running -> awaiting_review",
+    summary=COMMANDS["request_review"].summary,
     responses=RUN_ERRORS,
 )
 def request_review(
@@ -176,7 +177,7 @@ def request_review(
 @router.post(
     "/runs/{run_id}/decide",
     response_model=RunStatus,
-    summary="decide: approve -> running, reject -> failed",
+    summary=COMMANDS["decide"].summary,
     responses=RUN_ERRORS,
 )
 def decide(
@@ -192,7 +193,7 @@ def decide(
 @router.post(
     "/runs/{run_id}/pause",
     response_model=RunStatus,
-    summary="pause: running -> pausing or paused",
+    summary=COMMANDS["pause"].summary,
     responses=RUN_ERRORS,
 )
 def pause(
@@ -206,7 +207,7 @@ def pause(
 @router.post(
     "/runs/{run_id}/resume",
     response_model=RunStatus,
-    summary="resume: pausing or paused -> running",
+    summary=COMMANDS["resume"].summary,
     responses=RUN_ERRORS,
 )
 def resume(
@@ -224,7 +225,7 @@ def resume(
 @router.post(
     "/runs/{run_id}/cancel",
     response_model=CancelOutcome,
-    summary="cancel: canceling or canceled",
+    summary=COMMANDS["cancel"].summary,
     responses=RUN_ERRORS,
 )
 def cancel(
@@ -238,7 +239,7 @@ def cancel(
 @router.post(
     "/runs/{run_id}/complete",
     response_model=RunStatus,
-    summary="complete: succeeded or completed_with_errors",
+    summary=COMMANDS["complete"].summary,
     responses=RUN_ERRORS,
 )
 def complete(
@@ -252,7 +253,7 @@ def complete(
 @router.post(
     "/runs/{run_id}/fail",
     response_model=RunStatus,
-    summary="fail: the run failed",
+    summary=COMMANDS["fail"].summary,
     responses=RUN_ERRORS,
 )
 def fail(
@@ -274,7 +275,7 @@ def fail(
     "/runs/{run_id}/retry",
     status_code=201,
     response_model=RunStatus,
-    summary="retry: a new linked run (retry_of)",
+    summary=COMMANDS["retry"].summary,
     responses=RUN_ERRORS,
 )
 def retry(
@@ -290,7 +291,7 @@ def retry(
     "/runs/{run_id}/repair",
     status_code=201,
     response_model=RunStatus,
-    summary="repair: a new linked run (repair_of / correction_of)",
+    summary=COMMANDS["repair"].summary,
     responses=RUN_ERRORS,
 )
 def repair(
@@ -308,7 +309,7 @@ def repair(
     "/runs/{run_id}/compensate",
     status_code=201,
     response_model=RunStatus,
-    summary="compensate: a new linked run (compensates)",
+    summary=COMMANDS["compensate"].summary,
     responses=RUN_ERRORS,
 )
 def compensate(
@@ -325,7 +326,10 @@ ItemPath = "/runs/{run_id}/items/{item_id:path}"
 
 
 @router.post(
-    f"{ItemPath}/skip", response_model=ItemStatus, summary="skip: -> skipped", responses=RUN_ERRORS
+    f"{ItemPath}/skip",
+    response_model=ItemStatus,
+    summary=COMMANDS["skip"].summary,
+    responses=RUN_ERRORS,
 )
 def skip(
     run_id: RunId, item_id: str, body: B.ReasonBody, actor: CommandActor, lg: CommandLedgerDep
@@ -338,7 +342,7 @@ def skip(
 @router.post(
     f"{ItemPath}/release",
     response_model=ItemStatus,
-    summary="release: quarantined -> retryable",
+    summary=COMMANDS["release"].summary,
     responses=RUN_ERRORS,
 )
 def release(
@@ -352,7 +356,7 @@ def release(
 @router.post(
     f"{ItemPath}/reject_item",
     response_model=ItemStatus,
-    summary="reject_item: quarantined -> rejected",
+    summary=COMMANDS["reject_item"].summary,
     responses=RUN_ERRORS,
 )
 def reject_item(
@@ -371,7 +375,7 @@ def reject_item(
 @router.post(
     "/leases/heartbeat",
     response_model=Lease,
-    summary="heartbeat: extend a live lease",
+    summary=COMMANDS["heartbeat"].summary,
     responses=RUN_ERRORS,
 )
 def heartbeat(body: B.LeaseBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
@@ -384,7 +388,7 @@ def heartbeat(body: B.LeaseBody, actor: CommandActor, lg: CommandLedgerDep) -> J
 @router.post(
     "/leases/accept",
     response_model=ItemStatus,
-    summary="accept: in_progress -> accepted",
+    summary=COMMANDS["accept"].summary,
     responses=RUN_ERRORS,
 )
 def accept(body: B.AcceptBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
@@ -397,7 +401,7 @@ def accept(body: B.AcceptBody, actor: CommandActor, lg: CommandLedgerDep) -> JSO
 @router.post(
     "/leases/reject",
     response_model=ItemStatus,
-    summary="reject: in_progress -> rejected",
+    summary=COMMANDS["reject"].summary,
     responses=RUN_ERRORS,
 )
 def reject(body: B.RejectBody, actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
@@ -410,7 +414,7 @@ def reject(body: B.RejectBody, actor: CommandActor, lg: CommandLedgerDep) -> JSO
 @router.post(
     "/leases/fail_attempt",
     response_model=ItemStatus,
-    summary="fail_attempt: -> retryable or quarantined",
+    summary=COMMANDS["fail_attempt"].summary,
     responses=RUN_ERRORS,
 )
 def fail_attempt(
@@ -428,7 +432,7 @@ def fail_attempt(
 @router.post(
     "/reconcile",
     response_model=ReconcileReport,
-    summary="reconcile: expire leases, finish cancels and pauses",
+    summary=COMMANDS["reconcile"].summary,
 )
 def reconcile(actor: CommandActor, lg: CommandLedgerDep) -> JSONResponse:
     """`lg.reconcile()` at the store's clock (a caller cannot choose `now`)."""
