@@ -114,12 +114,16 @@ def test_leases_expire_by_the_injected_clock(lg: Ledger, clock: ManualClock) -> 
     assert expired.finished_at == clock()
 
 
-def test_reconcile_now_argument_overrides_the_clock(lg: Ledger, clock: ManualClock) -> None:
+def test_reconcile_now_argument_may_look_back_never_ahead(lg: Ledger, clock: ManualClock) -> None:
+    """SPEC rule 14: a `now` later than the store's clock is refused; an earlier one is used."""
     rid = submit(lg, 1, lease_seconds=30)
     lg.start(rid, CONTROLLER)
     le = lg.claim(rid, WORKER)[0]
-    assert lg.reconcile(now=clock() + timedelta(seconds=10)).expired_leases == 0
-    assert lg.reconcile(now=clock() + timedelta(seconds=31)).expired_leases == 1
+    with pytest.raises(InvalidInput, match="later than the store's clock"):
+        lg.reconcile(now=clock() + timedelta(seconds=31))
+    clock.advance(31)
+    assert lg.reconcile(now=clock() - timedelta(seconds=21)).expired_leases == 0
+    assert lg.reconcile(now=clock()).expired_leases == 1
     with pytest.raises(LeaseLost):
         lg.heartbeat(le)
     with pytest.raises(InvalidInput):

@@ -93,6 +93,29 @@ def test_every_error_type_is_raised(lg: Ledger, tmp_path: Any) -> None:
     lg.decide(rid, REVIEWER, lg.status(rid).input_version, False, "wrong totals")
     e = check(AlreadyTerminal, lambda: lg.start(rid, CONTROLLER))
     assert isinstance(e, AlreadyTerminal) and e.state == S.FAILED
+
+    def forged_restart() -> None:
+        """A command that forgot every check (see test_invariants): the commit refuses it."""
+        from ledger.commands.uow import UnitOfWork
+
+        uow = UnitOfWork(lg)
+        with uow.write() as tx:
+            run = uow.load_run(tx, rid)
+            run.trigger_event(
+                run.Transitioned,
+                command="start",
+                from_state=run.state,
+                to_state=S.RUNNING,
+                actor_id="careless",
+                role=S.CONTROLLER,
+                reason=None,
+                evidence={},
+                timestamp=tx.now(),
+            )
+            uow.commit(tx, {rid: run})
+
+    e = check(ledger.InvariantViolated, forged_restart)
+    assert e.to_dict()["kind"] == "terminal_changed"
     # the change feed's (ledger/follower.py, ledger/webhooks.py)
     from ledger.follower import Follower, reset
     from ledger.webhooks import remove_webhook
