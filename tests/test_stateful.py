@@ -157,6 +157,7 @@ class MRun:
     failure_kind: str | None = None
     failure_reason: str | None = None
     review: dict[str, Any] | None = None  # decision, bound (input version), approved
+    linked: dict[str, str] = field(default_factory=dict)  # command -> latest linked run
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(ITEM_STATES, 0)
@@ -538,8 +539,9 @@ class LedgerMachine(RuleBasedStateMachine):
                     it.end_attempt("abandoned", "retryable", None)
             run.go("failed")
             run.failure_kind = "transient" if transient else "permanent"
+            # SPEC rule 16: a failed run always has a reason, by role when none is given
             run.failure_reason = reason or (
-                "operator_decision" if actor.role == "operator" else None
+                "operator_decision" if actor.role == "operator" else "controller_decision"
             )
 
     # these share rules so that, with rules drawn evenly, runs are not ended in every other step
@@ -622,10 +624,22 @@ class LedgerMachine(RuleBasedStateMachine):
             and (target.state not in EDITABLE or not target.in_manifest)
         ):
             err = E.IllegalTransition
+        # SPEC rule 13: raising max_attempts after an attempt failed or expired weakens
+        # acceptance: refused to the submitter, an operator's (with a reason) is recorded as
+        # a transition of its own before the amendment
+        weakens = (
+            kind == "policy"
+            and max_attempts > run.policy["max_attempts"]
+            and any(
+                o in ("failed", "lease_expired") for it in run.items.values() for o in it.outcomes
+            )
+        )
+        if err is None and weakens and actor.role == "submitter":
+            err = E.NotAuthorized
         ok, status = self.call(err, lambda: self.lg.amend(run.run_id, actor, "amended", **kwargs))
         if not ok:
             return
-        run.revision += 1
+        run.revision += 2 if weakens else 1
         if kind == "add":
             run.items[new_id] = MItem(new_id, item % 2 == 0)
         elif kind == "withdraw":
@@ -655,6 +669,14 @@ class LedgerMachine(RuleBasedStateMachine):
             err = E.IllegalTransition
         if err is None and not items:
             err = E.InvalidInput
+        # SPEC rule 15: one open linked run per relation (checked after the rest here)
+        open_child = run.linked.get(command)
+        if (
+            err is None
+            and open_child is not None
+            and self.runs[open_child].state not in TERMINAL_RUN_STATES
+        ):
+            err = E.Conflict
         calls = {
             "retry": lambda: self.lg.retry(run.run_id, actor),
             "repair": lambda: self.lg.repair(run.run_id, actor),
@@ -664,6 +686,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if ok:
             self.add_run(status, [(it.item_id, it.required) for it in items], policy)
             assert status.links[0].run_id == run.run_id
+            run.linked[command] = status.run_id
 
     @precondition(
         lambda self: (
