@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+import psycopg_pool
 from eventsourcing.persistence import Notification, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from psycopg import sql
@@ -134,19 +135,21 @@ class Waker:
     """NOTIFY on the recorder's channel after commits, coalesced: at most one per
     `interval` seconds, and a commit is always followed by one (the last is never
     dropped). A wake-up is a hint for listeners (`subscribe()`, the change feed), never
-    needed for correctness, so a failure to send one is ignored. The thread and its
-    connection (its own, not the pool's: it never makes the pool grow behind the
-    commands' back) start on first use."""
+    needed for correctness, so a failure to send one is ignored. The thread starts on
+    first use; it borrows a connection of the commands' pool for each NOTIFY (and gives
+    up when none is free within `interval`), so the pool's bound is every connection
+    the ledger holds."""
 
-    def __init__(self, dsn: str, channel: str, interval: float) -> None:
-        self._dsn = dsn
+    def __init__(
+        self, pool: psycopg_pool.ConnectionPool[Any], channel: str, interval: float
+    ) -> None:
+        self._pool = pool
         self._statement = sql.SQL("NOTIFY {}").format(sql.Identifier(channel))
         self._interval = interval
         self._pending = threading.Event()
         self._closed = threading.Event()
         self._start = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._conn: psycopg.Connection[Any] | None = None
 
     def poke(self) -> None:
         """Ask for a wake-up (after a commit that appended events)."""
@@ -161,28 +164,21 @@ class Waker:
 
     def _send(self) -> None:
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=10)
-            # an autocommit statement: a transaction of its own, off every write path
-            self._conn.execute(self._statement)
+            # a transaction of its own (the pool commits it on return), off every write path
+            with self._pool.connection(timeout=max(self._interval, 1.0)) as conn:
+                conn.execute(self._statement)
         except Exception:  # a hint only (see the class docstring)
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = None
+            return
 
     def _run(self) -> None:
-        try:
-            while True:
-                self._pending.wait()
-                if self._closed.is_set():
-                    return
-                self._pending.clear()
-                self._send()
-                if self._closed.wait(self._interval):
-                    return
-        finally:
-            if self._conn is not None:
-                self._conn.close()
+        while True:
+            self._pending.wait()
+            if self._closed.is_set():
+                return
+            self._pending.clear()
+            self._send()
+            if self._closed.wait(self._interval):
+                return
 
     def close(self) -> None:
         """Stop the thread (a pending wake-up is dropped: nobody can read after close)."""

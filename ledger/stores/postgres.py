@@ -216,7 +216,7 @@ class PostgresStore(Store):
         try:
             self._create_schema()
             self.recorder = LedgerPostgresRecorder(self.datastore, events_table_name=EVENTS_TABLE)
-            self.waker = Waker(dsn, self.recorder.channel_name, WAKE_INTERVAL_S)
+            self.waker = Waker(self.datastore.pool, self.recorder.channel_name, WAKE_INTERVAL_S)
         except BaseException:
             self.datastore.close()  # no pool threads left behind retrying a database we cannot use
             raise
