@@ -48,7 +48,16 @@ def console(wide: bool = False) -> Console:
         width = 1000 if wide else None
     elif "COLUMNS" not in os.environ:
         width = 200
-    return Console(highlight=False, width=width)
+    return _PipeConsole(highlight=False, width=width)
+
+
+class _PipeConsole(Console):
+    """A reader that goes away (`ledger history RUN | head`) is its choice, not an error:
+    rich's default exits 1 there; this one silences stdout and lets the CLI exit 0."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
 
 
 def state(text: str | None) -> str:
