@@ -422,6 +422,11 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert run.review is not None
                 run.review["approved"] = version
             else:
+                # a rejection fails the run, and a failed run holds no live lease (SPEC: a
+                # fail fences live leases; items of a terminal run never change after)
+                for it in run.items.values():
+                    if it.state == "in_progress":
+                        it.end_attempt("abandoned", "retryable", None)
                 run.go("failed")
                 run.failure_kind, run.failure_reason = "permanent", "review_rejected"
 
