@@ -2,7 +2,7 @@
 
 The ledger's claim(L)+record loop over N no-op items with 1, 2 and 8 processes on one
 run, and 4 runs x 2 processes (each pair on its own run), in the same run of the bench.
-Per row: items/s, WAL bytes per item (`pg_current_wal_lsn()` before and after),
+Per row: items/s, WAL bytes per item (`pg_current_wal_insert_lsn()` before and after),
 client CPU per item (the worker processes' own /proc/self/stat) and server CPU per
 item (/proc/<pid>/stat of the database's backends, read while the workers are still
 connected; n/a when the server is on another machine), and the top wait events of
@@ -79,7 +79,7 @@ def _server_cpu(conn: Any) -> float | None:
 
 
 def _wal(conn: Any) -> int:
-    return int(conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])
+    return int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])
 
 
 def _measure(
