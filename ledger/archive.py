@@ -42,6 +42,7 @@ from uuid import UUID
 
 from . import states as S
 from .archived import Archived, archived_record
+from .commands import args as A
 from .domain import bounded_summary, run_stream_id
 from .errors import IllegalTransition, InvalidInput, NotAuthorized, RunNotFound
 from .stores import hashchain as hc
@@ -125,6 +126,11 @@ def archive(
         raise InvalidInput("actor must be an Actor")
     if actor.role != S.OPERATOR:
         raise NotAuthorized(f"role {actor.role!r} may not archive runs; allowed: operator")
+    path = _file_arg(to, "to")
+    if path.exists() and not path.is_file():
+        raise InvalidInput(f"to {str(path)!r} exists and is not a file: name an archive file")
+    runs = _run_ids_arg(runs)
+    reason = A.reason(reason)
     if terminal_before is None and not runs:
         raise InvalidInput("name the runs to archive: terminal_before, or runs")
     if terminal_before is not None:
@@ -137,7 +143,6 @@ def archive(
                 f"terminal_before {terminal_before.isoformat()} is later than the store's clock "
                 f"({now.isoformat()}): only runs terminal in the past can be archived"
             )
-    path = Path(to)
     resumed: list[str] = []
     if not path.exists():
         chosen = _choose(lg, terminal_before, runs)
@@ -175,6 +180,35 @@ def archive(
         sha256=sha,
         digest=digest,
     )
+
+
+def _file_arg(value: Any, what: str) -> Path:
+    """A file name given as a string or a path (InvalidInput otherwise)."""
+    if isinstance(value, Path):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(f"{what} must be a file name (a non-empty string or path)")
+    if "\x00" in value:
+        raise InvalidInput(f"{what} must not contain NUL characters")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} must be valid Unicode (no lone surrogates)") from None
+    return Path(value)
+
+
+def _run_ids_arg(value: Any) -> list[str] | None:
+    """`runs`: None, or a list of run ids (UUID strings)."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple):
+        raise InvalidInput(f"runs must be a list of run ids, got {type(value).__name__}")
+    out = []
+    for run_id in value:
+        if not isinstance(run_id, str):
+            raise InvalidInput(f"runs must hold run ids (strings), got {type(run_id).__name__}")
+        out.append(A.run_id(run_id))
+    return out
 
 
 def _choose(lg: Any, before: datetime | None, named: list[str] | None) -> list[str]:
@@ -401,7 +435,7 @@ def restore(lg: Any, actor: Actor, source: str | Path) -> ArchiveSummary:
         raise InvalidInput("actor must be an Actor")
     if actor.role != S.OPERATOR:
         raise NotAuthorized(f"role {actor.role!r} may not restore runs; allowed: operator")
-    path = Path(source)
+    path = _file_arg(source, "source")
     if not path.is_file():
         raise InvalidInput(f"cannot read archive file {str(path)!r}")
     with open(path, encoding="utf-8") as f:
