@@ -911,7 +911,14 @@ schemathesis = pytest.importorskip("schemathesis")
 
 
 @pytest.fixture
-def fuzz_app(tmp_path: Path) -> Iterator[tuple[Any, dict[str, str], str]]:
+def fuzz_app(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Any, dict[str, str], str]]:
+    from ledger.http import feed as http_feed
+
+    # an event stream ends after STREAM_MAX_S (5 minutes): here after a moment, so that
+    # each fuzzed request to it returns what it streamed instead of waiting minutes
+    monkeypatch.setattr(http_feed, "STREAM_MAX_S", 0.2)
     tokens_path = tmp_path / "tokens"
     made = {role: add_token(actor_id(role), role, tokens_path) for role in ROLES}
     with Ledger.open(f"sqlite:///{tmp_path}/fuzz.db") as lg:
