@@ -42,13 +42,19 @@ from .views import (
 
 if TYPE_CHECKING:
     __version__: str  # the installed distribution's version (`ledger --version`)
+    from .board import BoardPage, BoardRow
     from .follower import Follower
     from .manifest import Manifest, Policy
+    from .overview import Overview, StuckRun
     from .service import Ledger
     from .worker import Accepted, Quarantine, Rejected, Worker
 
 _LAZY = {
     "Ledger": "service",
+    "Overview": "overview",
+    "StuckRun": "overview",
+    "BoardPage": "board",
+    "BoardRow": "board",
     "Follower": "follower",
     "Manifest": "manifest",
     "Policy": "manifest",
@@ -84,6 +90,8 @@ __all__ = [
     "Actor",
     "AlreadyTerminal",
     "Attempt",
+    "BoardPage",
+    "BoardRow",
     "CancelOutcome",
     "Conflict",
     "Follower",
@@ -103,6 +111,7 @@ __all__ = [
     "ManifestInvalid",
     "NotAuthorized",
     "NotComplete",
+    "Overview",
     "Policy",
     "Quarantine",
     "ReconcileReport",
@@ -111,6 +120,7 @@ __all__ = [
     "RunNotFound",
     "RunStatus",
     "StaleReview",
+    "StuckRun",
     "Transition",
     "VerifyReport",
     "WebhookNotFound",

@@ -59,6 +59,11 @@ EXTRA_NAMES = {
     "FollowerNotFound",
     "WebhookNotFound",
     "RunArchived",
+    # what `lg.overview()` and `lg.board()` return (API.md: "-> Overview")
+    "Overview",
+    "StuckRun",
+    "BoardPage",
+    "BoardRow",
 }
 
 ERROR_NAMES = {
