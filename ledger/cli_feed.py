@@ -1,6 +1,6 @@
 """The feed's commands: `ledger events`, `ledger followers`, `ledger webhooks`.
 
-Registered on the `ledger` app by ledger/cli.py (the last lines of that module).
+Registered on the `ledger` app (ledger/cli_app.py) when ledger/cli.py imports it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from .cli import JsonOpt, _emit_json, _ledger, app
+from .cli_app import JsonOpt, _emit_json, _ledger, app
 
 if TYPE_CHECKING:
     from .views import Transition

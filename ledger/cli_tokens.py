@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .cli import JsonOpt, _emit_json, token_app
+from .cli_app import JsonOpt, _emit_json, token_app
 
 TokensOpt = Annotated[
     Path | None,

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .cli import _ledger, _refuse_key, app
+from .cli_app import _ledger, _refuse_key, app
 
 
 def _ago(now: datetime, then: datetime | None) -> str:

@@ -11,9 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from .cli import (
+from .cli_app import (
     JsonOpt,
-    RebuildProgress,
     _actor,
     _emit_json,
     _ledger,
@@ -21,6 +20,7 @@ from .cli import (
     _parse_time,
     app,
 )
+from .cli_progress import RebuildProgress
 
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar on stderr")]
 
