@@ -150,6 +150,15 @@ def _reporter(interval: float) -> Iterator[Any]:
     if not sys.stderr.isatty():
         yield lines
         return
+    bar = stderr_bar("working", 30)
+    with bar:
+        task = bar.add_task("work", total=None, rate="")
+        yield WorkBar(bar, task, lines)
+
+
+def stderr_bar(label: str, width: int) -> Any:
+    """A rich progress bar on stderr: label, bar, done/total, %, the task's `rate` field
+    and the time left. Imported only on a terminal."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -160,18 +169,15 @@ def _reporter(interval: float) -> Iterator[Any]:
         TimeRemainingColumn,
     )
 
-    bar = Progress(
-        TextColumn("working"),
-        BarColumn(bar_width=30),
+    return Progress(
+        TextColumn(label),
+        BarColumn(bar_width=width),
         MofNCompleteColumn(),
         TaskProgressColumn(),
         TextColumn("{task.fields[rate]}"),
         TimeRemainingColumn(),
         console=Console(stderr=True),
     )
-    with bar:
-        task = bar.add_task("work", total=None, rate="")
-        yield WorkBar(bar, task, lines)
 
 
 # -- events: rebuild, verify, export, import ---------------------------------------
@@ -234,26 +240,8 @@ class RebuildProgress:
         if not sys.stderr.isatty():
             yield cls(write=lambda line: typer.echo(line, err=True))
             return
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TaskProgressColumn,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
         # fits 80 columns at 1,000,000 events: "rebuilding ━━━━ 500000/1000002 50% 27,862 events/s 0:00:18"
-        bar = Progress(
-            TextColumn("rebuilding"),
-            BarColumn(bar_width=20),
-            MofNCompleteColumn(),
-            TaskProgressColumn(),
-            TextColumn("{task.fields[rate]}"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-        )
+        bar = stderr_bar("rebuilding", 20)
         with bar:
             task = bar.add_task("rebuild", total=None, rate="")
             yield cls(bar=(bar, task))
