@@ -12,6 +12,7 @@ ordering scheme changes them and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -223,7 +224,7 @@ class Waiter:
         """True as soon as a transition past `after` has committed; False after `timeout`
         seconds (or once `stop` is set) without one."""
         deadline = time.monotonic() + timeout
-        conn = self._listen() if self.store.dialect == "postgres" else None
+        conn = self._listen_or_poll() if self.store.dialect == "postgres" else None
         while True:
             # LISTEN came first: a commit after this look still wakes the wait below
             if has_after(self.store, after):
@@ -232,17 +233,31 @@ class Waiter:
             if remaining <= 0 or (stop is not None and stop.is_set()):
                 return False
             if conn is not None:
-                for _ in conn.notifies(timeout=min(remaining, PG_RECHECK_S), stop_after=1):
-                    pass
+                try:
+                    for _ in conn.notifies(timeout=min(remaining, PG_RECHECK_S), stop_after=1):
+                        pass
+                except Exception:  # the listening connection died: poll until it is back
+                    self.close()
+                    conn = None
             elif stop is not None:
                 stop.wait(min(remaining, SQLITE_POLL_S))
             else:
                 time.sleep(min(remaining, SQLITE_POLL_S))
 
+    def _listen_or_poll(self) -> Any:
+        """The LISTEN connection; None (poll instead) while it cannot be opened: a
+        wake-up is only a hint, the look at the store decides."""
+        try:
+            return self._listen()
+        except Exception:
+            self.close()
+            return None
+
     def close(self) -> None:
         if self._conn is not None:
             try:
-                self._conn.close()
+                with contextlib.suppress(Exception):  # closing a dead connection
+                    self._conn.close()
             finally:
                 self._conn = None
 

@@ -35,7 +35,13 @@ from typing import TYPE_CHECKING, Any, Self
 from projections.rows import iso, parse_dt
 
 from . import feed
-from .errors import FollowerBusy, FollowerNotFound, InvalidInput
+from .errors import (
+    CommitUncertain,
+    FollowerBusy,
+    FollowerNotFound,
+    InvalidInput,
+    StoreUnavailable,
+)
 from .follower_lock import FollowerLock
 from .validation import check_identifier
 from .views import _View
@@ -46,6 +52,8 @@ if TYPE_CHECKING:
 
 MAX_BATCH = 10_000
 IDLE_WAIT_S = 5.0  # run(): the longest one wait for new transitions lasts before looking again
+RETRY_FIRST_S = 0.2  # run(): the pause after a batch failed on an unreachable database,
+RETRY_MAX_S = 10.0  # doubling up to this
 
 
 def _owner() -> str:
@@ -161,14 +169,35 @@ class Follower:
             if not more:
                 return total
 
-    def run(self) -> None:
-        """Handle batches as transitions commit, until `stop()`; releases the lock at the end."""
+    def run(self, *, retry: bool = True) -> None:
+        """Handle batches as transitions commit, until `stop()`; releases the lock at the end.
+
+        With `retry` (the default) an unreachable database does not end it: a batch that
+        failed on `StoreUnavailable` or `CommitUncertain`, or on a lost lock (its
+        connection died), gives the name's lock up and is tried again after a pause
+        (0.2 s, doubling to 10 s), taking the lock again first. Nothing is skipped: the
+        checkpoint only moves with a batch that was handled (in-database mode: in the
+        same transaction; external mode: the batch may be delivered again, as after a
+        crash). `FollowerBusy` (another process took the name meanwhile, without `wait`)
+        and the handler's own exceptions end it."""
         waiter = feed.Waiter(self.lg.store)
+        pause = RETRY_FIRST_S
         try:
             while not self._stop.is_set():
-                _, more = self._step()
-                if not more:
-                    waiter.wait(self._cursor, IDLE_WAIT_S, stop=self._stop)
+                try:
+                    _, more = self._step()
+                    if not more:
+                        waiter.wait(self._cursor, IDLE_WAIT_S, stop=self._stop)
+                except (StoreUnavailable, CommitUncertain, FollowerBusy) as e:
+                    busy = isinstance(e, FollowerBusy) and not self._lock.lost
+                    if not retry or busy:
+                        raise
+                    self.close()  # take the lock again before the next batch
+                    if self._stop.wait(pause):
+                        return
+                    pause = min(pause * 2, RETRY_MAX_S)
+                    continue
+                pause = RETRY_FIRST_S
         finally:
             waiter.close()
             self.close()

@@ -38,6 +38,7 @@ class FollowerLock:
         self.store = store
         self.name = name
         self.held = False
+        self.lost = False  # the lock was held and its connection failed (check())
         self._conn: Any = None
         self._fd: int | None = None
         self._local: threading.Lock | None = None
@@ -47,6 +48,7 @@ class FollowerLock:
         (with `wait`, look again every RETRY_S until it is free or `stop` is set)."""
         if self.held:
             return
+        self.lost = False
         while not self._try():
             if not wait or (stop is not None and stop.is_set()):
                 raise FollowerBusy(
@@ -73,7 +75,15 @@ class FollowerLock:
                 self._conn = psycopg.connect(self.store.dsn, autocommit=True)  # type: ignore[attr-defined]
             except psycopg.OperationalError as e:
                 raise StoreUnavailable(f"the database is unavailable ({e})") from e
-        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (_key(self.name),)).fetchone()
+        try:
+            row = self._conn.execute(
+                "SELECT pg_try_advisory_lock(%s)", (_key(self.name),)
+            ).fetchone()
+        except psycopg.OperationalError as e:  # its connection died (a server restart)
+            with contextlib.suppress(psycopg.Error, OSError):
+                self._conn.close()
+            self._conn = None
+            raise StoreUnavailable(f"the database is unavailable ({e})") from e
         return bool(row and row[0])
 
     def _try_file(self, db_path: str) -> bool:
@@ -104,7 +114,7 @@ class FollowerLock:
             try:
                 self._conn.execute("SELECT 1")
             except psycopg.Error as e:
-                self.held = False
+                self.held, self.lost = False, True
                 raise FollowerBusy(
                     f"follower {self.name!r} lost its lock (the connection holding it "
                     f"failed: {type(e).__name__}); start it again"

@@ -634,6 +634,57 @@ def test_server_restart_during_keyed_commands(own_server: PgServer) -> None:
 
 
 @pytest.mark.postgres
+def test_a_follower_rides_out_a_server_restart_and_handles_each_transition_once(
+    own_server: PgServer,
+) -> None:
+    from ledger import Follower
+
+    create_database(own_server.admin_dsn, "follower_restart")
+    dsn = with_dbname(own_server.admin_dsn, "follower_restart")
+    with Ledger.open(dsn) as lg:
+        with lg.store.write() as tx:  # a read model of the user's, in the ledger's database
+            tx.execute("CREATE TABLE seen (position BIGINT PRIMARY KEY)")
+
+        def handle(batch: list[Any], tx: Any) -> None:  # in-database: exactly once
+            tx.executemany("INSERT INTO seen (position) VALUES (?)", [(t.position,) for t in batch])
+
+        def everything() -> list[int]:
+            out: list[int] = []
+            while page := lg.events(after=out[-1] if out else 0):
+                out += [t.position for t in page]
+            return out
+
+        follower = Follower(lg, "restart", handle, batch=5)
+        errors: list[BaseException] = []
+
+        def follow() -> None:
+            try:
+                follower.run()
+            except BaseException as e:
+                errors.append(e)
+
+        thread = threading.Thread(target=follow)
+        thread.start()
+        try:
+            running(lg, 10)
+            wait_until(lambda: follower.position == everything()[-1], "the first catch-up")
+            own_server.restart()  # every connection is cut: the pool's, the lock's, LISTEN's
+            running(lg, 10)  # commits after the restart
+            wait_until(
+                lambda: errors or follower.position == everything()[-1],
+                "the follower to go on after the restart",
+            )
+        finally:
+            follower.stop()
+            thread.join(WAIT)
+        assert not thread.is_alive()
+        assert errors == []
+        with lg.store.read() as tx:
+            seen = [r["position"] for r in tx.fetchall("SELECT position FROM seen ORDER BY 1")]
+        assert seen == everything()  # none skipped, none twice (the key would refuse it)
+
+
+@pytest.mark.postgres
 def test_unreachable_server_surfaces_store_unavailable(
     own_server: PgServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
