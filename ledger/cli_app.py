@@ -7,6 +7,7 @@ actor, JSON output, option types). The commands live in the `cli_*` modules that
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 if TYPE_CHECKING:
     from .service import Ledger
@@ -125,6 +126,49 @@ def _silence_stdout() -> None:
 def _is_usage_error(error: Exception) -> bool:
     # click's exceptions (typer vendors click, so match by shape, not by class)
     return hasattr(error, "exit_code") and hasattr(error, "show")
+
+
+class RuleBookCommand(TyperCommand):
+    """A write command whose help ends with its rows of the rule book, rendered from the
+    command registry (`CommandSpec.summary`, ledger/commands/registry.py) when the help
+    is shown, so the states and roles that `ledger COMMAND --help` prints are the ones
+    the ledger enforces, and start-up imports nothing for them. The short help (the
+    listing of `ledger --help`) ends its first sentence with the roles."""
+
+    def _specs(self) -> list[Any]:
+        from .commands.registry import COMMANDS
+
+        specs: list[Any] = []
+        for spec in COMMANDS.values():
+            # one row per rule: `approve` (decide's) and `record` (accept's) add nothing
+            if spec.cli == self.name and all(spec.rule != seen.rule for seen in specs):
+                specs.append(spec)
+        return specs
+
+    def format_help_text(self, ctx: Any, formatter: Any) -> None:
+        super().format_help_text(ctx, formatter)
+        # each summary as "name:" and the move, wrapped under the move
+        rows = [spec.summary.partition(" ") for spec in self._specs()]
+        formatter.write_paragraph()
+        with formatter.indentation():
+            formatter.write_text("Rule book:")
+            with formatter.indentation():
+                formatter.write_dl([(name, move) for name, _, move in rows])
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        from .states import describe_roles
+
+        roles = describe_roles(frozenset().union(*(spec.roles for spec in self._specs())))
+        words = inspect.cleandoc(self.help or "").split()
+        # the first sentence, as click takes it (up to the first word ending with ".")
+        end = next((i for i, word in enumerate(words) if word.endswith(".")), len(words) - 1)
+        first = " ".join(words[: end + 1]).rstrip(".")
+        text = self.help
+        self.help = f"{first} ({roles})."
+        try:
+            return super().get_short_help_str(limit)
+        finally:
+            self.help = text
 
 
 app = typer.Typer(

@@ -15,6 +15,7 @@ from .cli_app import (
     ItemArg,
     JsonOpt,
     ReasonOpt,
+    RuleBookCommand,
     RunArg,
     _actor,
     _emit_json,
@@ -28,7 +29,7 @@ from .cli_app import (
 )
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def submit(
     ctx: typer.Context,
     manifest: Annotated[Path, typer.Argument(metavar="MANIFEST.json", exists=True, dir_okay=False)],
@@ -43,17 +44,17 @@ def submit(
     _show_run(status, as_json, "submitted")
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def start(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
-    """Start a queued run (controller)."""
+    """Start a queued run."""
     with _ledger(ctx) as lg:
         status = lg.start(run_id, _actor(ctx, "start"))
     _show_run(status, as_json, "started")
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def complete(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
-    """Complete a running run: succeeded or completed_with_errors (controller)."""
+    """Complete a running run: succeeded or completed_with_errors."""
     with _ledger(ctx) as lg:
         status = lg.complete(run_id, _actor(ctx, "complete"))
     _show_run(status, as_json, "completed")
@@ -62,7 +63,7 @@ def complete(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> No
 _AMEND_KEYS = ("items", "withdraw", "policy")
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def amend(
     ctx: typer.Context,
     run_id: RunArg,
@@ -110,7 +111,7 @@ def amend(
     _show_run(status, as_json, "amended")
 
 
-@app.command("request-review")
+@app.command("request-review", cls=RuleBookCommand)
 def request_review(
     ctx: typer.Context,
     run_id: RunArg,
@@ -120,7 +121,7 @@ def request_review(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Ask for a review decision bound to the run's current input version (controller)."""
+    """Ask for a review decision bound to the run's current input version."""
     with _ledger(ctx) as lg:
         status = lg.request_review(
             run_id, _actor(ctx, "request-review"), decision, reviewer=reviewer
@@ -128,7 +129,7 @@ def request_review(
     _show_run(status, as_json, f"review requested ({status.input_version}) for")
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def review(
     ctx: typer.Context,
     run_id: RunArg,
@@ -142,8 +143,7 @@ def review(
     reject: Annotated[bool, typer.Option("--reject", help="Reject: the run fails")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Decide a review: exactly one of --approve (back to running) or --reject (failed)
-    (reviewer)."""
+    """Decide a review: exactly one of --approve (back to running) or --reject (failed)."""
     if approve == reject:
         raise typer.BadParameter("give exactly one of them", param_hint="--approve / --reject")
     with _ledger(ctx) as lg:
@@ -160,33 +160,33 @@ def review(
     )
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def pause(
     ctx: typer.Context,
     run_id: RunArg,
     reason: Annotated[str, typer.Option("--reason")] = "paused from the command line",
     as_json: JsonOpt = False,
 ) -> None:
-    """Pause a running run: pausing until its leases end, then paused (operator)."""
+    """Pause a running run: pausing until its leases end, then paused."""
     with _ledger(ctx) as lg:
         status = lg.pause(run_id, _actor(ctx, "pause"), reason)
     _show_run(status, as_json, "paused")
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def resume(
     ctx: typer.Context,
     run_id: RunArg,
     reason: Annotated[str | None, typer.Option("--reason")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Resume a pausing or paused run (operator)."""
+    """Resume a pausing or paused run."""
     with _ledger(ctx) as lg:
         status = lg.resume(run_id, _actor(ctx, "resume"), reason=reason)
     _show_run(status, as_json, "resumed")
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def cancel(
     ctx: typer.Context,
     run_id: RunArg,
@@ -205,7 +205,7 @@ def cancel(
     )
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def fail(
     ctx: typer.Context,
     run_id: RunArg,
@@ -224,7 +224,9 @@ def fail(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Fail a run, transient unless --permanent (controller; operators: transient only)."""
+    """Fail a run, transient unless --permanent.
+
+    An operator may fail a run transient only (a controller also permanently)."""
     with _ledger(ctx) as lg:
         status = lg.fail(
             run_id,
@@ -236,7 +238,7 @@ def fail(
     _show_run(status, as_json, "failed")
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def skip(
     ctx: typer.Context,
     run_id: RunArg,
@@ -244,13 +246,13 @@ def skip(
     reason: ReasonOpt,
     as_json: JsonOpt = False,
 ) -> None:
-    """Skip a pending, retryable or quarantined item (operator)."""
+    """Skip a pending, retryable or quarantined item."""
     with _ledger(ctx) as lg:
         item = lg.skip(run_id, item_id, _actor(ctx, "skip"), reason)
     _show_item(item, as_json)
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def release(
     ctx: typer.Context,
     run_id: RunArg,
@@ -258,13 +260,13 @@ def release(
     reason: ReasonOpt,
     as_json: JsonOpt = False,
 ) -> None:
-    """Release a quarantined item for another attempt (operator)."""
+    """Release a quarantined item for another attempt."""
     with _ledger(ctx) as lg:
         item = lg.release(run_id, item_id, _actor(ctx, "release"), reason)
     _show_item(item, as_json)
 
 
-@app.command("reject-item")
+@app.command("reject-item", cls=RuleBookCommand)
 def reject_item(
     ctx: typer.Context,
     run_id: RunArg,
@@ -275,7 +277,7 @@ def reject_item(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Reject a quarantined item for good (reviewer)."""
+    """Reject a quarantined item for good."""
     with _ledger(ctx) as lg:
         item = lg.reject_item(
             run_id,
@@ -290,17 +292,17 @@ def reject_item(
 OptionalReason = Annotated[str | None, typer.Option("--reason", help="Why (recorded)")]
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def retry(
     ctx: typer.Context, run_id: RunArg, reason: OptionalReason = None, as_json: JsonOpt = False
 ) -> None:
-    """New run replaying a failed(transient) run's latest input, linked retry_of (operator)."""
+    """New run replaying a failed(transient) run's latest input, linked retry_of."""
     with _ledger(ctx) as lg:
         status = lg.retry(run_id, _actor(ctx, "retry"), reason=reason)
     _show_run(status, as_json, f"retry of {run_id}:")
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def repair(
     ctx: typer.Context,
     run_id: RunArg,
@@ -323,7 +325,7 @@ def repair(
     reason: OptionalReason = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """New run for a run's items not accepted, linked repair_of / correction_of (operator)."""
+    """New run for a run's items not accepted, linked repair_of / correction_of."""
     fixed = _read_json_file(corrections, "corrections") if corrections else None
     with _ledger(ctx) as lg:
         status = lg.repair(
@@ -332,7 +334,7 @@ def repair(
     _show_run(status, as_json, f"repair of {run_id}:")
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def compensate(
     ctx: typer.Context,
     run_id: RunArg,
@@ -340,13 +342,13 @@ def compensate(
     items: Annotated[str | None, typer.Option("--items", metavar="ID,...")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """New run that undoes a run's effects, linked compensates (operator)."""
+    """New run that undoes a run's effects, linked compensates."""
     with _ledger(ctx) as lg:
         status = lg.compensate(run_id, _actor(ctx, "compensate"), reason, items=_split_ids(items))
     _show_run(status, as_json, f"compensation of {run_id}:")
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def reconcile(
     ctx: typer.Context,
     watch: Annotated[

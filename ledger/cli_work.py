@@ -9,10 +9,19 @@ from typing import Annotated, Any
 
 import typer
 
-from .cli_app import JsonOpt, RunArg, _actor, _emit_json, _ledger, _one_command_only, app
+from .cli_app import (
+    JsonOpt,
+    RuleBookCommand,
+    RunArg,
+    _actor,
+    _emit_json,
+    _ledger,
+    _one_command_only,
+    app,
+)
 
 
-@app.command()
+@app.command(cls=RuleBookCommand)
 def work(
     ctx: typer.Context,
     run_id: RunArg,
@@ -43,7 +52,7 @@ def work(
     no_progress: Annotated[bool, typer.Option("--no-progress")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Process a run's items with a handler until nothing is left (worker)."""
+    """Process a run's items with a handler until nothing is left."""
     import socket
 
     from .cli_progress import watch_run
