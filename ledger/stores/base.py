@@ -88,6 +88,11 @@ class Tx(ABC):
         rows = self.fetchall(sql, params)
         return rows[0] if rows else None
 
+    def fetch_rows(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        """Like `fetchall`, but each row a sequence in the SELECT list's order: for reads of
+        many rows (the change feed), where building a dict per row is the cost."""
+        return [tuple(r.values()) for r in self.fetchall(sql, params)]
+
     @abstractmethod
     def insert_stored_events(self, stored: Sequence[StoredEvent]) -> list[int]:
         """Append events; return their positions (notification ids). StreamConflict on a clash."""

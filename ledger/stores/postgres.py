@@ -26,7 +26,7 @@ from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresDatastore
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import send
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from projections.schema import paging_index_ddl, projection_ddl
 
@@ -125,6 +125,16 @@ class PgTx(Tx):
         _drain(self.conn)
         _take_results(self.conn)
         return list(self.cur.fetchall())
+
+    def fetch_rows(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        cur = self.conn.cursor(row_factory=tuple_row)
+        try:
+            cur.execute(to_pg(sql), params, prepare=True)
+            _drain(self.conn)
+            _take_results(self.conn)
+            return list(cur.fetchall())
+        finally:
+            cur.close()
 
     def insert_stored_events(self, stored: Sequence[StoredEvent]) -> list[int]:
         assert isinstance(self.store, PostgresStore)

@@ -49,6 +49,10 @@ class SqliteTx(Tx):
         self.cur.execute(sql, params)
         return [dict(r) for r in self.cur.fetchall()]
 
+    def fetch_rows(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        self.cur.execute(sql, params)
+        return list(self.cur.fetchall())  # sqlite3.Row: indexable, no dict per row
+
     def insert_stored_events(self, stored: Sequence[StoredEvent]) -> list[int]:
         assert isinstance(self.store, SqliteStore)
         try:
