@@ -238,13 +238,31 @@ def test_run_lifecycle_every_read_and_command(api: Api, ledger: Ledger) -> None:
     assert repair.json()["links"] == [{"relation": "repair_of", "run_id": run_id}]
     lineage = api.get(f"/runs/{repair_id}/lineage").json()
     assert [r["run_id"] for r in lineage] == [run_id, repair_id]
+    # a repair under a corrected configuration is a correction_of; the original keeps its own
+    corrected = api.post(
+        f"/runs/{run_id}/repair",
+        "operator",
+        json={"config_version": "cfg-fixed", "policy": {"max_attempts": 4}, "reason": "cfg"},
+    )
+    assert corrected.status_code == 201, corrected.text
+    assert corrected.json()["links"] == [{"relation": "correction_of", "run_id": run_id}]
+    assert corrected.json()["config_version"] == "cfg-fixed"
+    assert corrected.json()["policy"]["max_attempts"] == 4
+    assert api.get(f"/runs/{run_id}").json()["config_version"] != "cfg-fixed"
+    bad = api.post(f"/runs/{run_id}/repair", "operator", json={"policy": {"max_attempts": 0}})
+    assert bad.status_code == 422 and bad.json()["error"] in ("ManifestInvalid", "InvalidInput")
     comp = api.post(
         f"/runs/{run_id}/compensate", "operator", json={"reason": "undo i0", "items": ["i0"]}
     )
     assert comp.status_code == 201 and comp.json()["links"][0]["relation"] == "compensates"
 
     runs = api.get("/runs").json()
-    assert [r["run_id"] for r in runs][:3] == [comp.json()["run_id"], repair_id, run_id]
+    assert [r["run_id"] for r in runs][:4] == [
+        comp.json()["run_id"],
+        corrected.json()["run_id"],
+        repair_id,
+        run_id,
+    ]
     assert [
         r["run_id"] for r in api.get("/runs", params={"state": "completed_with_errors"}).json()
     ] == [run_id]

@@ -153,6 +153,15 @@ class RepairBody(_Body):
     corrections: list[dict[str, Any]] | None = Field(
         default=None, description="Corrected manifest items; the new run is a correction_of."
     )
+    config_version: Text | None = Field(
+        default=None,
+        description="A corrected configuration version for the new run (a correction_of).",
+    )
+    policy: dict[str, Any] | None = Field(
+        default=None,
+        description="Policy fields to correct for the new run (a correction_of), e.g. "
+        '{"max_attempts": 5}.',
+    )
 
 
 class CompensateBody(_Body):

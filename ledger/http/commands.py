@@ -297,10 +297,16 @@ def retry(
 def repair(
     run_id: RunId, actor: CommandActor, lg: CommandLedgerDep, body: B.RepairBody | None = None
 ) -> JSONResponse:
-    """`lg.repair(run_id, actor, items, corrections)`."""
+    """`lg.repair(run_id, actor, items, corrections, reason, config_version, policy)`."""
     body = body or B.RepairBody()
     result = lg.repair(
-        run_id, actor, items=body.items, corrections=body.corrections, reason=body.reason
+        run_id,
+        actor,
+        items=body.items,
+        corrections=body.corrections,
+        reason=body.reason,
+        config_version=body.config_version,
+        policy=body.policy,
     )
     return view_response(result, 201)
 
