@@ -1,5 +1,8 @@
 """The application service: `Ledger`, the public facade over the command handlers
-(`ledger/commands/*.py`) and the reads (`ledger/queries.py`).
+(`ledger/commands/*.py`) and the reads (`ledger/queries.py`). The commands are here;
+the reads and the record-keeping operations (verify, export, archive...) are methods it
+inherits from `LedgerReads` (ledger/service_reads.py) and `LedgerMaintenance`
+(ledger/service_maintenance.py).
 
 Each command method checks nothing itself: it hands its arguments to the pipeline
 (`ledger/commands/pipeline.py`: transient-fault retry, then the optional
@@ -12,9 +15,8 @@ projection rows together. A refusal raises before anything is written.
 from __future__ import annotations
 
 import copy
-import os
-from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -36,34 +38,30 @@ from .commands.runs import CANCEL_RETRIES
 from .commands.uow import LEDGER
 from .domain import Run
 from .errors import InvalidInput, LedgerError
-from .idempotency import check_key, read_command, typed_refusals
+from .idempotency import check_key
 from .queries import waiting_on
+from .service_maintenance import LedgerMaintenance
+from .service_reads import LedgerReads
 from .stores import open_store, resolve_dsn
 from .stores.base import Store, Tx
-from .validation import check_unicode, utc_time
 from .views import (
     Actor,
-    Attempt,
     CancelOutcome,
     ItemStatus,
     Lease,
     ReconcileReport,
     RunStatus,
-    Transition,
-    VerifyReport,
 )
 
 if TYPE_CHECKING:
-    from .board import BoardPage
     from .manifest import Manifest
-    from .overview import Overview
 
 T = TypeVar("T")
 
 __all__ = ["CANCEL_RETRIES", "LEDGER", "MAX_CLAIM", "Ledger", "Outcome", "waiting_on"]
 
 
-class Ledger:
+class Ledger(LedgerReads, LedgerMaintenance):
     """The run ledger: commands and reads over one store. Safe to share between threads.
 
     Every command takes an optional keyword `idempotency_key`: a repeat with the same key
@@ -429,284 +427,3 @@ class Ledger:
         """Expire stale leases, finish cancels and pauses, quarantine retryable items past their
         deadline, and fail runs past their deadline once none of their leases is live."""
         return self._execute(_reconcile.reconcile, locals())
-
-    # -- reads -------------------------------------------------------------
-    def _status_tx(self, tx: Tx, run_id: str) -> RunStatus:
-        return queries.status_tx(tx, run_id)
-
-    @read_command
-    def status(self, run_id: str) -> RunStatus:
-        """The run as accepted by the store."""
-        return queries.status(self.store, run_id)
-
-    @read_command
-    def runs(self, state: str | None = None, limit: int = 100) -> list[RunStatus]:
-        """Runs, newest first."""
-        return queries.runs(self.store, state, limit)
-
-    @read_command
-    def items(
-        self,
-        run_id: str,
-        state: str | None = None,
-        limit: int | None = None,
-        after: str | None = None,
-    ) -> list[ItemStatus]:
-        """The run's items in manifest order. With `limit` (1 to 10,000): one keyset page
-        after the item id `after`; without it every item (read page by page)."""
-        return queries.items(self.store, run_id, state, limit, after)
-
-    @read_command
-    def item(self, run_id: str, item_id: str) -> ItemStatus:
-        """One item."""
-        return queries.item(self.store, run_id, item_id)
-
-    @read_command
-    def attempts(
-        self,
-        run_id: str,
-        item_id: str | None = None,
-        limit: int | None = None,
-        after: str | tuple[str, int] | None = None,
-    ) -> list[Attempt]:
-        """Every attempt of the run (or of one item), oldest first. With `limit`: one
-        keyset page after the attempt key `after` (`"<item_id>:<attempt>"`)."""
-        return queries.attempts(self.store, run_id, item_id, limit, after)
-
-    @read_command
-    def history(
-        self, run_id: str, limit: int | None = None, after: int | None = None
-    ) -> list[Transition]:
-        """Every run and item transition of the run, in position order, starting with its
-        submit. With `limit`: one keyset page after the position `after`."""
-        return queries.history(self.store, run_id, limit, after)
-
-    @read_command
-    def lineage(self, run_id: str) -> list[RunStatus]:
-        """The runs linked to this one (same root), root first."""
-        return queries.lineage(self.store, run_id)
-
-    @read_command
-    def audit(
-        self,
-        run_id: str | None = None,
-        actor: str | None = None,
-        role: str | None = None,
-        state: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        newest_first: bool = False,
-        after: int | None = None,
-        limit: int | None = None,
-        page_size: int = 1000,
-    ) -> Iterator[Transition]:
-        """Transitions filtered by run, actor id, role, target state and time; keyset-paged by position."""
-        return queries.audit(
-            self.store,
-            run_id,
-            actor,
-            role,
-            state,
-            since,
-            until,
-            newest_first,
-            after,
-            limit,
-            page_size,
-        )
-
-    @read_command
-    def board(
-        self,
-        state: str | None = None,
-        waiting_on: str | None = None,
-        stalled: bool = False,
-        terminal: bool = False,
-        after: int | None = None,
-        limit: int = 50,
-    ) -> BoardPage:
-        """A keyset page of runs with who they wait on since when, newest first: open runs,
-        or terminal ones with `terminal` (ledger/board.py)."""
-        from .board import board
-
-        return board(self.store, state, waiting_on, stalled, terminal, after, limit)
-
-    @read_command
-    def overview(self) -> Overview:
-        """Open runs by state and waiting_on, the oldest wait per owner, stalled runs and
-        expired leases, across every run (ledger/overview.py)."""
-        from .overview import overview
-
-        return overview(self.store)
-
-    @read_command
-    def events(
-        self,
-        after: int | None = None,
-        run_id: str | None = None,
-        kinds: Sequence[str] | str | None = None,
-        limit: int = 1000,
-    ) -> list[Transition]:
-        """The change feed: transitions after position `after` in position order (one page of
-        at most `limit`), of one run or all, whose command or new state is one of `kinds`."""
-        from .feed import events
-
-        return events(self.store, after, run_id, kinds, limit)
-
-    @typed_refusals
-    def wait_for_events(self, after: int | None, timeout: float) -> bool:
-        """Block until a transition past `after` has committed (True) or `timeout` seconds
-        pass (False). LISTEN/NOTIFY on PostgreSQL, short polling elsewhere (ledger/feed.py)."""
-        from .feed import wait_for_events
-
-        return wait_for_events(self.store, after, timeout)
-
-    @read_command
-    def status_at(self, run_id: str, at: datetime) -> RunStatus:
-        """The run's status as the store had accepted it at time `at`, replayed from its events."""
-        from projections.timetravel import status_at
-
-        from .commands import args as A
-
-        run_id = A.run_id(run_id)
-        if not isinstance(at, datetime) or at.tzinfo is None:
-            raise InvalidInput("at must be an aware datetime")
-        return status_at(self, run_id, utc_time(at, "at"))
-
-    @typed_refusals
-    def verify(self, progress: Callable[[str, int, int], None] | None = None) -> VerifyReport:
-        """Replay every event and report broken rules and projection drift. `progress(stage,
-        done, total)` follows it: "replay" after each batch (events done, events stored), then
-        "compare" and "chains" as they start."""
-        from projections.verify import verify
-
-        if progress is not None and not callable(progress):
-            raise InvalidInput("progress must be a callable (stage, done, total)")
-        return verify(self, progress)
-
-    @typed_refusals
-    def prune_idempotency_keys(self, older_than: timedelta) -> int:
-        """Forget idempotency keys recorded more than `older_than` ago (by the store's clock);
-        returns how many. A repeat with a forgotten key is a new command."""
-        from .idempotency import prune
-
-        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
-            raise InvalidInput("older_than must be a non-negative timedelta")
-        with self.store.read() as tx:
-            now = tx.now()
-        try:
-            before = now - older_than
-        except OverflowError:
-            return 0  # longer ago than the calendar goes: no key is that old
-        return prune(self.store, before)
-
-    @typed_refusals
-    def export(
-        self,
-        file: Any,
-        runs: Any = None,
-        since: datetime | None = None,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> Any:
-        """Write the events (of `runs`, recorded since `since`) to the text file object `file`
-        as history lines with their hashes and a closing line of stream heads
-        (ledger/transfer.py); returns a TransferSummary."""
-        from .commands import args as A
-        from .transfer import export
-
-        if not callable(getattr(file, "write", None)):
-            raise InvalidInput(f"file must be a text file object, got {type(file).__name__}")
-        if runs is not None:
-            if isinstance(runs, (str, bytes)) or not isinstance(
-                runs, (list, tuple, set, frozenset)
-            ):
-                raise InvalidInput("runs must be a list of run ids")
-            runs = [A.run_id(r) for r in runs]
-        if since is not None:
-            since = utc_time(since, "since")
-        _progress(progress)
-        return export(self, file, runs=runs, since=since, progress=progress)
-
-    @typed_refusals
-    def import_file(
-        self, source: Any, progress: Callable[[int, int], None] | None = None, verify: bool = True
-    ) -> Any:
-        """Check a history file (a path or text file object) and append its events with their
-        hashes, projected, in one transaction; then verify (ledger/transfer.py)."""
-        from .transfer import import_file
-
-        _source(source)
-        if not isinstance(verify, bool):
-            raise InvalidInput(f"verify must be true or false, got {type(verify).__name__}")
-        _progress(progress)
-        return import_file(self, source, progress=progress, verify=verify)
-
-    @typed_refusals
-    def archive(
-        self,
-        actor: Actor,
-        to: Any,
-        terminal_before: datetime | None = None,
-        runs: list[str] | None = None,
-        reason: str | None = None,
-    ) -> Any:
-        """Move the events of runs terminal since before `terminal_before` (or of `runs`)
-        into the verified archive file `to`, leaving one Archived event per run in its
-        chain (operator role; ledger/archive.py). Resumes an interrupted archive."""
-        from .archive import archive
-
-        _path(to, "to")
-        return archive(self, actor, to, terminal_before=terminal_before, runs=runs, reason=reason)
-
-    @typed_refusals
-    def archived(self, run_id: str) -> dict[str, Any] | None:
-        """Where an archived run's events went (file, sha256, digest, events, when, by whom);
-        None when the run is not archived. Its history and attempts are in that file."""
-        from .archive import archived_run
-
-        return archived_run(self, run_id)
-
-    @typed_refusals
-    def restore(self, actor: Actor, source: Any) -> Any:
-        """Bring archived runs back from their archive file, once it is proven to hold the
-        events that left (operator role; ledger/archive.py)."""
-        from .archive import restore
-
-        _path(source, "source")
-        return restore(self, actor, source)
-
-    @typed_refusals
-    def rebuild_projections(self, progress: Callable[[int, int], None] | None = None) -> int:
-        """Drop and rebuild every projection from the first event; returns the events replayed."""
-        from projections.rebuild import rebuild
-
-        _progress(progress)
-        return rebuild(self, progress=progress)
-
-
-def _progress(progress: Any) -> None:
-    if progress is not None and not callable(progress):
-        raise InvalidInput("progress must be None or a callable")
-
-
-def _path(value: Any, what: str) -> None:
-    """A file path: text (or os.PathLike) without NUL or lone surrogates."""
-    if not isinstance(value, (str, os.PathLike)):
-        raise InvalidInput(f"{what} must be a file path, got {type(value).__name__}")
-    path = os.fspath(value)
-    if not isinstance(path, str) or "\x00" in path:
-        raise InvalidInput(f"{what} must be a file path without NUL characters")
-    check_unicode(path, what)
-    # longer names than any file system takes are bad input, not an OSError later
-    if len(path.encode()) > 4096 or any(len(part.encode()) > 255 for part in path.split(os.sep)):
-        raise InvalidInput(f"{what} is not a usable file path (a name over 255 bytes)")
-
-
-def _source(source: Any) -> None:
-    """A file to read: a path (text without NUL or lone surrogates) or a text file object."""
-    if isinstance(source, (str, os.PathLike)):
-        _path(source, "source")
-    elif not callable(getattr(source, "read", None)):
-        raise InvalidInput(
-            f"source must be a path or a text file object, got {type(source).__name__}"
-        )
