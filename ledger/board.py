@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from projections.counts import attach as attach_counts
 from projections.rows import parse_dt
 
 from . import states as S
@@ -111,6 +112,7 @@ def board(
                 + " ORDER BY seq DESC LIMIT ?",
                 (*states, *(() if cursor is None else (cursor,)), want),
             )
+            attach_counts(tx, rows)
             signals = signals_for(tx, rows, now)
             for row in rows:
                 sig = signals[row["run_id"]]

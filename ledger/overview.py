@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from projections.counts import attach as attach_counts
 from projections.rows import iso
 
 from . import states as S
@@ -99,6 +100,7 @@ def overview(store: Any) -> Overview:
             if not rows:
                 break
             after = rows[-1]["seq"]
+            attach_counts(tx, rows)
             signals = signals_for(tx, rows, now)
             for row in rows:
                 sig = signals[row["run_id"]]

@@ -16,22 +16,40 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from projections.counts import attach as attach_counts
 from projections.rows import iso, parse_dt, run_from_row
 
 from . import states as S
 from .commands import args as A
 from .domain import Item, Run
-from .errors import InvalidInput, ItemNotFound, RunNotFound
+from .errors import InvalidInput, ItemNotFound, RunNotFound, StoreUnavailable
 from .stores.base import Store, Tx
 from .validation import check_identifier, utc_time
 from .views import Attempt, ItemStatus, Lease, Link, NotAcceptedItem, RunStatus, Transition
 
-
 # --------------------------------------------------------------------------
 # rows
 # --------------------------------------------------------------------------
-def load_run(tx: Tx, run_id: str, lock: bool = True) -> Run:
-    """The run's aggregate from its lg_runs row (locked for the transaction when `lock`)."""
+# Run states in which ending a lease may move the run ("the last live lease ends"): an item
+# command on such a run holds its row FOR UPDATE, as run commands do.
+DRAINING = frozenset({S.PAUSING, S.CANCELING})
+
+
+class RunLockUpgrade(StoreUnavailable):
+    """An item command holds a share lock on a run that a run command has meanwhile moved
+    to a draining state: its transaction starts over (nothing was written)."""
+
+
+def load_run(tx: Tx, run_id: str, lock: bool | str = True) -> Run:
+    """The run's aggregate from its lg_runs row.
+
+    `lock`: True or "update" (the run commands): the row locked FOR UPDATE on PostgreSQL
+    for the transaction, and the run's counts exact. "item" (claim, heartbeat and the
+    outcomes): FOR SHARE while the run is not draining, so workers do not wait for each
+    other; the counts are then not read (another worker may move them; no decision of an
+    item command reads them) and left as the row's column. On a draining run FOR UPDATE
+    and exact counts. RunLockUpgrade when a share lock was granted on a draining run.
+    False: no lock and no counts (existence and identity only)."""
     try:
         UUID(run_id)
     except ValueError:
@@ -41,12 +59,25 @@ def load_run(tx: Tx, run_id: str, lock: bool = True) -> Run:
         raise RunNotFound(run_id)
     if "db_now" in row:
         tx.prime_now(row.pop("db_now"))
+    held = row.pop("lock_mode", None)
+    if lock == "item" and row["state"] in DRAINING and held == "share":
+        raise RunLockUpgrade(
+            f"run {run_id} became {row['state']} while this command waited for it; "
+            "nothing was written"
+        )
+    if lock is True or lock == "update" or (lock == "item" and row["state"] in DRAINING):
+        # a statement of its own, after the lock: it sees every writer that committed
+        attach_counts(tx, [row])
     return run_from_row(row)
 
 
-def item_row(tx: Tx, run_id: str, item_id: str) -> dict[str, Any]:
-    """One item's row; ItemNotFound."""
-    row = tx.fetchone("SELECT * FROM lg_items WHERE run_id = ? AND item_id = ?", (run_id, item_id))
+def item_row(tx: Tx, run_id: str, item_id: str, lock: bool = False) -> dict[str, Any]:
+    """One item's row (locked for the transaction when `lock`, on PostgreSQL); ItemNotFound."""
+    row = tx.fetchone(
+        "SELECT * FROM lg_items WHERE run_id = ? AND item_id = ?"  # noqa: S608 (a lock clause of our own; values are bound)
+        + (tx.lock_suffix() if lock else ""),
+        (run_id, item_id),
+    )
     if row is None:
         raise ItemNotFound(run_id, item_id)
     return row
@@ -69,6 +100,7 @@ def status_tx(tx: Tx, run_id: str) -> RunStatus:
     row = tx.fetchone("SELECT * FROM lg_runs WHERE run_id = ?", (run_id,))
     if row is None:
         raise RunNotFound(run_id)
+    attach_counts(tx, [row])
     return with_signals(tx, [row], [status_of_row(tx, row)])[0]
 
 
@@ -238,6 +270,7 @@ def runs(store: Store, state: str | None = None, limit: int = 100) -> list[RunSt
                 "SELECT * FROM lg_runs WHERE state = ? ORDER BY seq DESC LIMIT ?",
                 (state, limit),
             )
+        attach_counts(tx, rows)
         return with_signals(tx, rows, [status_of_row(tx, row) for row in rows])
 
 
@@ -293,6 +326,7 @@ def lineage(store: Store, run_id: str) -> list[RunStatus]:
         rows = tx.fetchall(
             "SELECT * FROM lg_runs WHERE root_run_id = ? ORDER BY seq", (run.root_run_id,)
         )
+        attach_counts(tx, rows)
         return with_signals(tx, rows, [status_of_row(tx, row) for row in rows])
 
 

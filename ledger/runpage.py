@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from projections.counts import attach as attach_counts
 from projections.rows import iso, parse_dt
 
 from . import states as S
@@ -90,6 +91,7 @@ def _run_exists(tx: Any, run_id: str) -> dict[str, Any]:
     )
     if row is None:
         raise RunNotFound(run_id)
+    attach_counts(tx, [row])
     return row
 
 

@@ -137,7 +137,7 @@ class Ledger(LedgerReads, LedgerMaintenance):
             key = self._next_key
         return execute(self, name, handler, key, arguments)
 
-    def _load_run(self, tx: Tx, run_id: str, lock: bool = True) -> Run:
+    def _load_run(self, tx: Tx, run_id: str, lock: bool | str = True) -> Run:
         """Where every command loads (and locks) its run: one place to observe it."""
         return queries.load_run(tx, run_id, lock)
 

@@ -42,6 +42,7 @@ from eventsourcing.domain import CanInitAggregate, DomainEvent
 from ledger.domain import Item, Run
 from ledger.stores.base import Store, Tx
 
+from .counts import attach as attach_counts
 from .rows import item_from_row, run_from_row
 from .schema import PROJECTION_TABLES, table_ddl
 from .writer import Projector
@@ -144,6 +145,8 @@ class Replayer:
             p.finish_attempt: 3,
             p.extend_attempt: 3,
             p.insert_transition: 4,
+            p.add_counts: 5,  # deltas add up: merged per key (_merge_counts)
+            p.drop_counts: 6,  # after the deltas: a run that ended keeps none
         }
         # the cache: aggregates equal to their rows as of position `_cache_at`
         self.cache_items, self.cache_runs = cache_items, cache_runs
@@ -220,7 +223,9 @@ class Replayer:
         for i in range(0, len(missing_runs), _CHUNK):
             chunk = missing_runs[i : i + _CHUNK]
             marks = ", ".join("?" for _ in chunk)
-            for row in tx.fetchall(f"SELECT * FROM {runs_t} WHERE run_id IN ({marks})", chunk):  # noqa: S608 (our own table/column names; values are bound parameters)
+            rows = tx.fetchall(f"SELECT * FROM {runs_t} WHERE run_id IN ({marks})", chunk)  # noqa: S608 (our own table/column names; values are bound parameters)
+            attach_counts(tx, rows, self.suffix)
+            for row in rows:
                 run = run_from_row(row)
                 self.runs[run.run_id] = run
                 self.streams[run.id] = run
@@ -394,12 +399,26 @@ def _write_in_order(tx: Tx, calls: Sequence[tuple[str, list[tuple[Any, ...]]]]) 
             i += 1
         if not rows:
             continue
+        if _COUNT_UPSERT in sql:
+            rows = _merge_counts(rows)
         if len(rows) == 1:
             tx.execute(sql, rows[0])
         elif _PLAIN_INSERT.match(sql):
             _insert_many(tx, sql, rows)
         else:
             tx.executemany(sql, rows)
+
+
+_COUNT_UPSERT = "ON CONFLICT (run_id, slot, state) DO UPDATE"
+
+
+def _merge_counts(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Count deltas (run_id, slot, state, n) summed per key, in key order: one statement
+    may not upsert a row twice on PostgreSQL, and every key touched keeps its row."""
+    merged: dict[tuple[Any, ...], int] = {}
+    for r in rows:
+        merged[r[:3]] = merged.get(r[:3], 0) + r[3]
+    return [(*key, n) for key, n in sorted(merged.items())]
 
 
 def _pipelined(cur: Any) -> bool:

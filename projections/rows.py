@@ -13,7 +13,7 @@ from typing import Any, cast
 from uuid import UUID
 
 from ledger.domain import Item, Run, item_stream_id
-from ledger.states import ITEM_STATES
+from ledger.states import ITEM_STATES, TERMINAL_RUN_STATES
 
 
 def iso(dt: datetime | None) -> str | None:
@@ -86,7 +86,8 @@ def run_to_row(run: Run) -> tuple[Any, ...]:
         int(run.cancel_requested),
         dumps(run.links),
         run.root_run_id,
-        dumps(run.counts),
+        # an open run's counts are in lg_run_counts (projections/counts.py); an ended run's here
+        dumps(run.counts) if run.state in TERMINAL_RUN_STATES else "{}",
         run.item_count,
     )
 
@@ -101,7 +102,8 @@ def _shell(
 
 
 def run_from_row(row: dict[str, Any]) -> Run:
-    """Rebuild the Run aggregate from its projection row."""
+    """Rebuild the Run aggregate from its projection row. Its `counts` are the row's column:
+    an open run's true counts add its lg_run_counts rows (projections/counts.py `attach`)."""
     created = parse_dt(row["created_at"])
     modified = parse_dt(row["updated_at"])
     assert created is not None and modified is not None

@@ -7,7 +7,7 @@ table's through a rebuild.
 
 from __future__ import annotations
 
-PROJECTION_TABLES = ("lg_runs", "lg_items", "lg_attempts", "lg_transitions")
+PROJECTION_TABLES = ("lg_runs", "lg_items", "lg_attempts", "lg_transitions", "lg_run_counts")
 
 # Primary key of each projection table: the order checksums and diffs walk rows in.
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
@@ -15,6 +15,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "lg_items": ("run_id", "item_id"),
     "lg_attempts": ("run_id", "item_id", "attempt"),
     "lg_transitions": ("position", "ord"),
+    "lg_run_counts": ("run_id", "slot", "state"),
 }
 
 
@@ -131,4 +132,18 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
         f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_role ON {t['lg_transitions']} (role, position, ord)",
         f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_state ON {t['lg_transitions']} (to_state, position, ord)",
         f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_at ON {t['lg_transitions']} (at, position, ord)",
+        # per-state item counts of open runs, in slots (projections/counts.py; schema v7)
+        run_counts_table_ddl(dialect, t["lg_run_counts"]),
     ]
+
+
+def run_counts_table_ddl(dialect: str, table: str = "lg_run_counts") -> str:
+    """The slotted item counts of the runs not yet terminal (projections/counts.py)."""
+    big = "BIGINT" if dialect == "postgres" else "INTEGER"
+    return f"""CREATE TABLE IF NOT EXISTS {table} (
+            run_id TEXT NOT NULL,
+            slot INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            n {big} NOT NULL,
+            PRIMARY KEY (run_id, slot, state)
+        )"""

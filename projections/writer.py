@@ -14,9 +14,10 @@ from eventsourcing.domain import DomainEvent
 
 from ledger.archived import Archived
 from ledger.domain import Item, Run
-from ledger.states import IN_PROGRESS, NEW, QUEUED
+from ledger.states import IN_PROGRESS, NEW, PENDING, QUEUED, TERMINAL_RUN_STATES
 from ledger.stores import statements as rows_sql
 
+from .counts import slot_of
 from .rows import ITEM_STREAM_COLUMNS, RUN_COLUMNS, dumps, iso, item_stream_values, run_to_row
 
 
@@ -44,6 +45,7 @@ class Projector:
         self.items_table = "lg_items" + suffix
         self.attempts_table = "lg_attempts" + suffix
         self.transitions_table = "lg_transitions" + suffix
+        self.counts_table = "lg_run_counts" + suffix
         # each written out in its one-row and its bulk form (ledger/stores/statements.py)
         updates = ", ".join(f"{c} = excluded.{c}" for c in RUN_COLUMNS if c != "run_id")
         self.upsert_run = rows_sql.insert(
@@ -93,6 +95,14 @@ class Projector:
         self.extend_attempt = rows_sql.update(
             self.attempts_table, ("expires_at",), ("run_id", "item_id", "attempt")
         )
+        # an open run's item counts: signed deltas per slot and state (projections/counts.py)
+        self.add_counts = rows_sql.insert(
+            self.counts_table,
+            ("run_id", "slot", "state", "n"),
+            tail=f" ON CONFLICT (run_id, slot, state) DO UPDATE SET n = {self.counts_table}.n "
+            "+ excluded.n",
+        )
+        self.drop_counts = f"DELETE FROM {self.counts_table} WHERE run_id = ?"  # noqa: S608 (our own table/column names; values are bound parameters)
         self.insert_transition = rows_sql.insert(
             self.transitions_table,
             (
@@ -133,6 +143,14 @@ class Projector:
         touched_runs: dict[str, Run] = {}
         touched_items: dict[tuple[str, str], Item] = {}
         archived: list[tuple[str]] = []
+        # (run_id, slot, state) -> delta; a run that ends here folds its counts into its row
+        count_deltas: dict[tuple[str, int, str], int] = {}
+        folded: set[str] = set()
+
+        def count(run_id: str, at: str | None, state: str, n: int) -> None:
+            assert at is not None
+            key = (run_id, slot_of(at), state)
+            count_deltas[key] = count_deltas.get(key, 0) + n
 
         for position, e in events:
             at = iso(e.timestamp)
@@ -140,6 +158,7 @@ class Projector:
                 run = runs[e.run_id]
                 run.seq = position
                 touched_runs[e.run_id] = run
+                count(e.run_id, at, PENDING, len(e.manifest["items"]))
                 for seq, it in enumerate(e.manifest["items"]):
                     item_inserts.append(
                         (
@@ -184,6 +203,8 @@ class Projector:
             elif isinstance(e, Run.Transitioned):
                 run = runs[str(e.originator_id)]
                 touched_runs[run.run_id] = run
+                if e.to_state in TERMINAL_RUN_STATES:
+                    folded.add(run.run_id)
                 transitions.append(
                     (
                         position,
@@ -205,6 +226,8 @@ class Projector:
                 run = runs[str(e.originator_id)]
                 touched_runs[run.run_id] = run
                 first_seq = run.item_count - len(e.added)
+                if e.added:
+                    count(run.run_id, at, PENDING, len(e.added))
                 for i, it in enumerate(e.added):
                     item_inserts.append(
                         (
@@ -252,10 +275,13 @@ class Projector:
                 key = (e.run_id, e.item_id)
                 item = items[key]
                 touched_items[key] = item
+                # the run's row is not written: its counts move in lg_run_counts (exact in
+                # memory only where the command holds the run row FOR UPDATE)
                 run = runs[e.run_id]
                 run.counts[e.from_state] -= 1
                 run.counts[e.to_state] += 1
-                touched_runs[e.run_id] = run
+                count(e.run_id, at, e.from_state, -1)
+                count(e.run_id, at, e.to_state, 1)
                 ev = e.evidence
                 if e.command == "claim":
                     attempt_inserts.append(
@@ -305,6 +331,7 @@ class Projector:
                 # the run's events left for an archive: its rows go with them, its run row
                 # (final state, counts, links) stays as the event carries it
                 archived.append((e.run_id,))
+                folded.add(e.run_id)
                 touched_runs[e.run_id] = runs[e.run_id]
                 for link in e.links:  # its submit may be gone: keep the linked run's back link
                     original = runs.get(link["run_id"])
@@ -342,6 +369,14 @@ class Projector:
                 cur.executemany(sql, rows)
         if transitions:
             cur.executemany(self.insert_transition, transitions)
+        if count_deltas:
+            # in key order, so two transactions upserting the same rows never deadlock
+            rows = [(*key, n) for key, n in sorted(count_deltas.items()) if key[0] not in folded]
+            if rows:
+                cur.executemany(self.add_counts, rows)
+        if folded:
+            # the run ended: its totals go into its row (run_to_row), its slot rows go
+            cur.executemany(self.drop_counts, [(run_id,) for run_id in sorted(folded)])
         for table in (self.items_table, self.attempts_table, self.transitions_table):
             if archived:
                 cur.executemany(f"DELETE FROM {table} WHERE run_id = ?", archived)  # noqa: S608 (our own table/column names; values are bound parameters)

@@ -3,6 +3,7 @@ fail_attempt (one at a time, or many in one transaction per run with `record`)."
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Sequence
@@ -48,11 +49,15 @@ def claim(
         raise InvalidInput(f"limit must be an integer from 1 to {MAX_CLAIM}, got {limit!r}")
     expected = A.revision(expected_revision)
     rule = S.item_rule("claim")
-    with uow.write() as tx:
-        run = uow.guard(tx, run_id, worker, rule.roles, "claim", expected)
+
+    def body(tx: Tx) -> list[Lease]:
+        run = uow.guard(tx, run_id, worker, rule.roles, "claim", expected, lock="item")
         require_item_run_state(run, rule)
         now = tx.now()
         policy = run.policy
+        # PostgreSQL: items another claim of this run holds are passed over (its share
+        # lock on the run lets claims run side by side; rule 3: one live lease per item)
+        skip = tx.claim_lock_suffix()
         deadline_passed = (
             policy.get("item_deadline_seconds") is not None
             and run.started_at is not None
@@ -60,18 +65,18 @@ def claim(
         )
         if deadline_passed:
             rows = tx.fetchall(
-                "SELECT * FROM lg_items WHERE run_id = ? AND state = 'pending' "
-                "ORDER BY seq LIMIT ?",
+                "SELECT * FROM lg_items WHERE run_id = ? AND state = 'pending' "  # noqa: S608 (a lock clause of our own; values are bound)
+                "ORDER BY seq LIMIT ?" + skip,
                 (run_id, limit),
             )
         else:
             # two index range scans (run_id, state, seq) instead of one scan over every
             # item of the run: an OR across states defeats the index on both stores
             rows = tx.fetchall(
-                "SELECT * FROM (SELECT * FROM (SELECT * FROM lg_items WHERE run_id = ? "
-                "AND state = 'pending' ORDER BY seq LIMIT ?) AS p UNION ALL SELECT * FROM "
+                "SELECT * FROM (SELECT * FROM (SELECT * FROM lg_items WHERE run_id = ? "  # noqa: S608 (a lock clause of our own; values are bound)
+                f"AND state = 'pending' ORDER BY seq LIMIT ?{skip}) AS p UNION ALL SELECT * FROM "
                 "(SELECT * FROM lg_items WHERE run_id = ? AND state = 'retryable' AND "
-                "(eligible_at IS NULL OR eligible_at <= ?) ORDER BY seq LIMIT ?) AS r) AS c "
+                f"(eligible_at IS NULL OR eligible_at <= ?) ORDER BY seq LIMIT ?{skip}) AS r) AS c "
                 "ORDER BY seq LIMIT ?",
                 (run_id, limit, run_id, iso(now), limit, limit),
             )
@@ -107,6 +112,8 @@ def claim(
         uow.commit(tx, {run_id: run}, items)
         return leases
 
+    return uow.item_write(body)
+
 
 def check_lease(
     uow: UnitOfWork,
@@ -118,7 +125,9 @@ def check_lease(
 ) -> tuple[Item, dict[str, Any]]:
     """The item under a live lease, or LeaseLost (another lease, ended, or expired)."""
     if row is None:
-        row = uow.item_row(tx, lease.run_id, lease.item_id)
+        # locked: an outcome and a concurrent one on the same item (its run only share
+        # locked) are decided one after the other, the second on the first's result
+        row = uow.item_row(tx, lease.run_id, lease.item_id, True)
     item = uow.track(item_from_row(row))
     if (
         item is None
@@ -145,8 +154,9 @@ def check_lease(
 def heartbeat(uow: UnitOfWork, lease: Lease) -> Lease:
     """Extend a live lease by the run's lease_seconds; LeaseLost if it is not live."""
     lease = A.lease(lease)
-    with uow.write() as tx:
-        run = uow.load_run(tx, lease.run_id)
+
+    def body(tx: Tx) -> Lease:
+        run = uow.load_run(tx, lease.run_id, lock="item")
         now = tx.now()
         item, row = check_lease(uow, tx, run, lease, now)
         require_item_run_state(run, S.item_rule("heartbeat"))
@@ -163,6 +173,8 @@ def heartbeat(uow: UnitOfWork, lease: Lease) -> Lease:
             expires,
             json.loads(row["payload"]),
         )
+
+    return uow.item_write(body)
 
 
 OUTCOME_COMMANDS = {"accept": "accept", "reject": "reject", "fail": "fail_attempt"}
@@ -263,13 +275,15 @@ def apply_outcome(
 
 
 def _outcome(uow: UnitOfWork, o: Outcome) -> ItemStatus:
-    with uow.write() as tx:
-        run = uow.load_run(tx, o.lease.run_id)
+    def body(tx: Tx) -> ItemStatus:
+        run = uow.load_run(tx, o.lease.run_id, lock="item")
         now = tx.now()
         item = apply_outcome(uow, tx, run, o, now)
         uow.commit(tx, {run.run_id: run}, [item])
         finish_if_drained(uow, tx, run, now)
         return queries.item_status_tx(tx, run.run_id, item.item_id)
+
+    return uow.item_write(body)
 
 
 def accept(
@@ -348,42 +362,45 @@ def record(uow: UnitOfWork, outcomes: Sequence[Outcome]) -> list[ItemStatus | Le
     by_run: dict[str, list[int]] = {}
     for i, o in enumerate(checked):
         by_run.setdefault(o.lease.run_id, []).append(i)
-    for run_id, idxs in by_run.items():
-        with uow.write() as tx:
-            try:
-                run = uow.load_run(tx, run_id)
-            except RunNotFound as e:
-                for i in idxs:
-                    results[i] = e
+
+    def one_run(tx: Tx, run_id: str, idxs: list[int]) -> None:
+        for i in idxs:  # a repeated transaction starts from nothing
+            results.pop(i, None)
+        try:
+            run = uow.load_run(tx, run_id, lock="item")
+        except RunNotFound as e:
+            for i in idxs:
+                results[i] = e
+            return
+        now = tx.now()
+        rows = uow.item_rows(tx, run_id, [checked[i].lease.item_id for i in idxs], lock=True)
+        items: list[Item] = []
+        done: dict[str, Item] = {}
+        for i in idxs:
+            o = checked[i]
+            if o.lease.item_id in done:
+                results[i] = InvalidInput(
+                    f"item {o.lease.item_id!r} appears twice in one record call"
+                )
                 continue
-            now = tx.now()
-            rows = uow.item_rows(tx, run_id, [checked[i].lease.item_id for i in idxs])
-            items: list[Item] = []
-            done: dict[str, Item] = {}
-            for i in idxs:
-                o = checked[i]
-                if o.lease.item_id in done:
-                    results[i] = InvalidInput(
-                        f"item {o.lease.item_id!r} appears twice in one record call"
-                    )
-                    continue
-                row = rows.get(o.lease.item_id)
-                if row is None:
-                    results[i] = ItemNotFound(run_id, o.lease.item_id)
-                    continue
-                try:
-                    item = apply_outcome(uow, tx, run, o, now, row)
-                except (LeaseLost, IllegalTransition, InvalidInput) as e:
-                    results[i] = e  # this outcome only: the others of the run still count
-                    continue
-                items.append(item)
-                done[o.lease.item_id] = item
-            uow.commit(tx, {run_id: run}, items)
-            finish_if_drained(uow, tx, run, now)
-            for i in idxs:
-                if i not in results:
-                    item_id = checked[i].lease.item_id
-                    results[i] = queries.item_status(
-                        queries.merged_row(rows[item_id], done[item_id])
-                    )
+            row = rows.get(o.lease.item_id)
+            if row is None:
+                results[i] = ItemNotFound(run_id, o.lease.item_id)
+                continue
+            try:
+                item = apply_outcome(uow, tx, run, o, now, row)
+            except (LeaseLost, IllegalTransition, InvalidInput) as e:
+                results[i] = e  # this outcome only: the others of the run still count
+                continue
+            items.append(item)
+            done[o.lease.item_id] = item
+        uow.commit(tx, {run_id: run}, items)
+        finish_if_drained(uow, tx, run, now)
+        for i in idxs:
+            if i not in results:
+                item_id = checked[i].lease.item_id
+                results[i] = queries.item_status(queries.merged_row(rows[item_id], done[item_id]))
+
+    for run_id, idxs in by_run.items():
+        uow.item_write(functools.partial(one_run, run_id=run_id, idxs=idxs))
     return [results[i] for i in range(len(checked))]

@@ -323,8 +323,10 @@ def fence(uow: UnitOfWork, tx: Tx, run: Run, now: datetime, why: str) -> None:
 
 
 def finish_if_drained(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> str | None:
-    """A pausing or canceling run ends in the transaction that ends its last live lease."""
-    if run.counts[S.IN_PROGRESS] != 0:
+    """A pausing or canceling run ends in the transaction that ends its last live lease.
+    (Its counts are exact: an item command holds a draining run FOR UPDATE, see
+    ledger/queries.py `load_run`; on a running run, held FOR SHARE, they are not read.)"""
+    if run.state not in (S.CANCELING, S.PAUSING) or run.counts[S.IN_PROGRESS] != 0:
         return None
     if run.state == S.CANCELING:
         skip_remaining(uow, tx, run, now)

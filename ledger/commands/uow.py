@@ -99,6 +99,7 @@ class UnitOfWork:
         # the time of the last committed event of every stream loaded: where the pre-commit
         # rule check (ledger/invariants.py) starts each stream's clock
         self._stamps: dict[UUID, datetime] = {}
+        self._exclusive = False  # item commands lock their run FOR UPDATE (item_write)
 
     # -- transactions ----------------------------------------------------
     @contextmanager
@@ -127,10 +128,33 @@ class UnitOfWork:
         return retry_transient(step, *args)
 
     # -- loading ---------------------------------------------------------
-    def load_run(self, tx: Tx, run_id: str, lock: bool = True) -> Run:
-        """The run's aggregate from its snapshot row (locked on PostgreSQL); RunNotFound."""
+    def load_run(self, tx: Tx, run_id: str, lock: bool | str = True) -> Run:
+        """The run's aggregate from its snapshot row (locked on PostgreSQL); RunNotFound.
+        `lock="item"`: an item command's lock (ledger/queries.py `load_run`), FOR UPDATE
+        instead while `item_write` repeats a transaction that found the run draining."""
+        if lock == "item" and self._exclusive:
+            lock = "update"
         # through the facade: the one place every command loads its run (tests hook it)
         return self.track(self.ledger._load_run(tx, run_id, lock))
+
+    def item_write(self, body: Callable[[Tx], T]) -> T:
+        """An item command's write transaction: `body(tx)`, which loads its run with
+        `lock="item"`. When the share lock it got turns out to be on a run a run command
+        has just made draining (RunLockUpgrade: nothing was written), the transaction is
+        repeated once holding the run FOR UPDATE. In a keyed command's transaction the
+        error goes to the pipeline, which repeats that whole transaction."""
+        try:
+            with self.write() as tx:
+                return body(tx)
+        except queries.RunLockUpgrade:
+            if self._joined is not None:
+                raise
+        self._exclusive = True
+        try:
+            with self.write() as tx:
+                return body(tx)
+        finally:
+            self._exclusive = False
 
     def track(self, agg: A) -> A:
         """Note the time of the aggregate's last committed event (None passes through)."""
@@ -146,9 +170,10 @@ class UnitOfWork:
         roles: frozenset[str],
         command: str,
         expected: int | None,
+        lock: bool | str = True,
     ) -> Run:
         """SPEC's order after the arguments: existence, role, revision. Returns the run."""
-        run = self.load_run(tx, run_id)
+        run = self.load_run(tx, run_id, lock)
         require_role(actor, roles, command)
         check_revision(expected, run.version, run.state, f"run {run_id}")
         return run
@@ -156,15 +181,21 @@ class UnitOfWork:
     item_row = staticmethod(queries.item_row)
 
     @staticmethod
-    def item_rows(tx: Tx, run_id: str, item_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """The rows of the named items that exist, by item id."""
+    def item_rows(
+        tx: Tx, run_id: str, item_ids: Sequence[str], lock: bool = False
+    ) -> dict[str, dict[str, Any]]:
+        """The rows of the named items that exist, by item id (locked for the transaction
+        when `lock`, on PostgreSQL, in item id order: two such transactions never deadlock)."""
         out: dict[str, dict[str, Any]] = {}
         ids = list(dict.fromkeys(item_ids))
+        if lock:
+            ids.sort()
         for k in range(0, len(ids), 500):
             chunk = ids[k : k + 500]
             marks = ", ".join("?" for _ in chunk)
             for row in tx.fetchall(
-                f"SELECT * FROM lg_items WHERE run_id = ? AND item_id IN ({marks})",  # noqa: S608 (placeholders only)
+                f"SELECT * FROM lg_items WHERE run_id = ? AND item_id IN ({marks})"  # noqa: S608 (placeholders only)
+                + (" ORDER BY item_id" + tx.lock_suffix() if lock else ""),
                 (run_id, *chunk),
             ):
                 out[row["item_id"]] = row

@@ -23,8 +23,10 @@ from .hashchain import record_hashes
 
 # 2: ledger_event_hashes (hash chain); 3: ledger_idempotency (keys); 4: lg_followers,
 # lg_webhooks, lg_webhook_deliveries (the change feed); 5: positions without the events
-# table lock (PostgreSQL functions, see pg_positions.py; SQLite: a meta row)
-SCHEMA_VERSION = 6
+# table lock (PostgreSQL functions, see pg_positions.py; SQLite: a meta row); 6: indexes
+# of the paged reads; 7: lg_run_counts (an open run's item counts off its row, see
+# projections/counts.py)
+SCHEMA_VERSION = 7
 
 
 def refuse_newer(current: int, known: int) -> None:
@@ -136,9 +138,17 @@ class Tx(ABC):
         """Row-lock clause for rows the transaction will change (PostgreSQL only)."""
         return ""
 
-    def select_run_sql(self, lock: bool) -> str:
-        """The query loading one lg_runs row by run_id (`?`), locked for the rest of the
-        transaction when `lock`, with the database clock as `db_now` where it has one."""
+    def claim_lock_suffix(self) -> str:
+        """Row-lock clause for items a claim may lease: rows another claim holds are
+        passed over (PostgreSQL only; other stores have one writer at a time)."""
+        return ""
+
+    def select_run_sql(self, lock: bool | str) -> str:
+        """The query loading one lg_runs row by run_id (one `?`), with the database clock as
+        `db_now` where it has one. `lock`: False (none), True or "update" (locked for the
+        rest of the transaction), "item" (an item command's lock: see
+        ledger/queries.py `load_run`; the row then has a `lock_mode` column where the
+        store takes row locks)."""
         return f"SELECT *{self.now_column()} FROM lg_runs WHERE run_id = ?" + (  # noqa: S608 (our own table/column names; values are bound parameters)
             self.lock_suffix() if lock else ""
         )

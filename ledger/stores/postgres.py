@@ -28,6 +28,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import send
 from psycopg.rows import dict_row, tuple_row
 
+from projections import counts as run_counts
 from projections.schema import paging_index_ddl, projection_ddl
 
 from ..errors import CommitUncertain, StoreUnavailable
@@ -44,6 +45,26 @@ EVENTS_TABLE = "ledger_events"
 _QMARK = re.compile(r"\?")
 _SCHEMA_LOCK = zlib.crc32(b"run-ledger schema") & 0x7FFFFFFF
 CONNECT_TIMEOUT_S = 10
+
+
+# An item command's run lock (ledger/queries.py load_run): FOR SHARE, so item commands
+# of one run run side by side while every run command (FOR UPDATE) waits for them and
+# they for it; FOR UPDATE when the row, as the statement's snapshot saw it, is pausing or
+# canceling (ending a lease may then end the run). A share lock granted after a run
+# command committed such a state shows it in the row returned, with lock_mode 'share':
+# the caller starts over (the next snapshot sees the state). The clock is read once the
+# lock is held, as for FOR UPDATE below.
+ITEM_RUN_LOCK = (
+    "WITH k AS MATERIALIZED (SELECT ?::text AS run_id), "
+    "seen AS MATERIALIZED (SELECT state IN ('pausing', 'canceling') AS draining "
+    "FROM lg_runs WHERE run_id = (SELECT run_id FROM k)), "
+    "shared AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = (SELECT run_id FROM k) "
+    "AND NOT COALESCE((SELECT draining FROM seen), false) FOR SHARE), "
+    "held AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = (SELECT run_id FROM k) "
+    "AND COALESCE((SELECT draining FROM seen), false) FOR UPDATE) "
+    "SELECT *, 'share' AS lock_mode, clock_timestamp() AS db_now FROM shared "
+    "UNION ALL SELECT *, 'update' AS lock_mode, clock_timestamp() AS db_now FROM held"
+)
 
 
 def to_pg(sql: str) -> str:
@@ -176,9 +197,14 @@ class PgTx(Tx):
     def now_column(self) -> str:
         return ", clock_timestamp() AS db_now"
 
-    def select_run_sql(self, lock: bool) -> str:
+    def claim_lock_suffix(self) -> str:
+        return " FOR UPDATE SKIP LOCKED"
+
+    def select_run_sql(self, lock: bool | str) -> str:
         if not lock:
             return super().select_run_sql(lock)
+        if lock == "item":
+            return ITEM_RUN_LOCK
         # In a plain SELECT ... FOR UPDATE, clock_timestamp() is computed before the row
         # lock is waited for (and not again unless the holder changed the row), so a
         # command that queued behind another would judge leases by the time it started
@@ -408,6 +434,7 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
     ]
     v6: list[Any] = list(paging_index_ddl())  # indexes of the paged reads (ledger/paging.py)
-    out = [v1, v2, v3, v4, v5, v6]
+    v7: list[Any] = run_counts.migration("postgres")  # counts off the run row (issue 15)
+    out = [v1, v2, v3, v4, v5, v6, v7]
     assert len(out) == SCHEMA_VERSION
     return out

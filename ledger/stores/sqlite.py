@@ -19,6 +19,7 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
 
+from projections import counts as run_counts
 from projections.schema import paging_index_ddl, projection_ddl
 
 from ..idempotency import ddl as idempotency_ddl
@@ -234,7 +235,8 @@ def migrations() -> list[list[str]]:
         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
     ]
     v6: list[Any] = list(paging_index_ddl())  # indexes of the paged reads (ledger/paging.py)
-    out = [v1, v2, v3, v4, v5, v6]
+    v7: list[Any] = run_counts.migration("sqlite")  # counts off the run row (issue 15)
+    out = [v1, v2, v3, v4, v5, v6, v7]
     assert len(out) == SCHEMA_VERSION
     return out
 
