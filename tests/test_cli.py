@@ -487,7 +487,13 @@ def test_verify_and_rebuild(dsn: str, tmp_path: Path) -> None:
         assert_refused(cli(dsn, "projections", "rebuild"), "NotImplementedError", "rebuild")
     else:
         sums = doc(dsn, "projections", "checksums")
-        assert set(sums) == {"lg_runs", "lg_items", "lg_attempts", "lg_transitions"}
+        assert set(sums) == {
+            "lg_runs",
+            "lg_items",
+            "lg_attempts",
+            "lg_transitions",
+            "lg_run_counts",
+        }
         assert sums["lg_items"].startswith("2:")
         assert "lg_items" in ok(dsn, "projections", "checksums").stdout
         result = ok(dsn, "projections", "rebuild")
