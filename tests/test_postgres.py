@@ -2,10 +2,11 @@
 
 - With no clock injected, PostgreSQL's clock stamps events and judges leases: the
   tests set the process clock a day wrong and the ledger does not notice.
-- Every command locks its run's row (FOR UPDATE), so a claim and a cancel or
-  pause of the same run never interleave: whichever holds the row first commits
-  first, and the other sees its result. The tests hold one command inside its
-  transaction and watch the other wait in pg_stat_activity.
+- Every run command locks its run's row FOR UPDATE, item commands FOR SHARE
+  (tests/test_item_locks_pg.py), so a claim and a cancel or pause of the same run
+  never interleave: whichever holds the row first commits first, and the other
+  sees its result. The tests hold one command inside its transaction and watch
+  the other wait in pg_stat_activity.
 - Each Ledger keeps a pool of 2 connections, growing to at most 12; `close()`
   leaves none behind.
 """
