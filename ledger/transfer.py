@@ -1,19 +1,8 @@
 """Export, import and copy: a ledger's history as a file of JSON lines, and back.
 
-The file (format `run-ledger/history/1`) holds one line per event, in position order:
-
-    {"position": 7, "stream": "<uuid>", "version": 3, "topic": "ledger.domain:Item.Transitioned",
-     "state": "<the stored bytes as UTF-8 text>", "hash": "<hash recorded at write time>"}
-
-(`"state_b64"` instead of `"state"` when the stored bytes are not UTF-8), then one closing
-line: `{"end": "run-ledger/history/1", "events": N, "streams": S, "heads": {stream:
-[version, hash, position]}, "digest": D, "complete": bool}`. `digest` is the heads digest
-`ledger verify --heads` prints; for a complete export of a clean ledger the two are equal.
-
-Reading a file (`check_file`) recomputes every hash chain from the bytes (each event's hash
-chains to the previous event of its stream, see `ledger/stores/hashchain.py`) and compares
-the closing line with what it found, so one edited, missing or reordered event, or a bad
-closing line, is refused with its line and position before anything is written. Importing
+The file's format, its hash chains and the check of a whole file are in
+`ledger/history_file.py` (the names are importable from here too). Exporting checks the
+store's own chains as it writes (`ExportRefused`). Importing checks the file first, then
 appends the events with their hashes in one transaction of the target and projects them
 there with the rebuild's `Replayer`; streams the target already holds must be the same
 events (compared by hash), which makes importing a file twice a no-op.
@@ -24,9 +13,7 @@ never with the number of events: events are read and written a page at a time.
 
 from __future__ import annotations
 
-import base64
 import json
-import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -36,26 +23,25 @@ from pathlib import Path
 from typing import IO, Any, cast
 from uuid import UUID
 
-from .archived import ARCHIVED_TOPIC
 from .domain import item_stream_id, run_stream_id
 from .errors import InvalidInput, LedgerError, RunNotFound
+from .history_file import (
+    FORMAT,
+    PAGE,
+    Chains,
+    FileCheck,
+    ImportRefused,
+    Progress,
+    _check_closing,
+    _lines,
+    archived_seed,
+    check_file,
+    event_line,
+    event_time,
+    parse_event,
+)
 from .stores import hashchain as hc
 from .stores.raw import RawEvent, append_raw, max_position, read_raw, stream_heads
-
-FORMAT = "run-ledger/history/1"
-PAGE = 2000
-
-Progress = Callable[[int, int], None]
-
-
-class ImportRefused(InvalidInput):
-    """A history file that does not check out, or that disagrees with the target ledger;
-    nothing was written. `line` and `position` name where (None when not one event)."""
-
-    def __init__(self, message: str, line: int | None = None, position: int | None = None) -> None:
-        super().__init__(message)
-        self.line = line
-        self.position = position
 
 
 class ExportRefused(LedgerError):
@@ -84,151 +70,6 @@ class TransferSummary:
             "runs": self.runs,
             "verify_ok": self.verify_ok,
             "problems": self.problems,
-        }
-
-
-# --------------------------------------------------------------------------
-# lines
-# --------------------------------------------------------------------------
-def event_line(e: RawEvent) -> str:
-    """One event as its line (without the newline)."""
-    doc: dict[str, Any] = {
-        "position": e.position,
-        "stream": str(e.stream),
-        "version": e.version,
-        "topic": e.topic,
-    }
-    try:
-        doc["state"] = e.state.decode("utf-8")
-    except UnicodeDecodeError:
-        doc["state_b64"] = base64.b64encode(e.state).decode("ascii")
-    doc["hash"] = e.hash
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-
-
-def parse_event(doc: Any, line: int) -> RawEvent:
-    """An event line's document as a RawEvent; ImportRefused naming the line otherwise."""
-    try:
-        if not isinstance(doc, dict):
-            raise TypeError("not a JSON object")
-        if "state" in doc:
-            state = doc["state"].encode("utf-8")
-        else:
-            state = base64.b64decode(doc["state_b64"], validate=True)
-        position, version = doc["position"], doc["version"]
-        if type(position) is not int or type(version) is not int or position < 1 or version < 1:
-            raise ValueError("position and version must be positive integers")
-        topic, hx = doc["topic"], doc["hash"]
-        if not isinstance(topic, str) or not (hx is None or isinstance(hx, str)):
-            raise ValueError("topic must be text and hash text or null")
-        return RawEvent(position, UUID(doc["stream"]), version, topic, state, hx)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ImportRefused(
-            f"line {line} is not an event of a {FORMAT} file ({type(e).__name__}: {e})",
-            line=line,
-            position=doc.get("position") if isinstance(doc, dict) else None,
-        ) from None
-
-
-_TIMESTAMP = re.compile(rb'"timestamp":\{"_type_":"datetime_iso","_data_":"([^"]+)"\}')
-
-
-def event_time(e: RawEvent) -> datetime | None:
-    """When the event was recorded (from its stored state), if it says."""
-    m = _TIMESTAMP.search(e.state, 0, 200)
-    if m is None:
-        return None
-    try:
-        return datetime.fromisoformat(m.group(1).decode())
-    except ValueError:
-        return None
-
-
-def archived_seed(e: RawEvent) -> str | None:
-    """The hash an `Archived` event chains to (the archived run's head before it), which
-    stands in for the events that left the store; None for any other event."""
-    if e.topic != ARCHIVED_TOPIC:
-        return None
-    try:
-        seed = json.loads(e.state)["head_hash"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return seed if isinstance(seed, str) else None
-
-
-# --------------------------------------------------------------------------
-# hash chains of a sequence of events
-# --------------------------------------------------------------------------
-class Chains:
-    """Follows every stream's hash chain through events given in position order: each
-    event must follow its stream's last version and match the hash its bytes give.
-
-    A stream whose first event here is not its first version chains to something
-    outside (an export --since, or an `Archived` event's recorded head): that first
-    event is kept in `open` for the caller to check against the store that has the rest."""
-
-    def __init__(self) -> None:
-        self.heads: dict[UUID, tuple[int, str, int]] = {}  # stream -> version, hash, position
-        self.open: dict[UUID, RawEvent] = {}
-        self.last_position = 0
-        self.events = 0
-
-    def add(self, e: RawEvent) -> str | None:
-        """Take the next event; a description of what is wrong with it, or None."""
-        if e.position <= self.last_position:
-            return (
-                f"position {e.position} comes after position {self.last_position}: "
-                "events are out of order (lines reordered)"
-            )
-        last = self.heads.get(e.stream)
-        prev: str | None
-        if last is None:
-            prev = hc.GENESIS if e.version == 1 else archived_seed(e)
-            if prev is None:
-                self.open[e.stream] = e
-        elif e.version != last[0] + 1:
-            return (
-                f"stream {e.stream} goes from version {last[0]} (position {last[2]}) to version "
-                f"{e.version}: " + ("events are missing" if e.version > last[0] else "repeated")
-            )
-        else:
-            prev = last[1]
-        if prev is None:
-            hx = e.hash
-            if hx is None:
-                return f"version {e.version} of stream {e.stream} has no hash to chain from"
-        else:
-            hx = hc.event_hash(prev, e.stream, e.version, e.topic, e.state)
-            if e.hash is not None and hx != e.hash:
-                return (
-                    f"version {e.version} of stream {e.stream} does not match its recorded "
-                    "hash: its bytes (or the hash, or an earlier event of the stream) were edited"
-                )
-        self.heads[e.stream] = (e.version, hx, e.position)
-        self.last_position = e.position
-        self.events += 1
-        return None
-
-    def digest(self) -> str:
-        """The heads digest over the streams seen (as `verify --heads` computes it)."""
-        d = hc.HeadsDigest()
-        for oid in sorted(self.heads):
-            version, hx, _pos = self.heads[oid]
-            d.add(oid, version, hx)
-        return d.hexdigest()
-
-    def closing(self, complete: bool) -> dict[str, Any]:
-        """The closing line's document."""
-        return {
-            "end": FORMAT,
-            "events": self.events,
-            "streams": len(self.heads),
-            "heads": {str(o): [v, h, p] for o, (v, h, p) in sorted(self.heads.items())},
-            "digest": self.digest(),
-            # streams that continue events not in the file (an export --since): declared, so
-            # a file whose first events of a stream went missing does not pass for one
-            "open": {str(o): [e.version, e.position] for o, e in sorted(self.open.items())},
-            "complete": complete,
         }
 
 
@@ -320,121 +161,6 @@ def export(
     out.write(json.dumps(chains.closing(complete), separators=(",", ":")) + "\n")
     out.flush()
     return TransferSummary(events=chains.events, streams=len(chains.heads), digest=chains.digest())
-
-
-# --------------------------------------------------------------------------
-# reading a file
-# --------------------------------------------------------------------------
-@dataclass
-class FileCheck:
-    """What a history file holds, once every line checked out."""
-
-    chains: Chains
-    first_position: int
-    lines: int
-    runs: list[str]
-
-
-def _lines(f: IO[str]) -> Iterator[tuple[int, Any]]:
-    for n, text in enumerate(f, start=1):
-        if not text.strip():
-            continue
-        try:
-            yield n, json.loads(text)
-        except (ValueError, RecursionError) as e:
-            raise ImportRefused(f"line {n} is not JSON ({e})", line=n) from None
-
-
-def check_file(f: IO[str], progress: Progress | None = None) -> FileCheck:
-    """Read a whole history file and check it: every line, every hash chain, and the closing
-    line against what the lines hold. ImportRefused names the first line that is wrong."""
-    chains = Chains()
-    closing: dict[str, Any] | None = None
-    first = 0
-    runs: list[str] = []
-    n = 0
-    for n, doc in _lines(f):
-        if closing is not None:
-            raise ImportRefused(f"line {n} follows the closing line", line=n)
-        if isinstance(doc, dict) and "end" in doc:
-            if doc.get("end") != FORMAT:
-                raise ImportRefused(
-                    f"line {n}: not a {FORMAT} file (closing line says {doc.get('end')!r})", line=n
-                )
-            closing = doc
-            continue
-        e = parse_event(doc, n)
-        problem = chains.add(e)
-        if problem is not None:
-            raise ImportRefused(
-                f"line {n}, position {e.position}: {problem}", line=n, position=e.position
-            )
-        first = first or e.position
-        if e.version == 1 and e.topic == "ledger.domain:Run.Submitted":
-            runs.append(str(e.stream))
-        if progress is not None and chains.events % PAGE == 0:
-            progress(chains.events, 0)
-    if closing is None:
-        raise ImportRefused(
-            f"the file ends at line {n} without its closing line: it is truncated", line=n
-        )
-    _check_closing(closing, chains, n)
-    return FileCheck(chains=chains, first_position=first, lines=n, runs=runs)
-
-
-def _check_closing(closing: dict[str, Any], chains: Chains, line: int) -> None:
-    heads = closing.get("heads")
-    if not isinstance(heads, dict):
-        raise ImportRefused(f"line {line} (closing): no stream heads", line=line)
-    for text, head in heads.items():
-        try:
-            oid = UUID(text)
-        except (ValueError, TypeError):
-            raise ImportRefused(
-                f"line {line} (closing): {text!r} is not a stream id", line=line
-            ) from None
-        found = chains.heads.get(oid)
-        if found is None or not isinstance(head, list) or list(found) != head:
-            have = f"version {found[0]} at position {found[2]}" if found else "no event"
-            want = (
-                f"version {head[0]} at position {head[2]}"
-                if isinstance(head, list) and len(head) == 3
-                else repr(head)
-            )
-            raise ImportRefused(
-                f"line {line} (closing): stream {oid} should end with {want}, the file has "
-                f"{have}: its last events are missing or were changed",
-                line=line,
-                position=head[2] if isinstance(head, list) and len(head) == 3 else None,
-            )
-    declared = closing.get("open") or {}
-    for oid, e in chains.open.items():
-        if declared.get(str(oid)) != [e.version, e.position]:
-            raise ImportRefused(
-                f"line {line} (closing): stream {oid} starts at version {e.version} (position "
-                f"{e.position}) without its earlier versions: events are missing",
-                line=line,
-                position=e.position,
-            )
-    if len(heads) != len(chains.heads):
-        extra = next(o for o in chains.heads if str(o) not in heads)
-        raise ImportRefused(
-            f"line {line} (closing): stream {extra} is in the file but not in its heads",
-            line=line,
-            position=chains.heads[extra][2],
-        )
-    if closing.get("events") != chains.events:
-        raise ImportRefused(
-            f"line {line} (closing): says {closing.get('events')} events, the file holds "
-            f"{chains.events}: events are missing or were added",
-            line=line,
-        )
-    if closing.get("digest") != chains.digest():
-        raise ImportRefused(
-            f"line {line} (closing): digest {closing.get('digest')!r} is not the digest of the "
-            f"file's heads ({chains.digest()})",
-            line=line,
-        )
 
 
 # --------------------------------------------------------------------------
@@ -691,11 +417,19 @@ def _staged(progress: Callable[[str, int, int], None] | None, stage: str) -> Pro
 
 __all__ = [
     "FORMAT",
+    "PAGE",
+    "Chains",
     "ExportRefused",
+    "FileCheck",
     "ImportRefused",
+    "Progress",
     "TransferSummary",
+    "archived_seed",
     "check_file",
     "copy_ledger",
+    "event_line",
+    "event_time",
     "export",
     "import_file",
+    "parse_event",
 ]
