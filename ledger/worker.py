@@ -5,7 +5,8 @@ A handler receives the item's `Lease` (`item_id`, `payload`, `attempt`, ...) and
 returns `Accepted`, `Rejected` or `Quarantine`; raising records a retryable failed
 attempt with the exception's text. The worker never invents an outcome: a lost lease
 means it stops writing for that item (the next owner reconciles), and a handler that
-returns anything else is recorded as a failed attempt, never as accepted.
+returns anything else is recorded as a failed attempt, never as accepted. The outcome
+types and the summary are in ledger/worker_results.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import (
@@ -30,6 +30,14 @@ from .errors import (
 from .redact import safe_text
 from .states import IN_PROGRESS, PENDING, RETRYABLE, RUNNING, WORKER, is_terminal
 from .views import Actor, ItemStatus, Lease
+from .worker_results import (
+    Accepted,
+    Handler,
+    Outcome,
+    Quarantine,
+    Rejected,
+    WorkerSummary,
+)
 
 # Adaptive prefetch (Worker without prefetch=): the most leases held at once, and how
 # long the queued ones should take to drain. 250 is the batch case 1 measured best.
@@ -40,56 +48,7 @@ if TYPE_CHECKING:
     from .service import Ledger
 
 
-@dataclass(frozen=True)
-class Accepted:
-    """The item's durable effects are confirmed; `evidence` says how (receipt, checksum...)."""
-
-    evidence: dict[str, Any] | None = None
-    stage: str | None = None
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """The input failed a defined validation rule; retrying would fail the same way."""
-
-    rule: str
-    detail: str | None = None
-    stage: str | None = None
-
-
-@dataclass(frozen=True)
-class Quarantine:
-    """A failure that retries will not fix: stop automatic attempts until someone reviews it."""
-
-    error: str
-    stage: str | None = None
-
-
-Outcome = Accepted | Rejected | Quarantine
-Handler = Callable[[Lease], Outcome]
 _T = TypeVar("_T")
-
-
-@dataclass
-class WorkerSummary:
-    """What one `Worker.run()` did, and why it returned."""
-
-    run_id: str
-    worker_id: str
-    claimed: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    retryable: int = 0
-    quarantined: int = 0
-    lease_lost: int = 0
-    heartbeats: int = 0
-    stopped: str = ""
-    run_state: str = ""
-    errors: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return asdict(self)
 
 
 class _InFlight:
