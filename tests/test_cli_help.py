@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from ledger.cli import app
+from ledger.cli import DEFAULT_ROLES, app
 from ledger.commands.registry import COMMANDS, CommandSpec
 from tests.test_rulebook_table import SPEC_ITEM, SPEC_RUN
 
@@ -70,6 +70,13 @@ def test_the_listing_names_each_write_commands_roles() -> None:
         assert spec.cli is not None
         roles = {role for cmd in WITH_CLI if cmd.cli == spec.cli for role in cmd.roles}
         assert lines[spec.cli].rstrip().endswith(f"({', '.join(sorted(roles))})."), lines[spec.cli]
+
+
+def test_each_write_commands_default_role_is_one_the_rule_book_allows() -> None:
+    # `--as ID` (no role) acts in the command's default role: one it may be made in
+    for cli in {spec.cli for spec in WITH_CLI}:
+        allowed = {role for spec in WITH_CLI if spec.cli == cli for role in spec.roles}
+        assert DEFAULT_ROLES.get(cli, "operator") in allowed, (cli, sorted(allowed))
 
 
 def test_a_read_command_has_no_rule_book() -> None:
