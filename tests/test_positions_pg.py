@@ -227,3 +227,42 @@ def test_an_import_at_given_positions_holds_readers_below_it(pg_dsn: str) -> Non
             assert bound is not None and bound < 1000
             assert 1000 not in _positions(reader)
         assert 1000 in _positions(reader)
+
+
+def _reserver(dsn: str, calls: int, out: Any) -> None:
+    """Reserves blocks of 1 to 4 positions as fast as it can (each call its own
+    transaction); reports every block it got."""
+    try:
+        blocks = []
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            fn = psycopg.sql.Identifier(pg_positions.RESERVE_FUNCTION)
+            statement = psycopg.sql.SQL("SELECT {}(%s)").format(fn)
+            for k in range(calls):
+                n = 1 + k % 4
+                row = conn.execute(statement, (n,)).fetchone()
+                assert row is not None
+                blocks.append((row[0], n))
+        out.put(("ok", blocks))
+    except BaseException:
+        out.put(("error", traceback.format_exc()))
+
+
+def test_blocks_and_single_positions_drawn_at_once_never_overlap(pg_dsn: str) -> None:
+    # Single positions and blocks come from one sequence: a position is never handed to
+    # two transactions (a duplicate would refuse an insert as a conflict).
+    Ledger.open(pg_dsn).close()
+    out = SPAWN.Queue()
+    procs = [SPAWN.Process(target=_reserver, args=(pg_dsn, 3000, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        results = [out.get(timeout=WAIT) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(WAIT)
+    drawn: list[int] = []
+    for kind, value in results:
+        assert kind == "ok", value
+        for first, n in value:
+            drawn.extend(range(first, first + n))
+    assert len(drawn) == len(set(drawn)), "a position was drawn twice"

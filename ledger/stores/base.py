@@ -26,7 +26,7 @@ from .hashchain import record_hashes
 # table lock (PostgreSQL functions, see pg_positions.py; SQLite: a meta row); 6: indexes
 # of the paged reads; 7: lg_run_counts (an open run's item counts off its row, see
 # projections/counts.py)
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 def refuse_newer(current: int, known: int) -> None:

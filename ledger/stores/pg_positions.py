@@ -71,11 +71,10 @@ DECLARE
 BEGIN
   -- announce first: every position drawn below is at least the value read here
   PERFORM pg_advisory_xact_lock_shared({base} + (SELECT last_value FROM {seq}));
-  IF n <= 1 THEN
-    RETURN nextval({seq_text});
-  END IF;
   BEGIN
-    -- a contiguous block: the mutex lives only in this block's savepoint
+    -- a contiguous block: the mutex lives only in this block's savepoint. A single
+    -- position takes it too: a nextval between another block's nextval and setval
+    -- would land inside that block (schema version 8 fixed this)
     PERFORM pg_advisory_xact_lock({mutex});
     first := nextval({seq_text});
     PERFORM setval({seq_text}, first + n - 1);

@@ -435,6 +435,8 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
     ]
     v6: list[Any] = list(paging_index_ddl())  # indexes of the paged reads (ledger/paging.py)
     v7: list[Any] = run_counts.migration("postgres")  # counts off the run row (issue 15)
-    out = [v1, v2, v3, v4, v5, v6, v7]
+    # v8: ledger_reserve_positions draws single positions under the block mutex too
+    v8: list[Any] = pg_positions.ddl(EVENTS_TABLE)[:1]
+    out = [v1, v2, v3, v4, v5, v6, v7, v8]
     assert len(out) == SCHEMA_VERSION
     return out

@@ -236,7 +236,9 @@ def migrations() -> list[list[str]]:
     ]
     v6: list[Any] = list(paging_index_ddl())  # indexes of the paged reads (ledger/paging.py)
     v7: list[Any] = run_counts.migration("sqlite")  # counts off the run row (issue 15)
-    out = [v1, v2, v3, v4, v5, v6, v7]
+    # v8 changed PostgreSQL's position reservation only (pg_positions.py): nothing here
+    v8: list[Any] = ["SELECT 1"]
+    out = [v1, v2, v3, v4, v5, v6, v7, v8]
     assert len(out) == SCHEMA_VERSION
     return out
 
