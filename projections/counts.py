@@ -17,10 +17,12 @@ that run event anyway, and its slot rows are deleted; while it is open that colu
 its row even at zero, so a rebuild, in whatever batches it replays the events, writes the
 same rows (SPEC rule 10), and schema v7 can compute them from `lg_transitions` in SQL.
 
-Deriving the counts at read time from `lg_items` (an index scan of `(run_id, state)`)
-needs no table, but costs every status read a pass over all of the run's items (20,000
-index entries, plus heap visits on pages the workers keep dirtying); summing at most 64
-rows per state is constant. Whatever an item command decides from counts (the last live
+Deriving the counts at read time from `lg_items` (`SELECT state, count(*) ... GROUP BY
+state`) needs no table, but costs every status read a pass over all of the run's items
+and their dead versions. Measured on PostgreSQL 15 (a 20,000-item run, 8 workers'
+claims and accepts, no vacuum since): 8.4 ms median per read from lg_items (37,180
+tuples visited) against 0.22 ms for the slot rows (97 rows) read with the run's row;
+the slot rows stay at most 64 per state however large the run. Whatever an item command decides from counts (the last live
 lease of a pausing or canceling run ending) it decides holding the run row FOR UPDATE,
 so no concurrent writer can move them meanwhile.
 """
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ledger.states import ITEM_STATES, PENDING, TERMINAL_RUN_STATES
@@ -52,22 +54,6 @@ def slot_sql(column: str) -> str:
     return f"(CAST(substr({column}, 21, 6) AS INTEGER) % {SLOTS})"
 
 
-def deltas(tx: Reader, run_ids: Iterable[str], suffix: str = "") -> dict[str, Counter[str]]:
-    """The summed slot deltas of each run (runs without rows are left out)."""
-    out: dict[str, Counter[str]] = {}
-    ids = list(dict.fromkeys(run_ids))
-    for k in range(0, len(ids), _CHUNK):
-        chunk = ids[k : k + _CHUNK]
-        marks = ", ".join("?" for _ in chunk)
-        for r in tx.fetchall(
-            f"SELECT run_id, state, SUM(n) AS n FROM lg_run_counts{suffix} "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"WHERE run_id IN ({marks}) GROUP BY run_id, state",
-            chunk,
-        ):
-            out.setdefault(r["run_id"], Counter())[r["state"]] += int(r["n"])
-    return out
-
-
 def total(column: Any, delta: Counter[str] | None) -> dict[str, int]:
     """Every item state's count: the row's `counts` column plus the slot deltas."""
     base = json.loads(column) if isinstance(column, str) else dict(column or {})
@@ -76,12 +62,32 @@ def total(column: Any, delta: Counter[str] | None) -> dict[str, int]:
 
 
 def attach(tx: Reader, rows: Sequence[dict[str, Any]], suffix: str = "") -> None:
-    """Replace the `counts` of each lg_runs row (JSON text) by the run's true counts."""
-    open_ids = [r["run_id"] for r in rows if r["state"] not in TERMINAL_RUN_STATES]
-    found = deltas(tx, open_ids, suffix) if open_ids else {}
+    """Replace the `counts` of each lg_runs row (JSON text) by the run's true counts.
+
+    The row's column and the slot rows are read again together, in one statement (one
+    snapshot): a run that ended between the row's read and this one has moved its slot
+    rows into its column, and reading them apart could see neither."""
+    runs_t, counts_t = f"lg_runs{suffix}", f"lg_run_counts{suffix}"
+    ids = list(dict.fromkeys(r["run_id"] for r in rows))
+    base: dict[str, Any] = {}
+    found: dict[str, Counter[str]] = {}
+    for k in range(0, len(ids), _CHUNK):
+        chunk = ids[k : k + _CHUNK]
+        marks = ", ".join("?" for _ in chunk)
+        for r in tx.fetchall(
+            f"SELECT r.run_id, r.counts, c.state, SUM(c.n) AS n FROM {runs_t} r "  # noqa: S608 (our own table/column names; values are bound parameters)
+            f"LEFT JOIN {counts_t} c ON c.run_id = r.run_id WHERE r.run_id IN ({marks}) "
+            "GROUP BY r.run_id, r.counts, c.state",
+            chunk,
+        ):
+            base[r["run_id"]] = r["counts"]
+            if r["state"] is not None:
+                found.setdefault(r["run_id"], Counter())[r["state"]] += int(r["n"])
     for r in rows:
         r["counts"] = json.dumps(
-            total(r["counts"], found.get(r["run_id"])), sort_keys=True, separators=(",", ":")
+            total(base.get(r["run_id"], r["counts"]), found.get(r["run_id"])),
+            sort_keys=True,
+            separators=(",", ":"),
         )
 
 
