@@ -11,6 +11,7 @@ run against this class (tests/test_recorders.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Sequence
@@ -136,9 +137,9 @@ class Waker:
     `interval` seconds, and a commit is always followed by one (the last is never
     dropped). A wake-up is a hint for listeners (`subscribe()`, the change feed), never
     needed for correctness, so a failure to send one is ignored. The thread starts on
-    first use; it borrows a connection of the commands' pool for each NOTIFY (and gives
-    up when none is free within `interval`), so the pool's bound is every connection
-    the ledger holds."""
+    first use; it borrows an idle connection of the commands' pool for each NOTIFY (when
+    none is idle it waits for the next interval rather than queue behind commands), so
+    the pool's bound is every connection the ledger holds."""
 
     def __init__(
         self, pool: psycopg_pool.ConnectionPool[Any], channel: str, interval: float
@@ -162,13 +163,20 @@ class Waker:
                     )
                     self._thread.start()
 
-    def _send(self) -> None:
-        try:
-            # a transaction of its own (the pool commits it on return), off every write path
-            with self._pool.connection(timeout=max(self._interval, 1.0)) as conn:
-                conn.execute(self._statement)
-        except Exception:  # a hint only (see the class docstring)
-            return
+    def _send(self) -> bool:
+        """One NOTIFY; False when every connection of the pool is busy (it never queues
+        behind the commands: the wake-up is sent after the next interval instead)."""
+        stats = self._pool.get_stats()
+        if stats.get("pool_available", 0) == 0 and stats.get("pool_size", 0) >= self._pool.max_size:
+            return False
+        # a transaction of its own (the pool commits it on return), off every write path;
+        # a failure is ignored: a hint only (see the class docstring)
+        with (
+            contextlib.suppress(Exception),
+            self._pool.connection(timeout=max(self._interval, 1.0)) as conn,
+        ):
+            conn.execute(self._statement)
+        return True
 
     def _run(self) -> None:
         while True:
@@ -176,7 +184,8 @@ class Waker:
             if self._closed.is_set():
                 return
             self._pending.clear()
-            self._send()
+            if not self._send():
+                self._pending.set()  # not sent: try again after the interval
             if self._closed.wait(self._interval):
                 return
 
