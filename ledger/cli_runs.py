@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -302,6 +302,22 @@ def retry(
     _show_run(status, as_json, f"retry of {run_id}:")
 
 
+def _policy_option(text: str) -> dict[str, Any]:
+    """`--policy JSON`: a JSON object of policy fields (ManifestInvalid otherwise)."""
+    from .errors import ManifestInvalid
+    from .validation import strict_loads
+
+    value = strict_loads(
+        text.encode(),
+        "--policy",
+        64 * 1024,
+        error=lambda message: ManifestInvalid(message, field="policy"),
+    )
+    if not isinstance(value, dict):
+        raise ManifestInvalid("--policy must be a JSON object of policy fields", field="policy")
+    return value
+
+
 @app.command(cls=RuleBookCommand)
 def repair(
     ctx: typer.Context,
@@ -323,13 +339,36 @@ def repair(
         ),
     ] = None,
     reason: OptionalReason = None,
+    config_version: Annotated[
+        str | None,
+        typer.Option(
+            "--config-version",
+            metavar="VERSION",
+            help="Run the repair under a corrected configuration version (correction_of)",
+        ),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            "--policy",
+            metavar="JSON",
+            help="Policy fields to correct, e.g. '{\"max_attempts\": 5}' (correction_of)",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """New run for a run's items not accepted, linked repair_of / correction_of."""
     fixed = _read_json_file(corrections, "corrections") if corrections else None
+    corrected_policy = _policy_option(policy) if policy is not None else None
     with _ledger(ctx) as lg:
         status = lg.repair(
-            run_id, _actor(ctx, "repair"), items=_split_ids(items), corrections=fixed, reason=reason
+            run_id,
+            _actor(ctx, "repair"),
+            items=_split_ids(items),
+            corrections=fixed,
+            reason=reason,
+            config_version=config_version,
+            policy=corrected_policy,
         )
     _show_run(status, as_json, f"repair of {run_id}:")
 

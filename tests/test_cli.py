@@ -416,6 +416,17 @@ def test_fail_retry_repair_compensate_make_linked_runs(
     repaired = doc(dsn, "repair", run, "--items", "i1")
     assert repaired["links"] == [{"relation": "repair_of", "run_id": run}]
     assert repaired["counts"]["pending"] == 1
+    # under a corrected configuration: a correction_of, the original's config unchanged
+    before = snapshot(dsn)
+    assert_refused(cli(dsn, "repair", run, "--policy", "[1]"), "ManifestInvalid", "policy")
+    assert_refused(cli(dsn, "repair", run, "--policy", "{nope"), "ManifestInvalid", "policy")
+    assert snapshot(dsn) == before
+    corrected = doc(
+        dsn, "repair", run, "--config-version", "cfg-fixed", "--policy", '{"max_attempts": 4}'
+    )
+    assert corrected["links"] == [{"relation": "correction_of", "run_id": run}]
+    assert (corrected["config_version"], corrected["policy"]["max_attempts"]) == ("cfg-fixed", 4)
+    assert doc(dsn, "status", run)["config_version"] != "cfg-fixed"
     undo = doc(dsn, "compensate", run, "--reason", "refund the delivered item")
     assert undo["links"] == [{"relation": "compensates", "run_id": run}]
     lineage = [r["run_id"] for r in doc(dsn, "lineage", retried["run_id"])]
@@ -423,6 +434,7 @@ def test_fail_retry_repair_compensate_make_linked_runs(
         run,
         retried["run_id"],
         repaired["run_id"],
+        corrected["run_id"],
         undo["run_id"],
     }
     assert doc(dsn, "status", run)["state"] == "failed"  # the original stays as it was
