@@ -85,9 +85,10 @@ def test_a_claim_passes_over_items_another_transaction_holds(pg_dsn: str) -> Non
         assert [le.item_id for le in lg.claim(run_id, WORKER, limit=3)] == ["i0", "i1", "i5"]
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "idempotency_key"])
 @pytest.mark.parametrize("stop", sorted(STOPS))
 def test_the_last_lease_ending_behind_a_stop_ends_the_run_in_its_transaction(
-    stop: str, pg_dsn: str
+    stop: str, keyed: bool, pg_dsn: str
 ) -> None:
     command, draining = STOPS[stop]
     finished = {"cancel": ("cancel_finished", "canceled"), "pause": ("pause_finished", "paused")}
@@ -98,7 +99,8 @@ def test_the_last_lease_ending_behind_a_stop_ends_the_run_in_its_transaction(
         held.start(lambda: command(stopper, run_id))  # the stop has the run, not committed
 
         accepted: list[Any] = []
-        t = start_thread(lambda: worker.accept(lease), accepted)
+        key = {"idempotency_key": f"accept-{stop}"} if keyed else {}
+        t = start_thread(lambda: worker.accept(lease, **key), accepted)
         wait_until(lambda: lock_waiters(pg_dsn), "the accept to wait for the stop's row lock")
         assert accepted == []
 
