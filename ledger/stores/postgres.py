@@ -54,10 +54,21 @@ CONNECT_TIMEOUT_S = 10
 # command committed such a state shows it in the row returned, with lock_mode 'share':
 # the caller starts over (the next snapshot sees the state). The clock is read once the
 # lock is held, as for FOR UPDATE below.
+#
+# Row locks alone would let a run command starve: share lockers that overlap one another
+# keep the row share-locked, and a new FOR SHARE is granted beside them while a FOR
+# UPDATE waits (a cancel or pause behind a stream of claims would wait until the run
+# drained). So every run lock first takes a transaction-level advisory lock on the run
+# (RUN_LOCK_CLASS, hashtext(run_id)): shared for item commands, exclusive for run
+# commands. The lock manager queues those fairly: once a run command waits, later item
+# commands wait behind it. Always in that order (advisory, then row): no new deadlock.
+RUN_LOCK_CLASS = zlib.crc32(b"run-ledger run lock") & 0x7FFFFFFF
 ITEM_RUN_LOCK = (
-    "WITH k AS MATERIALIZED (SELECT ?::text AS run_id), "
+    "WITH k AS MATERIALIZED (SELECT ?::text AS run_id), "  # noqa: S608 (our own constant; values are bound parameters)
+    f"a AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared({RUN_LOCK_CLASS}, "
+    "hashtext((SELECT run_id FROM k)))), "
     "seen AS MATERIALIZED (SELECT state IN ('pausing', 'canceling') AS draining "
-    "FROM lg_runs WHERE run_id = (SELECT run_id FROM k)), "
+    "FROM lg_runs WHERE run_id = (SELECT run_id FROM k) AND EXISTS (SELECT 1 FROM a)), "
     "shared AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = (SELECT run_id FROM k) "
     "AND NOT COALESCE((SELECT draining FROM seen), false) FOR SHARE), "
     "held AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = (SELECT run_id FROM k) "
@@ -211,7 +222,11 @@ class PgTx(Tx):
         # waiting. Read through a materialised locking CTE, it is taken once the lock is
         # granted: the time the command really acts. Still one round trip.
         return (
-            "WITH locked AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = ? FOR UPDATE) "
+            "WITH k AS MATERIALIZED (SELECT ?::text AS run_id), "  # noqa: S608 (our own constant; values are bound parameters)
+            f"a AS MATERIALIZED (SELECT pg_advisory_xact_lock({RUN_LOCK_CLASS}, "
+            "hashtext((SELECT run_id FROM k)))), "
+            "locked AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = (SELECT run_id FROM k) "
+            "AND EXISTS (SELECT 1 FROM a) FOR UPDATE) "
             "SELECT *, clock_timestamp() AS db_now FROM locked"
         )
 
