@@ -42,7 +42,36 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-class WorkLines:
+class _Rate:
+    """Rate and ETA since the first report (`first`, `clock` set by the subclass), and
+    the one-line form `label done/total unit (pct%), rate unit/s, ETA t`."""
+
+    clock: Callable[[], float]
+    first: tuple[float, int] | None
+
+    def rate_eta(self, done: int, total: int) -> tuple[float | None, float | None]:
+        """Units per second since the first report, and seconds left at that rate."""
+        now = self.clock()
+        if self.first is None:
+            self.first = (now, done)
+        t0, d0 = self.first
+        if now <= t0 or done <= d0:
+            return None, None
+        rate = (done - d0) / (now - t0)
+        return rate, max(0, total - done) / rate
+
+    def progress_line(self, label: str, unit: str, rate_format: str, done: int, total: int) -> str:
+        rate, eta = self.rate_eta(done, total)
+        pct = 100.0 * done / total if total else 100.0
+        text = f"{label} {done:,}/{total:,} {unit} ({pct:.0f}%)"
+        if rate is not None:
+            text += f", {rate:{rate_format}} {unit}/s"
+            if done < total and eta is not None:
+                text += f", ETA {duration(eta)}"
+        return text
+
+
+class WorkLines(_Rate):
     """The pipe form: `work: 120/1,000 items (12%), 40 items/s, ETA 22s` at most every
     `interval` seconds, and always the last state. The rate counts only the items
     finished since it started (a run half done when the worker starts is not fast)."""
@@ -60,26 +89,8 @@ class WorkLines:
         self.shown_at: float | None = None
         self.shown: tuple[int, int] | None = None
 
-    def rate_eta(self, done: int, total: int) -> tuple[float | None, float | None]:
-        """Items per second since the first report, and seconds left at that rate."""
-        now = self.clock()
-        if self.first is None:
-            self.first = (now, done)
-        t0, d0 = self.first
-        if now <= t0 or done <= d0:
-            return None, None
-        rate = (done - d0) / (now - t0)
-        return rate, max(0, total - done) / rate
-
     def line(self, done: int, total: int) -> str:
-        rate, eta = self.rate_eta(done, total)
-        pct = 100.0 * done / total if total else 100.0
-        text = f"work: {done:,}/{total:,} items ({pct:.0f}%)"
-        if rate is not None:
-            text += f", {rate:,.1f} items/s"
-            if done < total and eta is not None:
-                text += f", ETA {duration(eta)}"
-        return text
+        return self.progress_line("work:", "items", ",.1f", done, total)
 
     def __call__(self, done: int, total: int, last: bool = False) -> None:
         now = self.clock()
@@ -206,7 +217,7 @@ class VerifyProgress:
             self.write(self.STAGES[stage])
 
 
-class RebuildProgress:
+class RebuildProgress(_Rate):
     """`progress(done, total)` for a rebuild: events done / total, rate and ETA.
 
     On a terminal a rich progress bar; otherwise (a log, a pipe) one line at most every
@@ -246,26 +257,8 @@ class RebuildProgress:
             task = bar.add_task("rebuild", total=None, rate="")
             yield cls(bar=(bar, task))
 
-    def rate_eta(self, done: int, total: int) -> tuple[float | None, float | None]:
-        """Events per second since the first report, and seconds left at that rate."""
-        now = self.clock()
-        if self.first is None:
-            self.first = (now, done)
-        t0, d0 = self.first
-        if now <= t0 or done <= d0:
-            return None, None
-        rate = (done - d0) / (now - t0)
-        return rate, max(0, total - done) / rate
-
     def line(self, done: int, total: int) -> str:
-        rate, eta = self.rate_eta(done, total)
-        pct = 100.0 * done / total if total else 100.0
-        text = f"{self.label} {done:,}/{total:,} events ({pct:.0f}%)"
-        if rate is not None:
-            text += f", {rate:,.0f} events/s"
-            if done < total and eta is not None:
-                text += f", ETA {duration(eta)}"
-        return text
+        return self.progress_line(self.label, "events", ",.0f", done, total)
 
     def __call__(self, done: int, total: int) -> None:
         if self.bar is not None:
