@@ -83,59 +83,74 @@ def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
     open_ids = [r["run_id"] for r in rows if r["state"] not in S.TERMINAL_RUN_STATES]
     now_text = iso(now)
     marks = _marks(len(ids))
-    last = {
-        r["run_id"]: r["at"]
-        for r in tx.fetchall(
-            "SELECT r.run_id, (SELECT t.at FROM lg_transitions t WHERE t.run_id = r.run_id "  # noqa: S608 (our own table/column names; values are bound parameters)
-            "ORDER BY t.position DESC, t.ord DESC LIMIT 1) AS at "
-            f"FROM lg_runs r WHERE r.run_id IN ({marks})",
-            ids,
-        )
-    }
+    window_start = iso(now - timedelta(seconds=RATE_WINDOW_SECONDS))
+    # One statement for every signal but the lease holders (a round trip each cost more
+    # than the reads): per run, its latest transition, its expired leases, its items
+    # finished in the rate window and its required items still open.
+    #
+    # The latest transition is read backwards on the (run_id, position, ord) index, the
+    # run id given as a range, not an equality: with equality PostgreSQL may walk the
+    # primary key backwards from the newest position instead, filtering by run, through
+    # every transition written since this run's last one (33 ms against 0.2 ms for a run
+    # with 200,000 newer events of other runs; bench case 5).
+    #
+    # Finished items count from the first position stamped inside the window (an index
+    # seek on lg_transitions_at), so only the run's recent transitions are read. Positions
+    # follow the store's clock (one clock per store stamps every event in commit order);
+    # were that clock set back, the rate would undercount, never overcount.
+    found = tx.fetchall(
+        "SELECT r.run_id, "  # noqa: S608 (our own table/column names; values are bound parameters)
+        "(SELECT t.at FROM lg_transitions t WHERE t.run_id >= r.run_id AND t.run_id <= r.run_id "
+        "ORDER BY t.run_id DESC, t.position DESC, t.ord DESC LIMIT 1) AS last_at, "
+        "(SELECT COUNT(*) FROM lg_items i WHERE i.run_id = r.run_id AND i.state = ? "
+        "AND i.lease_expires_at < ?) AS expired_n, "
+        "(SELECT MIN(i.lease_expires_at) FROM lg_items i WHERE i.run_id = r.run_id "
+        "AND i.state = ? AND i.lease_expires_at < ?) AS expired_oldest, "
+        "(SELECT COUNT(*) FROM lg_transitions t WHERE t.run_id = r.run_id AND t.position >= "
+        "(SELECT w.position FROM lg_transitions w WHERE w.at >= ? ORDER BY w.at, w.position "
+        "LIMIT 1) AND t.item_id IS NOT NULL "
+        f"AND t.to_state IN ({_marks(len(_FINISHED))}) AND t.at >= ? AND t.at <= ?) AS finished, "
+        "(SELECT COUNT(*) FROM lg_items i WHERE i.run_id = r.run_id "
+        f"AND i.state IN ({_marks(len(_REMAINING))}) AND i.required <> 0) AS remaining "
+        f"FROM lg_runs r WHERE r.run_id IN ({marks})",
+        (
+            S.IN_PROGRESS,
+            now_text,
+            S.IN_PROGRESS,
+            now_text,
+            window_start,
+            *_FINISHED,
+            window_start,
+            now_text,
+            *_REMAINING,
+            *ids,
+        ),
+    )
+    open_set = set(open_ids)
+    last: dict[str, Any] = {}
     expired: dict[str, tuple[int, str]] = {}
-    holders: dict[str, list[str]] = {}
     finished: dict[str, int] = {}
     remaining: dict[str, int] = {}
+    for r in found:
+        run_id = r["run_id"]
+        last[run_id] = r["last_at"]
+        if run_id not in open_set:
+            continue  # the rest are signals of open runs only
+        if int(r["expired_n"] or 0):
+            expired[run_id] = (int(r["expired_n"]), r["expired_oldest"])
+        if int(r["finished"] or 0):
+            finished[run_id] = int(r["finished"])
+        if int(r["remaining"] or 0):
+            remaining[run_id] = int(r["remaining"])
+    holders: dict[str, list[str]] = {}
     if open_ids:
-        omarks = _marks(len(open_ids))
-        for r in tx.fetchall(
-            "SELECT run_id, COUNT(*) AS n, MIN(lease_expires_at) AS oldest FROM lg_items "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"WHERE run_id IN ({omarks}) AND state = ? AND lease_expires_at < ? GROUP BY run_id",
-            (*open_ids, S.IN_PROGRESS, now_text),
-        ):
-            expired[r["run_id"]] = (int(r["n"]), r["oldest"])
         for r in tx.fetchall(
             "SELECT DISTINCT run_id, lease_worker FROM lg_items "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"WHERE run_id IN ({omarks}) AND state = ? AND lease_expires_at >= ? "
+            f"WHERE run_id IN ({_marks(len(open_ids))}) AND state = ? AND lease_expires_at >= ? "
             "ORDER BY run_id, lease_worker",
             (*open_ids, S.IN_PROGRESS, now_text),
         ):
             holders.setdefault(r["run_id"], []).append(r["lease_worker"])
-        window_start = iso(now - timedelta(seconds=RATE_WINDOW_SECONDS))
-        # The first position stamped inside the window (an index seek on lg_transitions_at),
-        # so counting a run's finished items reads only its recent transitions. Positions
-        # follow the store's clock (one clock per store stamps every event in commit
-        # order); were that clock set back, the rate would undercount, never overcount.
-        first = tx.fetchone(
-            "SELECT position FROM lg_transitions WHERE at >= ? ORDER BY at, position LIMIT 1",
-            (window_start,),
-        )
-        if first is not None:
-            for r in tx.fetchall(
-                "SELECT run_id, COUNT(*) AS n FROM lg_transitions "  # noqa: S608 (our own table/column names; values are bound parameters)
-                f"WHERE run_id IN ({omarks}) AND position >= ? AND item_id IS NOT NULL "
-                f"AND to_state IN ({_marks(len(_FINISHED))}) AND at >= ? AND at <= ? "
-                "GROUP BY run_id",
-                (*open_ids, first["position"], *_FINISHED, window_start, now_text),
-            ):
-                finished[r["run_id"]] = int(r["n"])
-        for r in tx.fetchall(
-            "SELECT run_id, COUNT(*) AS n FROM lg_items "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"WHERE run_id IN ({omarks}) AND state IN ({_marks(len(_REMAINING))}) "
-            "AND required <> 0 GROUP BY run_id",
-            (*open_ids, *_REMAINING),
-        ):
-            remaining[r["run_id"]] = int(r["n"])
     result: dict[str, RunSignals] = {}
     for row in rows:
         run_id = row["run_id"]
