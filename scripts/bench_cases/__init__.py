@@ -147,6 +147,8 @@ def _num(value: float | None, unit: str) -> str:
         return f"{value:.3f} s"
     if unit == "MB":
         return f"{value:.0f} MB"
+    if unit == "%":
+        return f"{value:.1f} %"
     return f"{value:,.0f} {unit}"
 
 
