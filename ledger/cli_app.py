@@ -11,7 +11,7 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,27 +32,29 @@ _GLOBAL_OPTIONS = ("--dsn", "--as", "--idempotency-key")
 # missing file says so and exits 1, so a typo in --dsn never leaves an empty ledger.
 CREATES = frozenset({"submit", "import"})
 
-# The role each command acts in unless --as names one.
-DEFAULT_ROLES: dict[str, str] = {
-    "submit": "submitter",
-    "amend": "submitter",
-    "start": "controller",
-    "complete": "controller",
-    "request-review": "controller",
-    "fail": "controller",
-    "review": "reviewer",
-    "reject-item": "reviewer",
-    "pause": "operator",
-    "resume": "operator",
-    "cancel": "operator",
-    "skip": "operator",
-    "release": "operator",
-    "retry": "operator",
-    "repair": "operator",
-    "compensate": "operator",
-    "reconcile": "reconciler",
-    "work": "worker",
-}
+
+class _DefaultRoles(Mapping[str, str]):
+    """The role each write command acts in unless --as names one: read from the command
+    registry on first use (`CommandSpec.default_role`: the rule's only role, or the
+    command's documented `cli_role`), so start-up imports nothing for it. Commands the
+    registry does not name (archive, restore) act as an operator."""
+
+    def _roles(self) -> dict[str, str]:
+        from .commands.registry import cli_default_roles
+
+        return cli_default_roles()
+
+    def __getitem__(self, command: str) -> str:
+        return self._roles()[command]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._roles())
+
+    def __len__(self) -> int:
+        return len(self._roles())
+
+
+DEFAULT_ROLES: Mapping[str, str] = _DefaultRoles()
 
 
 def _hoist_global_options(args: Sequence[str]) -> list[str]:

@@ -81,3 +81,28 @@ def test_each_write_commands_default_role_is_one_the_rule_book_allows() -> None:
 
 def test_a_read_command_has_no_rule_book() -> None:
     assert "Rule book:" not in help_text("status")
+
+
+def test_the_default_roles_are_read_from_the_registry() -> None:
+    # not a hand-written table: each CLI command's default is its registry entries'
+    # `default_role`, the rule's only role or the command's documented `cli_role`
+    for spec in WITH_CLI:
+        assert spec.cli is not None
+        assert DEFAULT_ROLES[spec.cli] == spec.default_role, spec.name
+        assert spec.default_role in spec.roles, spec.name
+        if len(spec.roles) == 1:
+            assert spec.cli_role in (None, *spec.roles), spec.name
+        else:
+            assert spec.cli_role is not None, spec.name
+    assert set(DEFAULT_ROLES) == {spec.cli for spec in WITH_CLI}
+
+
+def test_a_cli_default_the_rule_book_does_not_allow_is_refused() -> None:
+    from ledger import states as S
+
+    decide = COMMANDS["decide"]
+    with pytest.raises(ValueError, match="cli_role 'operator' is not one of the rule's roles"):
+        CommandSpec("decide", decide.handler, decide.rule, "review", cli_role="operator")
+    cancel = COMMANDS["cancel"]
+    with pytest.raises(ValueError, match="name the CLI's default with cli_role="):
+        CommandSpec("cancel", cancel.handler, S.run_rule("cancel"), "cancel")
