@@ -148,15 +148,8 @@ def _row(row: dict[str, Any], sig: Any) -> BoardRow:
         started_at=parse_dt(row["started_at"]),
         stopped_at=parse_dt(row["stopped_at"]),
         stop_reason=row["stop_reason"],
-        waiting_on=sig.waiting_on,
-        waiting_on_actors=list(sig.waiting_on_actors),
-        waiting_since=sig.waiting_since,
-        last_activity_at=sig.last_activity_at,
-        stalled=sig.stalled,
-        rate=sig.rate,
-        eta=sig.eta,
-        expired_leases=sig.expired_leases,
         remaining_required=sig.remaining_required,
+        **sig.status_fields(),
     )
 
 

@@ -121,23 +121,7 @@ def with_signals(tx: Tx, rows: list[dict[str, Any]], statuses: list[RunStatus]) 
     from .signals import signals_for
 
     found = signals_for(tx, rows, tx.now())
-    out = []
-    for status in statuses:
-        sig = found[status.run_id]
-        out.append(
-            replace(
-                status,
-                waiting_on=sig.waiting_on,
-                waiting_on_actors=list(sig.waiting_on_actors),
-                waiting_since=sig.waiting_since,
-                last_activity_at=sig.last_activity_at,
-                stalled=sig.stalled,
-                rate=sig.rate,
-                eta=sig.eta,
-                expired_leases=sig.expired_leases,
-            )
-        )
-    return out
+    return [replace(status, **found[status.run_id].status_fields()) for status in statuses]
 
 
 def status_from_row(row: dict[str, Any], na: list[dict[str, Any]]) -> RunStatus:

@@ -54,6 +54,20 @@ class RunSignals:
     expired_leases: int
     remaining_required: int
 
+    def status_fields(self) -> dict[str, Any]:
+        """The signals a RunStatus carries, by field name (a board row adds
+        `remaining_required`)."""
+        return {
+            "waiting_on": self.waiting_on,
+            "waiting_on_actors": list(self.waiting_on_actors),
+            "waiting_since": self.waiting_since,
+            "last_activity_at": self.last_activity_at,
+            "stalled": self.stalled,
+            "rate": self.rate,
+            "eta": self.eta,
+            "expired_leases": self.expired_leases,
+        }
+
 
 def stall_seconds(policy: dict[str, Any]) -> float:
     """The run's stall threshold: `policy.stall_seconds`, else 900 s."""
