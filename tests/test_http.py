@@ -198,7 +198,9 @@ def test_run_lifecycle_every_read_and_command(api: Api, ledger: Ledger) -> None:
     assert again["attempt"] == 2
     api.post("/leases/fail_attempt", "worker", json={**again, "error": "timeout again"})
     assert (
-        api.get(f"/runs/{run_id}/items", params={"state": "quarantined"}).json()[0]["item_id"]
+        api.get(f"/runs/{run_id}/items", params={"state": "quarantined"}).json()["items"][0][
+            "item_id"
+        ]
         == "i2"
     )
     assert (
@@ -221,14 +223,15 @@ def test_run_lifecycle_every_read_and_command(api: Api, ledger: Ledger) -> None:
     done = api.post(f"/runs/{run_id}/complete", "controller").json()
     assert done["state"] == "completed_with_errors" and done["waiting_on"] == "nobody"
 
-    items = api.get(f"/runs/{run_id}/items").json()
+    items = api.get(f"/runs/{run_id}/items").json()["items"]
     assert [i["item_id"] for i in items] == [i.item_id for i in ledger.items(run_id)]
-    attempts = api.get(f"/runs/{run_id}/attempts").json()
+    attempts = api.get(f"/runs/{run_id}/attempts").json()["items"]
     assert len(attempts) == 5
     assert [
-        a["outcome"] for a in api.get(f"/runs/{run_id}/attempts", params={"item_id": "i2"}).json()
+        a["outcome"]
+        for a in api.get(f"/runs/{run_id}/attempts", params={"item_id": "i2"}).json()["items"]
     ] == ["failed", "failed"]
-    history = api.get(f"/runs/{run_id}/history").json()
+    history = api.get(f"/runs/{run_id}/history").json()["items"]
     assert history == [t.to_dict() for t in ledger.history(run_id)]
     assert history[0]["to_state"] == "queued" and history[-1]["to_state"] == "completed_with_errors"
 
@@ -340,7 +343,7 @@ def test_audit_filters_and_keyset_paging(api: Api, ledger: Ledger) -> None:
     first = api.running()
     second = api.running()
     everything = [t.to_dict() for t in ledger.audit()]
-    assert api.get("/audit", params={"limit": 1000}).json() == everything
+    assert api.get("/audit", params={"limit": 1000}).json()["items"] == everything
 
     seen: list[dict[str, Any]] = []
     after: str | None = None
@@ -349,34 +352,40 @@ def test_audit_filters_and_keyset_paging(api: Api, ledger: Ledger) -> None:
         if after is not None:
             params["after"] = after
         r = api.get("/audit", params=params)
-        seen += r.json()
-        after = r.headers.get("X-Next-After")
+        seen += r.json()["items"]
+        after = r.json()["next"]
+        assert r.headers.get("X-Next-After") == (None if after is None else str(after))
         if after is None:
             break
     assert seen == everything
 
-    newest = api.get("/audit", params={"newest_first": "true", "limit": 2}).json()
+    newest = api.get("/audit", params={"newest_first": "true", "limit": 2}).json()["items"]
     assert [t["position"] for t in newest] == sorted(
         (t["position"] for t in everything), reverse=True
     )[:2]
     older = api.get(
         "/audit", params={"newest_first": "true", "after": newest[-1]["position"], "limit": 1}
-    ).json()
+    ).json()["items"]
     assert older[0]["position"] < newest[-1]["position"]
 
-    assert {t["run_id"] for t in api.get("/audit", params={"run_id": first}).json()} == {first}
-    by_role = api.get("/audit", params={"role": "controller"}).json()
+    assert {t["run_id"] for t in api.get("/audit", params={"run_id": first}).json()["items"]} == {
+        first
+    }
+    by_role = api.get("/audit", params={"role": "controller"}).json()["items"]
     assert {t["to_state"] for t in by_role} == {"running"} and len(by_role) == 2
     assert {
-        t["actor_id"] for t in api.get("/audit", params={"actor": actor_id("submitter")}).json()
+        t["actor_id"]
+        for t in api.get("/audit", params={"actor": actor_id("submitter")}).json()["items"]
     } == {actor_id("submitter")}
-    assert [t["run_id"] for t in api.get("/audit", params={"state": "running"}).json()] == [
+    assert [
+        t["run_id"] for t in api.get("/audit", params={"state": "running"}).json()["items"]
+    ] == [
         first,
         second,
     ]
     at = everything[-1]["at"]
-    assert api.get("/audit", params={"since": at}).json()[-1] == everything[-1]
-    assert api.get("/audit", params={"until": "2000-01-01T00:00:00Z"}).json() == []
+    assert api.get("/audit", params={"since": at}).json()["items"][-1] == everything[-1]
+    assert api.get("/audit", params={"until": "2000-01-01T00:00:00Z"}).json()["items"] == []
 
 
 # --- authentication --------------------------------------------------------------
@@ -573,7 +582,7 @@ def _direct_refusal(lg: Ledger, command: str, run_id: str, actor: Actor) -> str:
 
 def test_every_command_refuses_every_role_it_does_not_allow(api: Api, ledger: Ledger) -> None:
     run_id = api.running()
-    before = api.get(f"/runs/{run_id}/history").json()
+    before = api.get(f"/runs/{run_id}/history").json()["items"]
     checked = 0
     for command, (allowed, path, body) in RUN_COMMANDS.items():
         for role in sorted(set(ROLES) - allowed):
@@ -600,7 +609,7 @@ def test_every_command_refuses_every_role_it_does_not_allow(api: Api, ledger: Le
             "NotAuthorized",
         )
     assert checked > 40
-    after = api.get(f"/runs/{run_id}/history").json()
+    after = api.get(f"/runs/{run_id}/history").json()["items"]
     assert (
         after[: len(before)] == before and len(after) == len(before) + 1
     )  # only the claim was written
@@ -759,7 +768,7 @@ def test_malformed_bodies_are_refused_not_crashed(api: Api, content: bytes, stat
         headers={"Content-Type": "application/json"},
     )
     error_of(r, status, "InvalidInput")
-    assert api.get(f"/runs/{run_id}/items", params={"state": "skipped"}).json() == []
+    assert api.get(f"/runs/{run_id}/items", params={"state": "skipped"}).json()["items"] == []
 
 
 @pytest.mark.parametrize(
@@ -789,7 +798,7 @@ def test_huge_numbers_in_a_payload_round_trip(api: Api) -> None:
     m = manifest(1)
     m["items"][0]["payload"] = {"big": 10**400, "float": 1e308, "neg": -(2**70)}
     run = api.submit(m)
-    (item,) = api.get(f"/runs/{run['run_id']}/items").json()
+    (item,) = api.get(f"/runs/{run['run_id']}/items").json()["items"]
     assert item["payload"] == m["items"][0]["payload"]
 
 
@@ -1085,4 +1094,7 @@ def test_an_idempotency_key_header_makes_a_repeat_answer_from_the_record(api: Ap
     )
     repeat = api.post(f"/runs/{run_id}/start", "controller", headers={"Idempotency-Key": "start-1"})
     assert started.status_code == repeat.status_code == 200 and repeat.json() == started.json()
-    assert [t["command"] for t in api.get(f"/runs/{run_id}/history").json()] == ["submit", "start"]
+    assert [t["command"] for t in api.get(f"/runs/{run_id}/history").json()["items"]] == [
+        "submit",
+        "start",
+    ]

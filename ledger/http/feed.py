@@ -9,16 +9,18 @@ import time
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import Header, Query
+from fastapi import Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRouter
 
 from .. import feed
-from ..views import Transition
+from ..views import Actor, Transition
 from .auth import Reader
-from .deps import LedgerDep, view_response
+from .deps import LedgerDep
 from .errors import error_responses
-from .reads import MAX_PAGE, NEXT_AFTER_HEADER
+from .paged import EventsPage, page_response
+from .reads import MAX_PAGE
+from .visibility import for_reader
 
 router = APIRouter(tags=["feed"], responses=error_responses(401, 422))
 
@@ -38,32 +40,35 @@ Kinds = Annotated[
 
 @router.get(
     "/events",
-    response_model=list[Transition],
+    response_model=EventsPage,
     summary="The change feed, paged by position",
     responses=error_responses(404),
 )
 def events(
-    _reader: Reader,
+    request: Request,
+    reader: Reader,
     lg: LedgerDep,
     after: After = None,
     run_id: RunFilter = None,
     kinds: Kinds = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
 ) -> JSONResponse:
-    """`lg.events(after, run_id, kinds, limit)`: transitions in position order. The
-    `X-Next-After` header is the cursor to pass as `after` for the next page (also on a
-    short page: everything up to it has been seen)."""
+    """`lg.events(after, run_id, kinds, limit)`: transitions in position order. `next` is
+    the cursor to pass as `after` for the next page (also on a short page: everything up
+    to it has been seen), also in the `X-Next-After` and `Link` headers. Lease tokens are
+    shown only to their holder and to operators, as on every read."""
     position = feed.check_position(after)
     flt = feed.FeedFilter.of(run_id, kinds)
     with lg.store.read() as tx:
         if flt.run_id is not None:
             feed.check_run(tx, flt.run_id)
         found, cursor = feed.page(tx, position, flt, limit)
-    return view_response(found, headers={NEXT_AFTER_HEADER: str(cursor)})
+    return page_response(request, found, cursor, reader)
 
 
-def _frame(t: Transition) -> bytes:
-    data = json.dumps(t.to_dict(), ensure_ascii=False, separators=(",", ":"))
+def _frame(t: Transition, reader: Actor | None) -> bytes:
+    (doc,) = for_reader([t.to_dict()], reader)
+    data = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
     return f"id: {t.position}\nevent: transition\ndata: {data}\n\n".encode()
 
 
@@ -80,7 +85,7 @@ _STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
     responses=_STREAM_RESPONSES,
 )
 def stream(
-    _reader: Reader,
+    reader: Reader,
     lg: LedgerDep,
     after: After = None,
     run_id: RunFilter = None,
@@ -110,13 +115,15 @@ def stream(
         if start is None:
             start = feed.head(tx)
     return StreamingResponse(
-        _events(lg, start, flt, limit),
+        _events(lg, start, flt, limit, reader),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
 
-def _events(lg: Any, cursor: int, flt: feed.FeedFilter, limit: int | None) -> Iterator[bytes]:
+def _events(
+    lg: Any, cursor: int, flt: feed.FeedFilter, limit: int | None, reader: Actor | None
+) -> Iterator[bytes]:
     waiter = feed.Waiter(lg.store)
     sent = 0
     ends = time.monotonic() + STREAM_MAX_S
@@ -126,7 +133,7 @@ def _events(lg: Any, cursor: int, flt: feed.FeedFilter, limit: int | None) -> It
             with lg.store.read() as tx:
                 found, cursor = feed.page(tx, cursor, flt, MAX_PAGE)
             for t in found:
-                yield _frame(t)
+                yield _frame(t, reader)
                 sent += 1
                 if limit is not None and sent >= limit:
                     return

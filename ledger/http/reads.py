@@ -7,22 +7,20 @@ from datetime import datetime
 from itertools import islice
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from ..states import ITEM_STATES, ROLES, RUN_STATES
-from ..views import Attempt, ItemStatus, RunStatus, Transition
+from ..views import RunStatus, Transition
 from .auth import Reader
 from .deps import LedgerDep, aware, view_response
 from .errors import error_responses
-from .visibility import reader_response
+from .paged import AttemptsPage, ItemsPage, TransitionsPage, page_response
 
 router = APIRouter(tags=["reads"], responses=error_responses(401, 422))
 
 RunId = Annotated[str, Path(description="The run's id.")]
 MAX_PAGE = 1000
-
-NEXT_AFTER_HEADER = "X-Next-After"
 
 
 @router.get("/runs", response_model=list[RunStatus], summary="Runs, newest first")
@@ -63,7 +61,8 @@ def run_status(
     return view_response(status)
 
 
-# the paged run reads: a page of 1,000 by default, at most 10,000 (issue 14)
+# the paged reads: a page of 1,000 by default, at most 10,000 (issue 14); the body is
+# `{"items": [...], "next": cursor | null}` (ledger/http/paged.py)
 RUN_PAGE = 1000
 RUN_PAGE_MAX = 10_000
 PageLimit = Annotated[
@@ -72,25 +71,25 @@ PageLimit = Annotated[
         ge=1,
         le=RUN_PAGE_MAX,
         description=f"Page size (default {RUN_PAGE}, at most {RUN_PAGE_MAX}). When the "
-        "page is full, the `X-Next-After` header holds the cursor of the next page.",
+        "page is full, `next` in the body (and the `X-Next-After` and `Link` headers) "
+        "holds the cursor of the next page.",
     ),
 ]
 
 
-def _paged(page: list[Any], limit: int, cursor: Callable[[Any], str], reader: Any) -> JSONResponse:
-    """A page as the JSON list, the next cursor in `X-Next-After` when the page is full
-    (the body stays a plain list, as before paging, for the page's JS and clients)."""
-    headers = {NEXT_AFTER_HEADER: cursor(page[-1])} if len(page) == limit else None
-    return reader_response(page, reader, headers=headers)
+def _next(page: list[Any], limit: int, cursor: Callable[[Any], str | int]) -> str | int | None:
+    """The next page's cursor: the last value's key when the page is full."""
+    return cursor(page[-1]) if len(page) == limit else None
 
 
 @router.get(
     "/runs/{run_id}/items",
-    response_model=list[ItemStatus],
+    response_model=ItemsPage,
     summary="A run's items, keyset paged",
     responses=error_responses(404),
 )
 def run_items(
+    request: Request,
     reader: Reader,
     lg: LedgerDep,
     run_id: RunId,
@@ -107,16 +106,17 @@ def run_items(
 ) -> JSONResponse:
     """`lg.items(run_id, state, limit, after)`: one page in manifest order."""
     page = lg.items(run_id, state=state, limit=limit, after=after)
-    return _paged(page, limit, lambda i: str(i.item_id), reader)
+    return page_response(request, page, _next(page, limit, lambda i: str(i.item_id)), reader)
 
 
 @router.get(
     "/runs/{run_id}/attempts",
-    response_model=list[Attempt],
+    response_model=AttemptsPage,
     summary="A run's attempts, keyset paged",
     responses=error_responses(404),
 )
 def run_attempts(
+    request: Request,
     reader: Reader,
     lg: LedgerDep,
     run_id: RunId,
@@ -129,16 +129,19 @@ def run_attempts(
 ) -> JSONResponse:
     """`lg.attempts(run_id, item_id, limit, after)`: one page, oldest first."""
     page = lg.attempts(run_id, item_id=item_id, limit=limit, after=after)
-    return _paged(page, limit, lambda a: f"{a.item_id}:{a.attempt}", reader)
+    return page_response(
+        request, page, _next(page, limit, lambda a: f"{a.item_id}:{a.attempt}"), reader
+    )
 
 
 @router.get(
     "/runs/{run_id}/history",
-    response_model=list[Transition],
+    response_model=TransitionsPage,
     summary="A run's transitions, keyset paged",
     responses=error_responses(404),
 )
 def run_history(
+    request: Request,
     reader: Reader,
     lg: LedgerDep,
     run_id: RunId,
@@ -154,7 +157,7 @@ def run_history(
 ) -> JSONResponse:
     """`lg.history(run_id, limit, after)`: one page of transitions in position order."""
     page = lg.history(run_id, limit=limit, after=after)
-    return _paged(page, limit, lambda t: str(t.position), reader)
+    return page_response(request, page, _next(page, limit, lambda t: int(t.position)), reader)
 
 
 @router.get(
@@ -168,8 +171,9 @@ def run_lineage(_reader: Reader, lg: LedgerDep, run_id: RunId) -> JSONResponse:
     return view_response(list(lg.lineage(run_id)))
 
 
-@router.get("/audit", response_model=list[Transition], summary="The audit trail, keyset paged")
+@router.get("/audit", response_model=TransitionsPage, summary="The audit trail, keyset paged")
 def audit(
+    request: Request,
     reader: Reader,
     lg: LedgerDep,
     run_id: Annotated[str | None, Query(description="Only this run's transitions.")] = None,
@@ -189,10 +193,10 @@ def audit(
             description="Keyset cursor: the `position` of the last transition seen.",
         ),
     ] = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    limit: PageLimit = RUN_PAGE,
 ) -> JSONResponse:
-    """`lg.audit(...)`: one page. When the page is full, the `X-Next-After` header holds
-    the cursor for the next page (pass it as `after`, with the same filters)."""
+    """`lg.audit(...)`: one page. When the page is full, `next` holds the cursor for the
+    next page (pass it as `after`, with the same filters)."""
     transitions = lg.audit(
         run_id=run_id,
         actor=actor,
@@ -205,5 +209,4 @@ def audit(
         limit=limit,
     )
     page: list[Transition] = list(islice(transitions, limit))
-    headers = {NEXT_AFTER_HEADER: str(page[-1].position)} if len(page) == limit else None
-    return reader_response(page, reader, headers=headers)
+    return page_response(request, page, _next(page, limit, lambda t: int(t.position)), reader)

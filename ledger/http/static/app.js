@@ -354,7 +354,7 @@ async function renderRun(runId, seq) {
     q.attempts_after ? el("a", { href: "#", class: "button", onclick: (e) => { e.preventDefault(); move({ attempts_after: "" }); } }, "← newest attempts") : null,
     attempts.next_after !== null ? el("a", { href: "#", class: "button", onclick: (e) => { e.preventDefault(); move({ attempts_after: attempts.next_after }); } }, "older attempts →") : null);
 
-  const timeline = el("ol", { class: "timeline" }, history.map((t) => el("li", { class: t.item_id === null ? "run-step" : "item-step" },
+  const timeline = el("ol", { class: "timeline" }, history.items.map((t) => el("li", { class: t.item_id === null ? "run-step" : "item-step" },
     el("time", { datetime: t.at, title: t.at }, new Date(t.at).toLocaleString()),
     el("span", { class: "what" }, t.item_id === null ? "run" : el("span", {}, "item ", el("code", {}, t.item_id))),
     " ", el("span", { class: "from" }, t.from_state === "-" ? "new" : words(t.from_state)), " → ",
