@@ -11,7 +11,12 @@ row saying so, and the rest still run.
   one QueueManager per process in drain mode, batch 250, a no-op entrypoint.
 - procrastinate (psycopg connector): one worker per process, concurrency 8, `wait=False`
   (it returns once the queue is empty), a no-op task; jobs deferred in one batch.
-- dbos: installed or not, not measured yet (a row says so).
+- dbos (its system database on the same server): one launched DBOS per process, listening
+  to one queue (worker_concurrency 250 like the others' batch, polling every 50 ms where
+  DBOS's default is 1 s: at the default 8 workflows per poll it ran ~120 items/s here), a
+  no-op workflow per item, enqueued beforehand with `DBOSClient.enqueue_in_transaction`.
+  Each process launches when released (its launch, ~0.2 s, is inside the measured time)
+  and stops when the queue has nothing enqueued or pending (polled every 50 ms).
 """
 
 from __future__ import annotations
@@ -159,6 +164,97 @@ def _procrastinate_done(dsn: str) -> int:
         return int(row[0]) if row else 0
 
 
+DBOS_QUEUE = "noop"
+DBOS_POLL_S = 0.05
+
+
+def _dbos_app(dsn: str) -> Any:
+    from dbos import DBOS
+
+    DBOS(config={"name": "bench", "system_database_url": dsn, "log_level": "WARNING"})
+
+    @DBOS.workflow(name="noop")
+    def noop() -> None:
+        return None
+
+    return DBOS
+
+
+def _dbos_fill(dsn: str, n: int, batch: int) -> None:
+    """The system database made by one launch, the queue registered, n workflows enqueued
+    (run in a process of its own: DBOS is one instance per process)."""
+    import sqlalchemy as sa
+    from dbos import DBOSClient
+
+    dbos = _dbos_app(dsn)
+    dbos.listen_queues([])
+    dbos.launch()
+    try:
+        dbos.register_queue(DBOS_QUEUE, worker_concurrency=batch, polling_interval_sec=DBOS_POLL_S)
+        client = DBOSClient(system_database_url=dsn)
+        engine = sa.create_engine(dsn.replace("postgresql://", "postgresql+psycopg://", 1))
+        try:
+            for k in range(0, n, 1_000):
+                with engine.begin() as conn:
+                    for _ in range(min(1_000, n - k)):
+                        client.enqueue_in_transaction(
+                            conn, {"queue_name": DBOS_QUEUE, "workflow_name": "noop"}
+                        )
+        finally:
+            engine.dispose()
+            client.destroy()
+    finally:
+        dbos.destroy()
+
+
+def _dbos_left(conn: Any) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM dbos.workflow_status WHERE queue_name = %s "
+        "AND status IN ('ENQUEUED', 'PENDING')",
+        (DBOS_QUEUE,),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _dbos_child(
+    dsn: str, _entry: Any, index: int, batch: int, ready: Any, go: Any, release: Any, out: Any
+) -> None:
+    try:
+        import psycopg
+
+        dbos = _dbos_app(dsn)
+        dbos.listen_queues([DBOS_QUEUE])
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            ready.put(("ready", index, ""))
+            go.wait()
+            start = cpu_seconds() or 0.0
+            dbos.launch()
+            while _dbos_left(conn):
+                time.sleep(DBOS_POLL_S)
+            end = cpu_seconds() or 0.0
+        # which process ran which workflow is not told apart: counted from the table
+        out.put(("ok", index, -1, time.monotonic(), end - start))
+        release.wait(300)
+        dbos.destroy()
+    except BaseException:
+        try:
+            ready.put(("error", index, traceback.format_exc()))
+        finally:
+            out.put(("error", index, 0, 0.0, traceback.format_exc()))
+
+
+def _dbos_done(dsn: str) -> int:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM dbos.workflow_status WHERE queue_name = %s "
+            "AND status = 'SUCCESS'",
+            (DBOS_QUEUE,),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+
 def _note(g: dict[str, Any]) -> str:
     server = "n/a" if g["server_ms"] is None else f"{g['server_ms']:.3f}"
     return (
@@ -206,30 +302,8 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = No
                 )
             )
             continue
-        if peer == "procrastinate":
-            say(f"case P: procrastinate, concurrency 8, {procs} procs, {n} items")
-            with pg.database("cP_procrastinate") as dsn:
-                _procrastinate_fill(dsn, n)
-                got = _measure(dsn, [""], procs, batch, start_method, child=_procrastinate_child)
-                done = _procrastinate_done(dsn)
-            if done != n:
-                raise RuntimeError(f"procrastinate ran {done} of {n} jobs")
-            got = _per_item(got, n)
-            say(f"  {got['rate']:,.0f} items/s; {_note(got)}")
-            rows.append(
-                ratio_row(
-                    "P",
-                    f"PG items/s, ledger {procs} procs vs procrastinate {procs} procs",
-                    ledger["rate"],
-                    got["rate"],
-                    "items/s",
-                    0.0,
-                    note=_note(got),
-                )
-            )
-            continue
-        if peer != "pgqueuer":
-            rows.append(Row("P", f"peer {peer}", None, "items/s", note="not measured yet"))
+        if peer in ("procrastinate", "dbos"):
+            rows.append(_queue_peer(pg, peer, n, procs, batch, start_method, ledger, say))
             continue
         say(f"case P: pgqueuer, batch {batch}, {procs} procs, {n} items")
         with pg.database("cP_pgqueuer") as dsn:
@@ -261,3 +335,47 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = No
             )
         )
     return rows
+
+
+def _queue_peer(
+    pg: PgTarget,
+    peer: str,
+    n: int,
+    procs: int,
+    batch: int,
+    start_method: str | None,
+    ledger: dict[str, Any],
+    say: Callback,
+) -> Row:
+    """procrastinate or dbos: filled, worked by `procs` processes that do not count their
+    jobs, the jobs counted from the peer's table afterwards."""
+    import multiprocessing as mp
+
+    with pg.database(f"cP_{peer}") as dsn:
+        if peer == "procrastinate":
+            say(f"case P: procrastinate, concurrency 8, {procs} procs, {n} items")
+            _procrastinate_fill(dsn, n)
+            child, done_in = _procrastinate_child, _procrastinate_done
+        else:
+            say(f"case P: dbos, worker_concurrency {batch}, {procs} procs, {n} items")
+            filler = mp.get_context("spawn").Process(target=_dbos_fill, args=(dsn, n, batch))
+            filler.start()
+            filler.join()
+            if filler.exitcode != 0:
+                raise RuntimeError(f"dbos fill failed (exit code {filler.exitcode})")
+            child, done_in = _dbos_child, _dbos_done
+        got = _measure(dsn, [""], procs, batch, start_method, child=child)
+        done = done_in(dsn)
+    if done != n:
+        raise RuntimeError(f"{peer} ran {done} of {n} jobs")
+    got = _per_item(got, n)
+    say(f"  {got['rate']:,.0f} items/s; {_note(got)}")
+    return ratio_row(
+        "P",
+        f"PG items/s, ledger {procs} procs vs {peer} {procs} procs",
+        ledger["rate"],
+        got["rate"],
+        "items/s",
+        0.0,
+        note=_note(got),
+    )
