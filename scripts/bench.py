@@ -31,7 +31,7 @@ Cases (ratio = ledger / baseline, same run, same server):
 The throwaway server keeps PostgreSQL's durable defaults (fsync and
 synchronous_commit on) and its data on disk. `--profile DIR` runs cProfile
 around the ledger side of cases 1 (first worker process), 2, 3, 4 (the rebuild
-process) and 6 and writes DIR/<case>.txt and .pstats, plus DIR/<case>.sql.txt:
+process), 6 and 9 (export and import) and writes DIR/<case>.txt and .pstats, plus DIR/<case>.sql.txt:
 wall time per SQL statement; profiled timings are inflated.
 Exit status: 0 when every case ran (goals met or not), 1 when a case failed.
 """
@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", metavar="PATH", help="also save the results as JSON")
     parser.add_argument(
-        "--profile", metavar="DIR", help="cProfile the ledger side of 1, 2, 3, 4, 6"
+        "--profile", metavar="DIR", help="cProfile the ledger side of 1, 2, 3, 4, 6, 9"
     )
     parser.add_argument("--worker-concurrency", type=int, help="Worker(concurrency=...) in case 1")
     parser.add_argument(

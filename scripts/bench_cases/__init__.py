@@ -130,7 +130,7 @@ def run_all(config: BenchConfig) -> list[Row]:
         if pg is not None:
             attempt("7", lambda: startup.run_pg(pg, sizes, say))
     if "9" in wanted:
-        attempt("9", lambda: transfer.run(pg, sizes, say, tmp))
+        attempt("9", lambda: transfer.run(pg, sizes, say, tmp, profiler))
     if "10" in wanted and pg is not None:
         attempt("10", lambda: feed.run(pg, sizes, say))
     if "11" in wanted:

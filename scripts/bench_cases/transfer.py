@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import PgTarget, Row, Sizes, fill_events, ratio_row
+from .common import PgTarget, Profiler, Row, Sizes, fill_events, ratio_row
 
 GOAL = 0.3
 _SQLITE_ROWS = (
@@ -144,8 +144,16 @@ def _raw_copy(dsn: str, path: Path) -> tuple[float, int]:
         return time.perf_counter() - start, n
 
 
-def run(pg: PgTarget | None, sizes: Sizes, say: Any, tmp: Path | None) -> list[Row]:
+def run(
+    pg: PgTarget | None,
+    sizes: Sizes,
+    say: Any,
+    tmp: Path | None,
+    profiler: Profiler | None = None,
+) -> list[Row]:
     from ledger import Ledger
+
+    profiler = profiler or Profiler(None)
 
     rows: list[Row] = []
     folder = Path(tempfile.mkdtemp(prefix="bench-transfer-", dir=tmp))
@@ -156,7 +164,7 @@ def run(pg: PgTarget | None, sizes: Sizes, say: Any, tmp: Path | None) -> list[R
         say("case 9: export from SQLite")
         history = folder / "history.jsonl"
         start = time.perf_counter()
-        with open(history, "w", encoding="utf-8") as out:
+        with profiler.section("9-export-sqlite"), open(history, "w", encoding="utf-8") as out:
             lg.export(out)
         export_s = time.perf_counter() - start
     raw_s, raw_n = _raw_read_sqlite(db, folder / "raw.jsonl")
@@ -177,11 +185,15 @@ def run(pg: PgTarget | None, sizes: Sizes, say: Any, tmp: Path | None) -> list[R
         say("case 9: import into PostgreSQL")
         with Ledger.open(target) as lg:
             start = time.perf_counter()
-            summary = lg.import_file(history, verify=False)
+            with profiler.section("9-import-pg"):
+                summary = lg.import_file(history, verify=False)
             import_s = time.perf_counter() - start
             assert summary.events == events
             start = time.perf_counter()
-            with open(folder / "from_pg.jsonl", "w", encoding="utf-8") as out:
+            with (
+                profiler.section("9-export-pg"),
+                open(folder / "from_pg.jsonl", "w", encoding="utf-8") as out,
+            ):
                 lg.export(out)
             pg_export_s = time.perf_counter() - start
         copy_s, copy_n = _raw_copy(raw, history)
