@@ -16,7 +16,7 @@ from uuid import UUID
 from .archived import archived_record
 from .domain import run_stream_id
 from .errors import InvalidInput
-from .history_file import ImportRefused, _lines, parse_event
+from .history_file import EventReader, ImportRefused
 from .stores import hashchain as hc
 from .stores.raw import RawEvent, read_stream_events, stream_heads
 
@@ -92,18 +92,16 @@ def runs_of_file(path: Path) -> dict[str, RunPart]:
     parts: dict[str, RunPart] = {}
     owner: dict[UUID, RunPart] = {}
     with open(path, encoding="utf-8") as f:
-        for n, doc in _lines(f):
-            if isinstance(doc, dict) and "end" in doc:
-                break
-            e = parse_event(doc, n)
+        reader = EventReader(f)
+        for e in reader:
             part = owner.get(e.stream)
             if part is None:
                 run_id = _run_id_of(e)
                 if run_id is None:
                     raise ImportRefused(
-                        f"line {n}, position {e.position}: the first event of stream {e.stream} "
+                        f"line {reader.line}, position {e.position}: the first event of stream {e.stream} "
                         "does not name its run",
-                        line=n,
+                        line=reader.line,
                         position=e.position,
                     )
                 part = parts.setdefault(run_id, RunPart(run_id))

@@ -219,41 +219,64 @@ def _lines(f: IO[str]) -> Iterator[tuple[int, Any]]:
             raise ImportRefused(f"line {n} is not JSON ({e})", line=n) from None
 
 
+class EventReader:
+    """The events of a history file, in order: iterating yields each event once it is
+    parsed and taken into `chains`; once the last line is read, the closing line is
+    checked against what the lines held. ImportRefused names the first line that is
+    wrong: a line that is not an event, an event that does not follow its stream's
+    chain, a line after the closing line, a file without one, a closing line that does
+    not match. `check_file`, import, restore and `runs_of_file` all read a file through
+    this."""
+
+    def __init__(self, f: IO[str], chains: Chains | None = None) -> None:
+        self.f = f
+        self.chains = Chains() if chains is None else chains
+        self.line = 0  # the number of the line last read (at the end: the file's last line)
+
+    def __iter__(self) -> Iterator[RawEvent]:
+        closing: dict[str, Any] | None = None
+        n = 0
+        add = self.chains.add
+        for n, doc in _lines(self.f):
+            self.line = n
+            if closing is not None:
+                raise ImportRefused(f"line {n} follows the closing line", line=n)
+            if isinstance(doc, dict) and "end" in doc:
+                if doc.get("end") != FORMAT:
+                    raise ImportRefused(
+                        f"line {n}: not a {FORMAT} file (closing line says {doc.get('end')!r})",
+                        line=n,
+                    )
+                closing = doc
+                continue
+            e = parse_event(doc, n)
+            problem = add(e)
+            if problem is not None:
+                raise ImportRefused(
+                    f"line {n}, position {e.position}: {problem}", line=n, position=e.position
+                )
+            yield e
+        if closing is None:
+            raise ImportRefused(
+                f"the file ends at line {n} without its closing line: it is truncated", line=n
+            )
+        _check_closing(closing, self.chains, n)
+
+
 def check_file(f: IO[str], progress: Progress | None = None) -> FileCheck:
     """Read a whole history file and check it: every line, every hash chain, and the closing
     line against what the lines hold. ImportRefused names the first line that is wrong."""
-    chains = Chains()
-    closing: dict[str, Any] | None = None
+    reader = EventReader(f)
+    chains = reader.chains
     first = 0
     runs: list[str] = []
-    n = 0
-    for n, doc in _lines(f):
-        if closing is not None:
-            raise ImportRefused(f"line {n} follows the closing line", line=n)
-        if isinstance(doc, dict) and "end" in doc:
-            if doc.get("end") != FORMAT:
-                raise ImportRefused(
-                    f"line {n}: not a {FORMAT} file (closing line says {doc.get('end')!r})", line=n
-                )
-            closing = doc
-            continue
-        e = parse_event(doc, n)
-        problem = chains.add(e)
-        if problem is not None:
-            raise ImportRefused(
-                f"line {n}, position {e.position}: {problem}", line=n, position=e.position
-            )
+    for e in reader:
         first = first or e.position
         if e.version == 1 and e.topic == "ledger.domain:Run.Submitted":
             runs.append(str(e.stream))
         if progress is not None and chains.events % PAGE == 0:
             progress(chains.events, 0)
-    if closing is None:
-        raise ImportRefused(
-            f"the file ends at line {n} without its closing line: it is truncated", line=n
-        )
-    _check_closing(closing, chains, n)
-    return FileCheck(chains=chains, first_position=first, lines=n, runs=runs)
+    return FileCheck(chains=chains, first_position=first, lines=reader.line, runs=runs)
 
 
 def _check_closing(closing: dict[str, Any], chains: Chains, line: int) -> None:
@@ -315,6 +338,7 @@ __all__ = [
     "FORMAT",
     "PAGE",
     "Chains",
+    "EventReader",
     "FileCheck",
     "ImportRefused",
     "Progress",

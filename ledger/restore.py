@@ -24,7 +24,7 @@ from .archive_file import (
     runs_of_file,
 )
 from .errors import InvalidInput, NotAuthorized
-from .history_file import ImportRefused, _lines, check_file, parse_event
+from .history_file import EventReader, ImportRefused, check_file
 from .stores.raw import RawEvent, append_raw, delete_stream_events, occupied_positions, stream_heads
 from .views import Actor
 
@@ -93,10 +93,8 @@ def restore(lg: Any, actor: Actor, source: str | Path) -> ArchiveSummary:
             page.clear()
 
         with open(path, encoding="utf-8") as f:
-            for n, doc in _lines(f):
-                if isinstance(doc, dict) and "end" in doc:
-                    break
-                e = parse_event(doc, n)
+            # read as check_file read it: a file changed since is refused, nothing written
+            for e in EventReader(f):
                 if e.stream in streams:
                     page.append(e)
                 if len(page) >= 2000:

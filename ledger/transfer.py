@@ -29,11 +29,10 @@ from .history_file import (
     FORMAT,
     PAGE,
     Chains,
+    EventReader,
     FileCheck,
     ImportRefused,
     Progress,
-    _check_closing,
-    _lines,
     archived_seed,
     check_file,
     event_line,
@@ -272,8 +271,6 @@ def _append_file(lg: Any, f: IO[str], progress: Progress | None, total: int = 0)
     chains = Chains()
     appended = skipped = 0
     touched: dict[str, None] = {}
-    closing: dict[str, Any] | None = None
-    n = 0
     with store.write() as tx:
         target = _Target(tx, chains)
         keep: bool | None = None
@@ -308,31 +305,12 @@ def _append_file(lg: Any, f: IO[str], progress: Progress | None, total: int = 0)
             if progress is not None:
                 progress(chains.events, max(total, chains.events))
 
-        for n, doc in _lines(f):
-            if closing is not None:
-                raise ImportRefused(f"line {n} follows the closing line", line=n)
-            if isinstance(doc, dict) and "end" in doc:
-                if doc.get("end") != FORMAT:
-                    raise ImportRefused(
-                        f"line {n}: not a {FORMAT} file (closing line says {doc.get('end')!r})",
-                        line=n,
-                    )
-                closing = doc
-                continue
-            e = parse_event(doc, n)
-            problem = chains.add(e)
-            if problem is not None:
-                raise ImportRefused(
-                    f"line {n}, position {e.position}: {problem}", line=n, position=e.position
-                )
+        # the closing line is checked when the reader reaches the end, before the last
+        # page is appended; anything refused rolls the transaction back
+        for e in EventReader(f, chains):
             batch.append(e)
             if len(batch) >= PAGE:
                 flush()
-        if closing is None:
-            raise ImportRefused(
-                f"the file ends at line {n} without its closing line: it is truncated", line=n
-            )
-        _check_closing(closing, chains, n)  # refused: the transaction rolls back
         flush()
         if progress is not None:
             progress(chains.events, chains.events)
