@@ -102,7 +102,9 @@ def test_a_cli_default_the_rule_book_does_not_allow_is_refused() -> None:
 
     decide = COMMANDS["decide"]
     with pytest.raises(ValueError, match="cli_role 'operator' is not one of the rule's roles"):
-        CommandSpec("decide", decide.handler, decide.rule, "review", cli_role="operator")
+        CommandSpec(
+            "decide", decide.handler, decide.rule, "review", cli_role="operator", http=decide.http
+        )
     cancel = COMMANDS["cancel"]
     with pytest.raises(ValueError, match="name the CLI's default with cli_role="):
-        CommandSpec("cancel", cancel.handler, S.run_rule("cancel"), "cancel")
+        CommandSpec("cancel", cancel.handler, S.run_rule("cancel"), "cancel", http=cancel.http)
