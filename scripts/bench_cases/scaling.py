@@ -82,6 +82,61 @@ def _wal(conn: Any) -> int:
     return int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])
 
 
+# WAL records between two positions, by the relation of their first block (pg_walinspect,
+# PostgreSQL 15+): tables and indexes by name, records without a block (commits, ...) by
+# their resource manager. record_length includes the full-page images (fpi_length).
+_WAL_BY_RELATION = (
+    "WITH r AS (SELECT record_length, fpi_length, resource_manager, "
+    "substring(block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)')::oid AS node "
+    "FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn)) "
+    "SELECT coalesce(c.relname, CASE WHEN r.node IS NULL THEN '(' || r.resource_manager || ')' "
+    "ELSE '(other relations)' END) AS name, sum(r.record_length)::bigint, "
+    "sum(r.fpi_length)::bigint, count(*) "
+    "FROM r LEFT JOIN pg_class c ON c.relfilenode = r.node AND r.node <> 0 "
+    "GROUP BY 1 ORDER BY 2 DESC"
+)
+# updates and HOT updates of the tables the item path writes (pg_stat_user_tables)
+_UPDATES = (
+    "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+    "WHERE relname LIKE 'lg%%' OR relname LIKE 'ledger%%'"
+)
+
+
+def _lsn(conn: Any) -> str:
+    return str(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+
+
+def _updates(conn: Any) -> dict[str, tuple[int, int, int]]:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return {r[0]: (int(r[1]), int(r[2]), int(r[3])) for r in conn.execute(_UPDATES).fetchall()}
+
+
+def wal_by_relation(conn: Any, start: str, items: int) -> list[tuple[str, float, float]] | None:
+    """(relation, WAL bytes per item, of which full-page images) since `start`, largest
+    first; None where pg_walinspect cannot be installed (not a superuser, before PG 15)."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        end = str(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+        rows = conn.execute(_WAL_BY_RELATION, (start, end)).fetchall()
+    except Exception:  # a measurement we do without, said so in the output
+        return None
+    return [(str(r[0]), int(r[1]) / items, int(r[2]) / items) for r in rows]
+
+
+def _settle(conn: Any) -> None:
+    """Wait (up to 10 s) until this database's other backends have exited: a backend
+    reports its table statistics when it exits."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        n = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        ).fetchone()[0]
+        if not n:
+            return
+        time.sleep(0.05)
+
+
 def _measure(
     dsn: str,
     runs: list[str],
@@ -89,9 +144,12 @@ def _measure(
     batch: int,
     start_method: str | None,
     child: Any = _child,
+    breakdown: bool = False,
 ) -> dict[str, Any]:
     """Start `per_run` processes per entry of `runs` (`child(dsn, entry, index, batch,
-    ready, go, release, out)`), release them together, and measure (see the module)."""
+    ready, go, release, out)`), release them together, and measure (see the module).
+    With `breakdown`, also the WAL per item by relation and the tables' (HOT) updates,
+    read once the workers have gone (not part of the timed figures)."""
     import psycopg
 
     if start_method is None:
@@ -128,6 +186,8 @@ def _measure(
                     samples += 1
                     waits.update(r[0] for r in rows)
 
+            stats0 = _updates(conn) if breakdown else {}
+            lsn0 = _lsn(conn)
             wal0, server0 = _wal(conn), _server_cpu(conn)
             thread = threading.Thread(target=sample, daemon=True)
             start = time.monotonic()
@@ -146,9 +206,18 @@ def _measure(
             # the sampler's own backend is excluded from the waits but not from the CPU:
             # it is a few ms over the whole case
             server1, wal1 = _server_cpu(conn), _wal(conn)
-        release.set()
-        for k in kids:
-            k.join(timeout=60)
+            release.set()
+            for k in kids:
+                k.join(timeout=60)
+            by_relation, updates = None, {}
+            if breakdown:
+                _settle(conn)
+                by_relation = wal_by_relation(conn, lsn0, done)
+                stats1 = _updates(conn)
+                updates = {
+                    name: tuple(a - b for a, b in zip(v, stats0.get(name, (0, 0, 0)), strict=True))
+                    for name, v in stats1.items()
+                }
     finally:
         stop.set()
         release.set()
@@ -173,6 +242,8 @@ def _measure(
         "server_ms": None if server is None else 1000 * server / done,
         "waits": top,
         "active_per_sample": active / samples if samples else 0.0,
+        "wal_by_relation": by_relation,
+        "updates": updates,
     }
 
 
@@ -186,18 +257,21 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = No
     if procs > 2:
         layouts.append((f"{procs} procs", 1, procs))
     layouts.append((f"4 runs x {procs // 4 or 1} procs", 4, procs // 4 or 1))
+    many = layouts[-2][0]
     for label, nruns, per_run in layouts:
         say(f"case 8: {label}, claim({batch})+record, {n} items")
         with pg.database("c8") as dsn:
             with Ledger.open(dsn) as lg:
                 runs = [running_run(lg, n // nruns, prefix=f"r{k}-") for k in range(nruns)]
-            got = _measure(dsn, runs, per_run, batch, start_method)
+            got = _measure(dsn, runs, per_run, batch, start_method, breakdown=label == many)
         results[label] = got
         server = "n/a" if got["server_ms"] is None else f"{got['server_ms']:.3f}"
         say(
             f"  {got['rate']:,.0f} items/s, WAL {got['wal_per_item']:,.0f} B/item, CPU ms/item "
             f"client {got['client_ms']:.3f} server {server}; waits: {got['waits']}"
         )
+        for line in breakdown_lines(got):
+            say("  " + line)
 
     def note(label: str) -> str:
         g = results[label]
@@ -208,7 +282,7 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = No
             f"active backends {g['active_per_sample']:.1f}: {g['waits']}"
         )
 
-    one, many, four = layouts[0][0], layouts[-2][0], layouts[-1][0]
+    one, four = layouts[0][0], layouts[-1][0]
     rows = [
         ratio_row(
             "8",
@@ -252,6 +326,29 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = No
             "B",
             goal="<= 3500",
             met=g["wal_per_item"] <= 3500,
+            note="; ".join(breakdown_lines(g)),
+            extra={"wal_by_relation": g["wal_by_relation"], "updates": g["updates"]},
         )
     )
     return rows
+
+
+def breakdown_lines(got: dict[str, Any]) -> list[str]:
+    """The WAL by relation and the HOT updates of a measurement made with `breakdown`."""
+    lines = []
+    rels = got.get("wal_by_relation")
+    if rels is not None:
+        shown = [r for r in rels if r[1] >= 10] or rels[:1]
+        lines.append(
+            "WAL B/item by relation (full-page images): "
+            + ", ".join(f"{name} {b:,.0f} ({fpi:,.0f})" for name, b, fpi in shown)
+        )
+    elif "wal_by_relation" in got and got.get("updates"):
+        lines.append("WAL by relation: n/a (pg_walinspect not available)")
+    upd = {k: v for k, v in (got.get("updates") or {}).items() if v[1]}
+    if upd:
+        lines.append(
+            "updates (HOT): "
+            + ", ".join(f"{name} {n:,} ({hot:,})" for name, (_i, n, hot) in sorted(upd.items()))
+        )
+    return lines
