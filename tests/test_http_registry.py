@@ -182,3 +182,33 @@ def test_every_command_that_creates_a_run_answers_201_with_its_location(
     retry = c.post(f"/runs/{run_id}/retry", headers={"Authorization": auth["submitter"]})
     assert retry.status_code == 201, retry.text
     assert retry.headers["Location"] == f"/runs/{retry.json()['run_id']}"
+
+
+def test_a_command_whose_body_carries_items_gets_the_items_body_limit() -> None:
+    from ledger.http.guard import (
+        DEFAULT_BODY_BYTES,
+        ITEMS_BODY_BYTES,
+        LEASE_BODY_BYTES,
+        SUBMIT_BODY_BYTES,
+        body_limit,
+        item_routes,
+    )
+
+    # the limit of every route follows from its registry entry
+    for name, spec in ROUTED.items():
+        assert isinstance(spec.http, Http)
+        path = str(spec.http_path).replace("{run_id}", "r").replace("{item_id:path}", "i")
+        fields = set(spec.http.body.model_fields) if spec.http.body else set()
+        if spec.http.raw_body is not None:
+            expected = SUBMIT_BODY_BYTES
+        elif fields & {"items", "corrections"}:
+            expected = ITEMS_BODY_BYTES
+        elif spec.arguments[:1] == ("lease",):
+            expected = LEASE_BODY_BYTES
+        else:
+            expected = DEFAULT_BODY_BYTES
+        assert body_limit("POST", path) == expected, name
+    # a new command with items in its body is an items route without another list
+    bulk = replace(COMMANDS["pause"], name="bulk", http=Http("x", B.CompensateBody))
+    assert item_routes({"bulk": bulk}) == ("/bulk",)
+    assert item_routes({"pause": COMMANDS["pause"]}) == ()

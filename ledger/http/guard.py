@@ -8,9 +8,10 @@
   `POST /session` (signing the page in: the token is the body) is exempt.
 - **Per-route body limits.** A body larger than its route can need is refused with
   413, from its `Content-Length` or as soon as the streamed body passes the limit:
-  `POST /runs` (a manifest) takes the most; amend, repair and compensate (items)
-  less; lease commands (evidence, an echoed payload) less again; the rest a few
-  KiB of reasons.
+  `POST /runs` (a manifest) takes the most; the commands whose body model carries
+  manifest items (amend, repair, compensate: read from the command registry) less;
+  lease commands (evidence, an echoed payload) less again; the rest a few KiB of
+  reasons.
 - **Read deadline.** Each chunk of a body must arrive within `READ_IDLE_SECONDS`
   and the whole body within `READ_TOTAL_SECONDS`; a slow or stalled client gets 408
   and its connection is closed. (A client that stalls while sending its *headers*
@@ -22,13 +23,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..validation import MAX_MANIFEST_BYTES
+
+if TYPE_CHECKING:
+    from ..commands.registry import CommandSpec
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -41,14 +47,36 @@ DEFAULT_BODY_BYTES = 64 * KiB
 READ_IDLE_SECONDS = 10.0
 READ_TOTAL_SECONDS = 60.0
 
-_ITEM_ROUTES = ("/amend", "/repair", "/compensate")
+# A body field of manifest items (or corrected ones) makes a route an items route.
+ITEM_FIELDS = frozenset({"items", "corrections"})
+
+
+def item_routes(commands: Mapping[str, CommandSpec]) -> tuple[str, ...]:
+    """The last path segments (`/amend`, `/repair`, `/compensate`) of the run commands
+    whose body model (in the command registry) carries manifest items."""
+    from ..commands.registry import Http
+
+    return tuple(
+        "/" + str(spec.http_path).rsplit("/", 1)[1]
+        for spec in commands.values()
+        if isinstance(spec.http, Http)
+        and spec.http.body is not None
+        and ITEM_FIELDS & set(spec.http.body.model_fields)
+    )
+
+
+@cache
+def _item_routes() -> tuple[str, ...]:
+    from ..commands.registry import COMMANDS
+
+    return item_routes(COMMANDS)
 
 
 def body_limit(method: str, path: str) -> int:
     """The largest body `method path` accepts, in bytes."""
     if method == "POST" and path.rstrip("/") == "/runs":
         return SUBMIT_BODY_BYTES
-    if path.startswith("/runs/") and path.rstrip("/").endswith(_ITEM_ROUTES):
+    if path.startswith("/runs/") and path.rstrip("/").endswith(_item_routes()):
         return ITEMS_BODY_BYTES
     if path.startswith("/leases/"):
         return LEASE_BODY_BYTES
