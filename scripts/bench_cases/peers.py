@@ -171,7 +171,16 @@ DBOS_POLL_S = 0.05
 def _dbos_app(dsn: str) -> Any:
     from dbos import DBOS
 
-    DBOS(config={"name": "bench", "system_database_url": dsn, "log_level": "WARNING"})
+    # a pool of 4 per process (DBOS's default of 20 x 8 processes passed the server's
+    # max_connections of 100 and the processes waited for connections)
+    DBOS(
+        config={
+            "name": "bench",
+            "system_database_url": dsn,
+            "sys_db_pool_size": 4,
+            "log_level": "WARNING",
+        }
+    )
 
     @DBOS.workflow(name="noop")
     def noop() -> None:
