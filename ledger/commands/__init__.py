@@ -13,4 +13,6 @@ which runs the command's handler here with a `UnitOfWork`:
 - `items.py`     skip, release, reject_item
 - `reconcile.py` the reconciler pass
 - `args.py`      argument checks (the first check of SPEC's order; nothing is read yet)
+- `registry.py`  every command declared once: handler, rule-book row, CLI command and
+                 default role, HTTP route (ledger/http/commands.py generates the routes)
 """
