@@ -4,8 +4,9 @@
 module; `ledger/follower.py` builds durable followers on it.
 
 Reading by position is safe because a position never appears behind one already
-read (SPEC rule 18): every page is bounded by the feed's *head*, read first, and
-everything at or below the head has committed. `head()` and `page()` are the one
+read (SPEC rule 18): every page is bounded by a readable position read first, in a
+statement of its own, and everything at or below it has committed or never will (the
+feed's *head* is the last transition there). `head()` and `page()` are the one
 place that reads `lg_transitions` for the feed, so a change of the write path's
 ordering scheme changes them and nothing else.
 """
@@ -18,7 +19,6 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import states as S
@@ -122,7 +122,11 @@ def head(tx: Tx) -> int:
     """The highest position a reader may read up to now: every transition at or below it
     has committed or never will (on PostgreSQL a slower writer may still fill in a lower
     position than one committed: `Tx.readable_position`, stores/pg_positions.py)."""
-    bound = tx.readable_position()  # a statement of its own, before the MAX's snapshot
+    return _head_below(tx, tx.readable_position())  # a statement of its own, before the MAX's
+
+
+def _head_below(tx: Tx, bound: int | None) -> int:
+    """The highest transition position at or below `bound` (None: of all)."""
     if bound is None:
         row = tx.fetchone("SELECT COALESCE(MAX(position), 0) AS head FROM lg_transitions")
     else:
@@ -138,24 +142,45 @@ def page(
 ) -> tuple[list[Transition], int]:
     """Up to `limit` transitions after `after` that match `flt`, in position order, and the
     cursor to resume after: the last one's position on a full page, else the head the page
-    was bounded by (the reader has seen everything up to it, matching or not)."""
-    bound = head(tx) if upto is None else upto
-    if bound <= after:
-        return [], after
+    was bounded by (the reader has seen everything up to it, matching or not). `upto`: a
+    readable bound read before in the same transaction (`Tx.readable_position`), instead
+    of asking for one here.
+
+    The SELECT itself has no upper bound: it is the plain keyset read (`position > ?
+    ORDER BY position, ord LIMIT ?`), whose plan walks the position index whatever the
+    table's statistics say (with `position <= head` in it, statistics older than a bulk
+    load made PostgreSQL read the whole range and sort it: 50 ms a page instead of 2). The
+    rows past the bound, committed after it was read, are dropped here. Without a filter
+    the head needs no statement of its own: the page then holds every transition up to
+    it, so a short page's cursor is its last position."""
+    bound = tx.readable_position() if upto is None else upto
     where, params = flt.sql()
+    top: int | None = None
+    if where:  # transitions that do not match may lie past the last one that does
+        top = _head_below(tx, bound)
+        if top <= after:
+            return [], after
+        bound = top
+    elif bound is not None and bound <= after:
+        return [], after
     rows = tx.fetch_rows(
-        f"SELECT {_COLUMNS} FROM lg_transitions WHERE position > ? AND position <= ?"  # noqa: S608 (fixed conditions; values are bound parameters)
+        f"SELECT {_COLUMNS} FROM lg_transitions WHERE position > ?"  # noqa: S608 (fixed conditions; values are bound parameters)
         + where
         + " ORDER BY position, ord LIMIT ?",
-        (after, bound, *params, limit),
+        (after, *params, limit),
     )
+    if bound is not None and rows and rows[-1][_POSITION] > bound:
+        rows = [r for r in rows if r[_POSITION] <= bound]
     found = transitions(rows)
-    cursor = found[-1].position if len(found) == limit else bound
-    return found, cursor
+    if len(found) == limit:
+        return found, found[-1].position
+    if top is not None:
+        return found, top
+    return found, found[-1].position if found else after
 
 
-# the Transition fields in the order the feed's SELECT reads them (evidence and at are
-# decoded after)
+# the Transition fields in the order the feed's SELECT reads them; evidence and at are
+# filled as their stored text, decoded on first read (views._Decoded)
 _FIELDS = (
     "run_id",
     "item_id",
@@ -171,29 +196,24 @@ _FIELDS = (
     "command",
 )
 _COLUMNS = ", ".join(_FIELDS)
-_EVIDENCE, _AT = _FIELDS.index("evidence"), _FIELDS.index("at")
+_KEYS = tuple("_raw_" + f if f in ("evidence", "at") else f for f in _FIELDS)
+_POSITION = _FIELDS.index("position")
 
 
 def transitions(rows: Sequence[Sequence[Any]]) -> list[Transition]:
     """lg_transitions rows (in `_FIELDS` order) as Transition values, equal to
-    `queries.transition`'s, for a whole page at once: one `json.loads` for every row's
-    evidence, and each frozen value filled in one step from its row (no dict per row
-    from the driver: that, and building values field by field, bounded the feed's
-    throughput)."""
-    if not rows:
-        return []
-    evidences = json.loads("[" + ",".join([r[_EVIDENCE] for r in rows]) + "]")
-    parse = datetime.fromisoformat
+    `queries.transition`'s. Each frozen value is filled in one step from its row (no
+    dict per row from the driver, no field-by-field construction), and its `evidence`
+    JSON and `at` time are decoded when first read: a handler that never looks at them
+    does not pay for them (they were most of a page's client time)."""
     new = object.__new__
-    fields = _FIELDS
+    keys = _KEYS
     out: list[Transition] = []
-    for r, evidence in zip(rows, evidences, strict=True):
+    append = out.append
+    for r in rows:
         t = new(Transition)
-        d = t.__dict__
-        d.update(zip(fields, r, strict=True))
-        d["evidence"] = evidence
-        d["at"] = parse(r[_AT])
-        out.append(t)
+        t.__dict__.update(zip(keys, r, strict=True))
+        append(t)
     return out
 
 

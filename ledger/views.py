@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -167,6 +169,52 @@ class Transition(_View):
     revision: int
     position: int
     command: str = ""
+
+
+class _Decoded:
+    """A field of a value built from stored text and decoded on first read (the change
+    feed hands a page of transitions to a handler that may never look at `evidence` or
+    `at`: `ledger/feed.py` fills the raw text under `raw`, this descriptor decodes it once
+    and keeps the result). A value built by its constructor stores the decoded field at
+    once, so both kinds are the same type and compare, print, pickle and dump alike."""
+
+    __slots__ = ("decode", "name", "raw")
+
+    def __init__(self, name: str, decode: Callable[[str], Any]) -> None:
+        self.name = name
+        self.raw = "_raw_" + name
+        self.decode = decode
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        if obj is None:
+            raise AttributeError(self.name)  # no class-level default
+        d = obj.__dict__
+        try:
+            return d[self.name]
+        except KeyError:
+            pass
+        try:
+            raw = d[self.raw]
+        except KeyError:  # another thread decoded it meanwhile (it stores before it pops)
+            return d[self.name]
+        value = d.setdefault(self.name, self.decode(raw))
+        d.pop(self.raw, None)
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        # reached through object.__setattr__ only (the frozen __init__, unpickling):
+        # assignment on a frozen instance is refused before this
+        obj.__dict__[self.name] = value
+
+
+def _transition_state(self: Transition) -> dict[str, Any]:
+    """Pickle and copy state: every field decoded, as a value built field by field."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+Transition.__getstate__ = _transition_state  # type: ignore[method-assign,assignment]
+Transition.evidence = _Decoded("evidence", json.loads)  # type: ignore[assignment]
+Transition.at = _Decoded("at", datetime.fromisoformat)  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

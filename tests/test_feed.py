@@ -307,3 +307,87 @@ def test_an_eventsourcing_projection_runs_over_the_feed(lg: Ledger) -> None:
     with Follower(lg, "es", projection_handler(projection)) as f:
         f.catch_up()
     assert projection.counts == {a: 3, b: 2}
+
+
+def test_a_page_decodes_evidence_and_time_only_when_read(
+    lg: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import copy
+    import json
+    import pickle
+
+    run_id = _busy_run(lg, 2)
+    loads = json.loads
+    calls = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return loads(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(json, "loads", counting)
+        page = lg.events(run_id=run_id)
+    assert calls[0] == 0  # a handler that never reads evidence does not pay to decode it
+    assert [t.position for t in page] == [t.position for t in lg.history(run_id)]
+    # and the values are the history's in every way: equality, repr, dumps, pickles, copies
+    history = lg.history(run_id)
+    fresh = lg.events(run_id=run_id)
+    assert repr(fresh) == repr(history)
+    fresh = lg.events(run_id=run_id)
+    assert [t.to_dict() for t in fresh] == [t.to_dict() for t in history]
+    fresh = lg.events(run_id=run_id)
+    assert [pickle.dumps(t) for t in fresh] == [pickle.dumps(t) for t in history]
+    fresh = lg.events(run_id=run_id)
+    assert [copy.deepcopy(t) for t in fresh] == history == page
+    assert [t.evidence for t in page] == [t.evidence for t in history]
+    assert [t.at for t in page] == [t.at for t in history]
+
+
+def test_an_external_follower_keeps_each_handled_batch_in_its_checkpoint(lg: Ledger) -> None:
+    _busy_run(lg, 3)
+    every = [t.position for t in lg.events()]
+    seen: list[int] = []
+
+    def deliver(batch: list[Transition]) -> None:
+        if len(seen) >= 4:
+            raise ConnectionError("the receiver went away")
+        seen.extend(t.position for t in batch)
+
+    f = Follower(lg, "steps", deliver, batch=2)
+    with pytest.raises(ConnectionError):
+        f.catch_up()
+    assert seen == every[:4]
+    assert f.position == every[3]  # the two handled batches are recorded, the failed one not
+    f.handler = lambda batch: seen.extend(t.position for t in batch)
+    assert f.run_once() == 2
+    assert f.position == every[5]  # run_once records its batch before it returns
+    f.catch_up()
+    assert seen == every
+    assert f.position == every[-1]
+    (status,) = followers(lg)
+    assert status.lag == 0
+    f.close()
+
+
+@pytest.mark.postgres
+def test_a_lost_follower_lock_is_seen_without_asking_an_idle_connection(pg_dsn: str) -> None:
+    import psycopg
+
+    with Ledger.open(pg_dsn) as lg, psycopg.connect(pg_dsn, autocommit=True) as admin:
+        _busy_run(lg, 1)
+        got: list[int] = []
+        f = Follower(lg, "watched", lambda batch: got.extend(t.position for t in batch), batch=2)
+        f.run_once()
+        pid = f._lock._conn.info.backend_pid
+        f.run_once()
+        row = admin.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+        assert row is not None and "pg_try_advisory_lock" in row[0]  # no round trip per batch
+        admin.execute("SELECT pg_terminate_backend(%s, 30000)", (pid,))  # returns once it exited
+        with pytest.raises(FollowerBusy, match="lost its lock"):
+            f.run_once()
+        assert len(got) == 4  # nothing delivered once the lock was gone
+        assert f._lock.lost
+        f.close()
+        f.catch_up()  # takes the lock again
+        assert got == [t.position for t in lg.events()]
+        f.close()
