@@ -21,6 +21,7 @@ unless `in_database=` says. One follower name runs in one process at a time
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -116,6 +117,9 @@ class Follower:
         self._stop = stop if stop is not None else threading.Event()
         self._ready = False
         self._cursor = 0
+        # external mode: (before, after) of a handled batch whose checkpoint is written
+        # with the next batch's read (catch_up and run), or by _flush
+        self._pending: tuple[int, int] | None = None
         if self.filter.run_id is not None:
             with lg.store.read() as tx:
                 feed.check_run(tx, self.filter.run_id)
@@ -133,6 +137,7 @@ class Follower:
         """Release the name's lock (another process may then run this follower)."""
         self._lock.release()
         self._ready = False
+        self._pending = None  # not written: delivered again (at least once)
 
     def stop(self) -> None:
         """Make `run()` return after the batch in hand (safe from any thread); final."""
@@ -158,13 +163,13 @@ class Follower:
 
     def run_once(self) -> int:
         """Handle the next batch (if any); returns how many transitions were handled."""
-        return self._step()[0]
+        return self._step(defer=False)[0]
 
     def catch_up(self) -> int:
         """Handle batches until none is left; returns how many transitions were handled."""
         total = 0
         while True:
-            handled, more = self._step()
+            handled, more = self._step(defer=True)
             total += handled
             if not more:
                 return total
@@ -185,7 +190,7 @@ class Follower:
         try:
             while not self._stop.is_set():
                 try:
-                    _, more = self._step()
+                    _, more = self._step(defer=True)
                     if not more:
                         waiter.wait(self._cursor, IDLE_WAIT_S, stop=self._stop)
                 except (StoreUnavailable, CommitUncertain, FollowerBusy) as e:
@@ -200,38 +205,74 @@ class Follower:
                 pause = RETRY_FIRST_S
         finally:
             waiter.close()
+            with contextlib.suppress(StoreUnavailable, CommitUncertain, FollowerBusy):
+                self._flush()  # not written: delivered again (at least once)
             self.close()
 
-    def _step(self) -> tuple[int, bool]:
-        """One batch: (transitions handled, whether more may be waiting right now)."""
+    def _step(self, defer: bool) -> tuple[int, bool]:
+        """One batch: (transitions handled, whether more may be waiting right now).
+
+        Three round trips and a commit per batch on PostgreSQL: the checkpoint (locked,
+        with the clock), the readable bound, the page. In-database mode then runs the
+        handler and writes the checkpoint in the same transaction. External mode commits
+        the read first (nothing is held while the handler runs), and with `defer` the
+        checkpoint of a full batch is written by the transaction that reads the next one;
+        a short batch's, and run_once()'s, at once (`_flush`)."""
         self.start()
-        store = self.lg.store
         if self.in_database:
-            with store.write() as tx:
-                before = _position(tx, self.name)
-                found, cursor = feed.page(tx, before, self.filter, self.batch)
+            with self.lg.store.write() as tx:
+                before, bound = _locked_position(tx, self.name)
+                found, cursor = feed.page(tx, before, self.filter, self.batch, bound)
                 if cursor != before:
                     if found:
                         self.handler(found, tx)
-                    _advance(tx, self.name, before, cursor, self.filter)
+                    _set_position(tx, self.name, before, cursor, self.filter)
         else:
             self._lock.check()
-            with store.read() as tx:
-                before = _position(tx, self.name)
-                found, cursor = feed.page(tx, before, self.filter, self.batch)
+            with self.lg.store.write() as tx:
+                _relax_commit(tx)
+                before, bound = self._apply_pending(tx)
+                found, cursor = feed.page(tx, before, self.filter, self.batch, bound)
+            self._pending = None  # committed with the read
             if cursor != before:
                 if found:
                     self.handler(found)
-                with store.write() as tx:
-                    _advance(tx, self.name, before, cursor, self.filter)
+                self._pending = (before, cursor)
+            if not defer or len(found) < self.batch:
+                self._flush()
         self._cursor = cursor
         return len(found), len(found) == self.batch
+
+    def _apply_pending(self, tx: Tx) -> tuple[int, int | None]:
+        """External mode, in a write transaction: the checkpoint, moved on to the end of the
+        handled batch not written yet (if any; FollowerBusy if someone else moved it), and
+        the readable bound (`_locked_position`)."""
+        position, bound = _locked_position(tx, self.name)
+        if self._pending is None:
+            return position, bound
+        before, after = self._pending
+        if position == after:  # written already (by a commit whose reply was lost)
+            return after, bound
+        if position != before:
+            raise FollowerBusy(_moved(self.name))
+        _set_position(tx, self.name, before, after, self.filter)
+        return after, bound
+
+    def _flush(self) -> None:
+        """Write the checkpoint of the handled batch not written yet (external mode)."""
+        if self._pending is None:
+            return
+        with self.lg.store.write() as tx:
+            _relax_commit(tx)
+            self._apply_pending(tx)
+        self._pending = None
 
     def rebuild(self, clear: Callable[[Tx], Any] | None = None) -> int:
         """Start again from position 0 and catch up; returns the transitions handled.
         `clear(tx)` (e.g. `DELETE FROM my_table`) runs in the transaction that resets the
         checkpoint, so an in-database projection is never seen half cleared."""
         self.start()
+        self._pending = None  # replayed from 0 anyway
         with self.lg.store.write() as tx:
             if clear is not None:
                 clear(tx)
@@ -266,6 +307,50 @@ def _position(tx: Tx, name: str) -> int:
     return found
 
 
+def _locked_position(tx: Tx, name: str) -> tuple[int, int | None]:
+    """The checkpoint, its row locked until the transaction ends (PostgreSQL: nothing else
+    moves it meanwhile, so `_set_position` needs no answer), and the feed's readable
+    bound (`Tx.readable_position`, None where there is none), with the database clock for
+    `tx.now()`: one round trip."""
+    row = tx.fetchone(
+        f"SELECT position{tx.now_column()}{tx.readable_column()} FROM lg_followers "  # noqa: S608 (our own table/column names; values are bound parameters)
+        "WHERE name = ?" + tx.lock_suffix(),
+        (name,),
+    )
+    if row is None:
+        raise FollowerNotFound(name)
+    if "db_now" in row:
+        tx.prime_now(row["db_now"])
+    readable = row.get("readable")
+    return int(row["position"]), None if readable is None else int(readable)
+
+
+def _set_position(tx: Tx, name: str, before: int, after: int, flt: feed.FeedFilter) -> None:
+    """Move the checkpoint from `before` (read by `_locked_position` in this transaction)
+    to `after`: a statement whose answer is not waited for (pipelined on PostgreSQL)."""
+    tx.execute(
+        "UPDATE lg_followers SET position = ?, updated_at = ?, owner = ?, run_id = ?, kinds = ? "
+        "WHERE name = ? AND position = ?",
+        (after, iso(tx.now()), _owner(), flt.run_id, flt.kinds_json(), name, before),
+    )
+
+
+def _relax_commit(tx: Tx) -> None:
+    """External mode's checkpoint writes do not wait for the disk (PostgreSQL
+    `synchronous_commit = off` for the transaction): at least once allows it, a write
+    lost in a server crash (its last fraction of a second) delivers its batch again.
+    In-database mode keeps the durable commit: the handler's rows are in it."""
+    if tx.store.dialect == "postgres":
+        tx.execute("SET LOCAL synchronous_commit = off")
+
+
+def _moved(name: str) -> str:
+    return (
+        f"the checkpoint of follower {name!r} moved while a batch was handled "
+        "(reset, or another holder): the batch was not recorded"
+    )
+
+
 def _advance(tx: Tx, name: str, before: int, after: int, flt: feed.FeedFilter) -> None:
     """Move the checkpoint from `before` to `after`, refusing (and so rolling back the
     batch) when someone else moved it meanwhile (a reset, or a holder of a lost lock)."""
@@ -275,10 +360,7 @@ def _advance(tx: Tx, name: str, before: int, after: int, flt: feed.FeedFilter) -
         (after, iso(tx.now()), _owner(), flt.run_id, flt.kinds_json(), name, before),
     )
     if not moved:
-        raise FollowerBusy(
-            f"the checkpoint of follower {name!r} moved while a batch was handled "
-            "(reset, or another holder): the batch was not recorded"
-        )
+        raise FollowerBusy(_moved(name))
 
 
 @dataclass(frozen=True)

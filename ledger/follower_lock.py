@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import select
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -107,11 +108,18 @@ class FollowerLock:
         return False
 
     def check(self) -> None:
-        """FollowerBusy if the lock may have been lost (its PostgreSQL connection died)."""
+        """FollowerBusy if the lock may have been lost (its PostgreSQL connection died).
+
+        A session the server ended (terminated, restarted, crashed) sends an error or
+        closes its socket, so the connection is only asked (`SELECT 1`, a round trip)
+        when its socket has something to read: an idle one that says nothing still
+        holds the lock."""
         if self._conn is not None and self.held:
             import psycopg
 
             try:
+                if not _readable(self._conn):
+                    return
                 self._conn.execute("SELECT 1")
             except psycopg.Error as e:
                 self.held, self.lost = False, True
@@ -140,3 +148,10 @@ class FollowerLock:
         if self._local is not None:
             self._local.release()
             self._local = None
+
+
+def _readable(conn: Any) -> bool:
+    """Whether the connection's socket has data (or an end of file) waiting, at once."""
+    poller = select.poll()  # not select(): any descriptor number
+    poller.register(conn.pgconn.socket, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))

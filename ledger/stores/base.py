@@ -109,6 +109,12 @@ class Tx(ABC):
         (pg_positions.py). Call it before the read, as a statement of its own."""
         return None
 
+    def readable_column(self) -> str:
+        """Extra select column `readable`: `readable_position()` computed by a statement
+        sent anyway (PostgreSQL: saves its round trip; the read must still come in a
+        later statement). Empty where every stored position may be read."""
+        return ""
+
     def now(self) -> datetime:
         """The store's clock, read once per transaction (injected clock in tests)."""
         if self._now is None:

@@ -194,6 +194,9 @@ class PgTx(Tx):
         row = self.cur.fetchone()
         return None if row is None else row["p"]
 
+    def readable_column(self) -> str:
+        return f", {pg_positions.READABLE_FUNCTION}() AS readable"
+
     def db_now(self) -> datetime:
         self.cur.execute("SELECT clock_timestamp() AS now")
         _take_results(self.conn)
