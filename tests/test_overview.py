@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from ledger import Ledger
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, RECONCILER, SUBMITTER, WORKER, manifest
@@ -151,6 +153,22 @@ def test_run_page_reads_one_page_and_mark_expired_leases(lg: Ledger, clock: Manu
     assert not any(i.lease_expired for i in runpage.item_page(lg.store, run_id).items)
     row = runpage.board_row(lg.store, run_id)
     assert row.waiting_on == "workers" and row.expired_leases == 0
+
+
+def test_run_page_counts_attempts_up_to_a_cap(lg: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run page's attempt count reads at most ATTEMPT_COUNT_CAP + 1 index entries
+    (a refresh never counts every attempt of a large run) and says when there are more."""
+    from ledger import runpage
+
+    monkeypatch.setattr(runpage, "ATTEMPT_COUNT_CAP", 3)
+    run_id = started(lg, 5)
+    lg.claim(run_id, WORKER, limit=3)
+    page = runpage.attempt_page(lg.store, run_id, limit=2)
+    assert (page.total, page.total_capped) == (3, False)
+    lg.claim(run_id, WORKER, limit=2)
+    page = runpage.attempt_page(lg.store, run_id, limit=2)
+    assert (page.total, page.total_capped, len(page.attempts)) == (3, True, 2)
+    assert page.to_dict()["total_capped"] is True
 
 
 def test_policy_stall_seconds_sets_the_threshold(lg: Ledger, clock: ManualClock) -> None:

@@ -379,7 +379,7 @@ async function renderRun(runId, seq) {
     el("section", {}, el("div", { class: "section-head" }, el("h2", {}, "Items (" + items.total + ")"),
       el("label", { for: "item-state" }, "State "), itemState, el("span", { class: "muted" }, " showing " + shownTo)),
     table(["Item", "State", "Required", "Attempts", "Lease", "Reason / last error"], itemRows, "No items here.", "items"), itemPager),
-    el("section", {}, el("h2", {}, "Attempts (" + attempts.total + ", newest first)"),
+    el("section", {}, el("h2", {}, "Attempts (" + attempts.total + (attempts.total_capped ? "+" : "") + ", newest first)"),
       table(["Item", "#", "Worker", "Started", "Finished", "Stage", "Outcome", "Error"], attemptRows, "No attempts yet.", "attempts"), attemptPager),
     el("section", {}, el("h2", {}, "Timeline (latest 50)"), timeline));
 }
