@@ -85,7 +85,8 @@ def _marks(n: int) -> str:
 
 def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[str, RunSignals]:
     """The signals of each run row (`lg_runs` columns run_id, state, counts, policy, review,
-    created_at, updated_at, stopped_at), by run id, read in transaction `tx`."""
+    created_at, updated_at, stopped_at; `counts` as `projections.counts.attach` gives them),
+    by run id, read in transaction `tx`."""
     if len(rows) > _BATCH:  # bounded IN lists on every store
         out: dict[str, RunSignals] = {}
         for k in range(0, len(rows), _BATCH):
@@ -124,8 +125,8 @@ def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
         "(SELECT w.position FROM lg_transitions w WHERE w.at >= ? ORDER BY w.at, w.position "
         "LIMIT 1) AND t.item_id IS NOT NULL "
         f"AND t.to_state IN ({_marks(len(_FINISHED))}) AND t.at >= ? AND t.at <= ?) AS finished, "
-        "(SELECT COUNT(*) FROM lg_items i WHERE i.run_id = r.run_id "
-        f"AND i.state IN ({_marks(len(_REMAINING))}) AND i.required <> 0) AS remaining "
+        "(SELECT COUNT(*) FROM lg_items i WHERE i.run_id = r.run_id AND i.required = 0 "
+        f"AND i.state IN ({_marks(len(_REMAINING))})) AS optional_open "
         f"FROM lg_runs r WHERE r.run_id IN ({marks})",
         (
             S.IN_PROGRESS,
@@ -141,6 +142,7 @@ def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
         ),
     )
     open_set = set(open_ids)
+    by_id = {r["run_id"]: r for r in rows}
     last: dict[str, Any] = {}
     expired: dict[str, tuple[int, str]] = {}
     finished: dict[str, int] = {}
@@ -154,8 +156,13 @@ def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
             expired[run_id] = (int(r["expired_n"]), r["expired_oldest"])
         if int(r["finished"] or 0):
             finished[run_id] = int(r["finished"])
-        if int(r["remaining"] or 0):
-            remaining[run_id] = int(r["remaining"])
+        # the required items still open: the run's open counts (its slot rows, read with
+        # the row) less its optional open items, counted on the partial index that holds
+        # optional items only, so the read does not walk every open item of a large run
+        counts = _json(by_id[run_id]["counts"]) or {}
+        left = sum(int(counts.get(s, 0)) for s in _REMAINING) - int(r["optional_open"] or 0)
+        if left > 0:
+            remaining[run_id] = left
     holders: dict[str, list[str]] = {}
     if open_ids:
         for r in tx.fetchall(
