@@ -174,9 +174,11 @@ class Transition(_View):
 class _Decoded:
     """A field of a value built from stored text and decoded on first read (the change
     feed hands a page of transitions to a handler that may never look at `evidence` or
-    `at`: `ledger/feed.py` fills the raw text under `raw`, this descriptor decodes it once
-    and keeps the result). A value built by its constructor stores the decoded field at
-    once, so both kinds are the same type and compare, print, pickle and dump alike."""
+    `at`: `ledger/feed.py` stores the raw text under `raw`, this descriptor decodes it
+    once and keeps the result as the field). A non-data descriptor, like
+    `functools.cached_property`: a value built by its constructor (or unpickled) has the
+    field in its `__dict__` and never calls it, so both kinds are the same type and
+    compare, print, pickle and dump alike."""
 
     __slots__ = ("decode", "name", "raw")
 
@@ -190,21 +192,12 @@ class _Decoded:
             raise AttributeError(self.name)  # no class-level default
         d = obj.__dict__
         try:
-            return d[self.name]
-        except KeyError:
-            pass
-        try:
             raw = d[self.raw]
         except KeyError:  # another thread decoded it meanwhile (it stores before it pops)
             return d[self.name]
         value = d.setdefault(self.name, self.decode(raw))
         d.pop(self.raw, None)
         return value
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        # reached through object.__setattr__ only (the frozen __init__, unpickling):
-        # assignment on a frozen instance is refused before this
-        obj.__dict__[self.name] = value
 
 
 def _transition_state(self: Transition) -> dict[str, Any]:
