@@ -45,7 +45,7 @@ from .errors import (
 )
 from .follower_lock import FollowerLock
 from .validation import check_identifier
-from .views import _View
+from .views import Transition, _View
 
 if TYPE_CHECKING:
     from .service import Ledger
@@ -119,7 +119,8 @@ class Follower:
         self._cursor = 0
         # external mode: (before, after) of a handled batch whose checkpoint is written
         # with the next batch's read (catch_up and run), or by _flush
-        self._pending: tuple[int, int] | None = None
+        self._pending: tuple[int, int, datetime] | None = None  # (before, after, read at)
+        self._known: int | None = None  # the checkpoint as this holder of the lock wrote it
         if self.filter.run_id is not None:
             with lg.store.read() as tx:
                 feed.check_run(tx, self.filter.run_id)
@@ -138,6 +139,7 @@ class Follower:
         self._lock.release()
         self._ready = False
         self._pending = None  # not written: delivered again (at least once)
+        self._known = None
 
     def stop(self) -> None:
         """Make `run()` return after the batch in hand (safe from any thread); final."""
@@ -212,67 +214,118 @@ class Follower:
     def _step(self, defer: bool) -> tuple[int, bool]:
         """One batch: (transitions handled, whether more may be waiting right now).
 
-        Three round trips and a commit per batch on PostgreSQL: the checkpoint (locked,
-        with the clock), the readable bound, the page. In-database mode then runs the
-        handler and writes the checkpoint in the same transaction. External mode commits
-        the read first (nothing is held while the handler runs), and with `defer` the
-        checkpoint of a full batch is written by the transaction that reads the next one;
-        a short batch's, and run_once()'s, at once (`_flush`)."""
+        On PostgreSQL one round trip reads the checkpoint (locked, with the clock and the
+        readable bound) and the page after it, and the commit is the other. In-database
+        mode runs the handler and writes the checkpoint in that transaction. External
+        mode commits the read first (nothing is held while the handler runs), and with
+        `defer` the checkpoint of a full batch is written by the transaction that reads
+        the next one; a short batch's, and run_once()'s, at once (`_flush`)."""
         self.start()
         if self.in_database:
             with self.lg.store.write() as tx:
-                before, bound = _locked_position(tx, self.name)
-                found, cursor = feed.page(tx, before, self.filter, self.batch, bound)
+                before, found, cursor = self._read(tx)
                 if cursor != before:
                     if found:
                         self.handler(found, tx)
                     _set_position(tx, self.name, before, cursor, self.filter)
+            self._known = cursor
         else:
             self._lock.check()
-            with self.lg.store.write() as tx:
-                _relax_commit(tx)
-                before, bound = self._apply_pending(tx)
-                found, cursor = feed.page(tx, before, self.filter, self.batch, bound)
+            before, found, cursor, read_at = self._read_external()
             self._pending = None  # committed with the read
+            self._known = before
             if cursor != before:
                 if found:
                     self.handler(found)
-                self._pending = (before, cursor)
+                self._pending = (before, cursor, read_at)
             if not defer or len(found) < self.batch:
                 self._flush()
         self._cursor = cursor
         return len(found), len(found) == self.batch
 
-    def _apply_pending(self, tx: Tx) -> tuple[int, int | None]:
-        """External mode, in a write transaction: the checkpoint, moved on to the end of the
-        handled batch not written yet (if any; FollowerBusy if someone else moved it), and
-        the readable bound (`_locked_position`)."""
-        position, bound = _locked_position(tx, self.name)
-        if self._pending is None:
-            return position, bound
-        before, after = self._pending
-        if position == after:  # written already (by a commit whose reply was lost)
-            return after, bound
-        if position != before:
-            raise FollowerBusy(_moved(self.name))
-        _set_position(tx, self.name, before, after, self.filter)
-        return after, bound
+    def _read_external(self) -> tuple[int, list[Transition], int, datetime]:
+        """External mode: `_read` in a transaction of its own, committed (without waiting
+        for the disk) before the handler runs, and the time it read at. Unfiltered, with
+        the checkpoint known, the transaction is one round trip on PostgreSQL: the pending
+        checkpoint's write, the checkpoint (with the readable bound) and the page are sent
+        with the COMMIT, and their answers read after it."""
+        pending = self._pending
+        start = pending[1] if pending is not None else self._known
+        store = self.lg.store
+        quick = start is not None and not (self.filter.run_id or self.filter.kinds)
+        with store.batch_write() if quick else store.write() as tx:
+            _relax_commit(tx)
+            if not quick:
+                before, found, cursor = self._read(tx)
+                return before, found, cursor, tx.now()
+            if pending is not None:  # matches nothing if the checkpoint moved: seen below
+                _set_position(tx, self.name, pending[0], pending[1], self.filter, pending[2])
+            answers = tx.send_both(
+                _checkpoint_sql(tx, lock=False),
+                (self.name,),
+                feed.UNFILTERED_PAGE,
+                (start, self.batch),
+            )
+        first, rows = answers()
+        position, bound = _checkpoint_row(tx, first, self.name)
+        if position != start:  # someone else moved it: the page is not this follower's
+            if pending is not None:
+                raise FollowerBusy(_moved(self.name))
+            self._known = None
+            return self._read_external()
+        found, cursor = feed.unfiltered_page(rows, start, bound)
+        return start, found, cursor, tx.now()  # the clock read with the checkpoint
+
+    def _read(self, tx: Tx) -> tuple[int, list[Transition], int]:
+        """In a write transaction: the checkpoint, locked (external mode: moved on to the
+        end of the handled batch not written yet, FollowerBusy if someone else moved it),
+        and the page after it: (checkpoint, transitions, cursor). Unfiltered, and with the
+        checkpoint known from this follower's last commit, both statements go at once
+        (`Tx.fetch_both`: the page is a later statement than the readable bound's)."""
+        pending = self._pending
+        start = pending[1] if pending is not None else self._known
+        rows: list[Any] | None = None
+        if start is not None and not (self.filter.run_id or self.filter.kinds):
+            first, rows = tx.fetch_both(
+                _checkpoint_sql(tx), (self.name,), feed.UNFILTERED_PAGE, (start, self.batch)
+            )
+            position, bound = _checkpoint_row(tx, first, self.name)
+        else:
+            position, bound = _locked_position(tx, self.name)
+        if pending is not None:
+            before, after, read_at = pending
+            if position == before:
+                _set_position(tx, self.name, before, after, self.filter, read_at)
+            elif position != after:  # after: written already (a commit whose reply was lost)
+                raise FollowerBusy(_moved(self.name))
+            position = after
+        if rows is None or position != start:  # not read yet, or after a stale checkpoint
+            found, cursor = feed.page(tx, position, self.filter, self.batch, bound)
+        else:
+            found, cursor = feed.unfiltered_page(rows, position, bound)
+        return position, found, cursor
 
     def _flush(self) -> None:
         """Write the checkpoint of the handled batch not written yet (external mode)."""
         if self._pending is None:
             return
+        before, after, _ = self._pending
         with self.lg.store.write() as tx:
             _relax_commit(tx)
-            self._apply_pending(tx)
+            position, _ = _locked_position(tx, self.name)
+            if position == before:
+                _set_position(tx, self.name, before, after, self.filter)
+            elif position != after:
+                raise FollowerBusy(_moved(self.name))
         self._pending = None
+        self._known = after
 
     def rebuild(self, clear: Callable[[Tx], Any] | None = None) -> int:
         """Start again from position 0 and catch up; returns the transitions handled.
         `clear(tx)` (e.g. `DELETE FROM my_table`) runs in the transaction that resets the
         checkpoint, so an in-database projection is never seen half cleared."""
         self.start()
-        self._pending = None  # replayed from 0 anyway
+        self._pending = self._known = None  # replayed from 0 anyway
         with self.lg.store.write() as tx:
             if clear is not None:
                 clear(tx)
@@ -307,31 +360,44 @@ def _position(tx: Tx, name: str) -> int:
     return found
 
 
+def _checkpoint_sql(tx: Tx, lock: bool = True) -> str:
+    return (
+        f"SELECT position{tx.now_column()}{tx.readable_column()} FROM lg_followers "  # noqa: S608 (our own table/column names; values are bound parameters)
+        "WHERE name = ?" + (tx.lock_suffix() if lock else "")
+    )
+
+
 def _locked_position(tx: Tx, name: str) -> tuple[int, int | None]:
     """The checkpoint, its row locked until the transaction ends (PostgreSQL: nothing else
     moves it meanwhile, so `_set_position` needs no answer), and the feed's readable
     bound (`Tx.readable_position`, None where there is none), with the database clock for
     `tx.now()`: one round trip."""
-    row = tx.fetchone(
-        f"SELECT position{tx.now_column()}{tx.readable_column()} FROM lg_followers "  # noqa: S608 (our own table/column names; values are bound parameters)
-        "WHERE name = ?" + tx.lock_suffix(),
-        (name,),
-    )
-    if row is None:
+    return _checkpoint_row(tx, tx.fetchall(_checkpoint_sql(tx), (name,)), name)
+
+
+def _checkpoint_row(tx: Tx, rows: list[dict[str, Any]], name: str) -> tuple[int, int | None]:
+    """`_locked_position` from the rows of `_checkpoint_sql`."""
+    if not rows:
         raise FollowerNotFound(name)
+    row = rows[0]
     if "db_now" in row:
         tx.prime_now(row["db_now"])
     readable = row.get("readable")
     return int(row["position"]), None if readable is None else int(readable)
 
 
-def _set_position(tx: Tx, name: str, before: int, after: int, flt: feed.FeedFilter) -> None:
-    """Move the checkpoint from `before` (read by `_locked_position` in this transaction)
-    to `after`: a statement whose answer is not waited for (pipelined on PostgreSQL)."""
+def _set_position(
+    tx: Tx, name: str, before: int, after: int, flt: feed.FeedFilter, at: datetime | None = None
+) -> None:
+    """Move the checkpoint from `before` to `after` (matching nothing if it is not at
+    `before`: the caller read it locked in this transaction, or reads it after): a
+    statement whose answer is not waited for (pipelined on PostgreSQL). `at`, its
+    `updated_at`, defaults to the transaction's clock (external mode passes the time the
+    batch was read when the write goes with the next batch's read)."""
     tx.execute(
         "UPDATE lg_followers SET position = ?, updated_at = ?, owner = ?, run_id = ?, kinds = ? "
         "WHERE name = ? AND position = ?",
-        (after, iso(tx.now()), _owner(), flt.run_id, flt.kinds_json(), name, before),
+        (after, iso(at or tx.now()), _owner(), flt.run_id, flt.kinds_json(), name, before),
     )
 
 

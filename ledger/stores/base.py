@@ -95,6 +95,22 @@ class Tx(ABC):
         many rows (the change feed), where building a dict per row is the cost."""
         return [tuple(r.values()) for r in self.fetchall(sql, params)]
 
+    def fetch_both(
+        self, first: str, first_params: Sequence[Any], rows: str, rows_params: Sequence[Any]
+    ) -> tuple[list[dict[str, Any]], list[Sequence[Any]]]:
+        """`fetchall(first, ...)` and then `fetch_rows(rows, ...)`, the second a later
+        statement (its own snapshot); in one round trip where the store pipelines."""
+        return self.fetchall(first, first_params), self.fetch_rows(rows, rows_params)
+
+    def send_both(
+        self, first: str, first_params: Sequence[Any], rows: str, rows_params: Sequence[Any]
+    ) -> Callable[[], tuple[list[dict[str, Any]], list[Sequence[Any]]]]:
+        """`fetch_both`, whose answers are taken by calling the function returned, also
+        after the transaction ended (PostgreSQL: they come with the COMMIT's, one round
+        trip for the whole transaction; an error in either fails the transaction)."""
+        answers = self.fetch_both(first, first_params, rows, rows_params)
+        return lambda: answers
+
     @abstractmethod
     def insert_stored_events(self, stored: Sequence[StoredEvent]) -> list[int]:
         """Append events; return their positions (notification ids). StreamConflict on a clash."""
@@ -173,6 +189,11 @@ class Store(ABC):
     @abstractmethod
     def write(self) -> Any:
         """Context manager: a write transaction (serialised per run)."""
+
+    def batch_write(self) -> Any:
+        """A write transaction for statements whose answers are read after it
+        (`Tx.send_both`): on PostgreSQL the whole transaction is one round trip."""
+        return self.write()
 
     @abstractmethod
     def read(self) -> Any:

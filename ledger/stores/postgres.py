@@ -13,7 +13,7 @@ import json
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -24,6 +24,7 @@ from eventsourcing.persistence import InterfaceError as ESInterfaceError
 from eventsourcing.persistence import OperationalError as ESOperationalError
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresDatastore
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import send
 from psycopg.rows import dict_row, tuple_row
@@ -168,6 +169,43 @@ class PgTx(Tx):
         finally:
             cur.close()
 
+    def fetch_both(
+        self, first: str, first_params: Sequence[Any], rows: str, rows_params: Sequence[Any]
+    ) -> tuple[list[dict[str, Any]], list[Sequence[Any]]]:
+        if self.conn._pipeline is None:
+            return super().fetch_both(first, first_params, rows, rows_params)
+        second = self.conn.cursor(row_factory=tuple_row)
+        try:
+            self.cur.execute(to_pg(first), first_params, prepare=True)
+            _drain(self.conn)
+            second.execute(to_pg(rows), rows_params, prepare=True)
+            _drain(self.conn)
+            _take_results(self.conn)  # both answers, one round trip
+            return list(self.cur.fetchall()), list(second.fetchall())
+        finally:
+            second.close()
+
+    def send_both(
+        self, first: str, first_params: Sequence[Any], rows: str, rows_params: Sequence[Any]
+    ) -> Callable[[], tuple[list[dict[str, Any]], list[Sequence[Any]]]]:
+        if self.conn._pipeline is None:
+            return super().send_both(first, first_params, rows, rows_params)
+        one, two = self.conn.cursor(), self.conn.cursor(row_factory=tuple_row)
+        one.execute(to_pg(first), first_params, prepare=True)
+        _drain(self.conn)
+        two.execute(to_pg(rows), rows_params, prepare=True)
+        _drain(self.conn)
+
+        def answers() -> tuple[list[dict[str, Any]], list[Sequence[Any]]]:
+            # the pipeline's sync (a later read, or the COMMIT) gave each cursor its result
+            try:
+                return list(one.fetchall()), list(two.fetchall())
+            finally:
+                one.close()
+                two.close()
+
+        return answers
+
     def insert_stored_events(self, stored: Sequence[StoredEvent]) -> list[int]:
         assert isinstance(self.store, PostgresStore)
         rec = self.store.recorder
@@ -311,6 +349,40 @@ class PostgresStore(Store):
 
     def write(self) -> Any:
         return self._tx(True)
+
+    @contextmanager
+    def batch_write(self) -> Iterator[PgTx]:
+        """A write transaction sent in one round trip: BEGIN, the block's statements and
+        COMMIT are queued in a pipeline and their answers come back when the block ends
+        (`Tx.send_both`). `write()` waits after its BEGIN and syncs twice more at its
+        end (psycopg's transaction blocks in a pipeline: 4 round trips at least). For
+        the library's own statements only: the block runs on a connection in autocommit
+        mode, BEGIN and COMMIT being its own statements (a fetch still waits for its
+        answer; a failed statement fails the block, rolled back)."""
+        committing = False
+        try:
+            with self.datastore.get_connection() as conn:
+                conn.autocommit = True  # no BEGIN of psycopg's, which would wait for its answer
+                try:
+                    with conn.pipeline():
+                        tx = PgTx(self, conn, True)
+                        try:
+                            tx.cur.execute("BEGIN")
+                            yield tx
+                            tx.cur.execute("COMMIT")
+                            committing = True  # its answer comes with the pipeline's end
+                        finally:
+                            tx.cur.close()
+                finally:
+                    if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+                        with suppress(psycopg.Error):
+                            conn.execute("ROLLBACK")  # the block failed before its COMMIT
+                    with suppress(psycopg.Error):
+                        conn.autocommit = False  # as the pool's other users expect it
+        except (ESOperationalError, ESInterfaceError) as e:
+            if isinstance(e.__cause__, psycopg_pool.PoolClosed):
+                raise
+            raise _fault(e, uncertain=committing) from e
 
     def read(self) -> Any:
         return self._tx(False)
