@@ -40,7 +40,14 @@ from .history_file import (
     parse_event,
 )
 from .stores import hashchain as hc
-from .stores.raw import RawEvent, append_raw, max_position, read_raw, stream_heads
+from .stores.raw import (
+    RawEvent,
+    append_raw,
+    max_position,
+    next_position,
+    read_raw,
+    stream_heads,
+)
 
 
 class ExportRefused(LedgerError):
@@ -104,14 +111,21 @@ def iter_events(
             top = min(top, bound)
         total = _count(tx, after, top)
     while after < top:
+        # a page is a range of positions, not "the next PAGE after": a range the planner
+        # sees as small is read by index whatever its statistics say (see read_raw)
+        last = min(top, after + PAGE)
         with lg.store.read() as tx:
-            page = read_raw(tx, after, PAGE, top)
-        if not page:
-            return
+            page = read_raw(tx, after, PAGE, last)
+            if not page:  # a gap in the positions (rolled-back or reserved ones)
+                found = next_position(tx, last, top)
+                if found is None:
+                    return
+                after = found - 1
+                continue
         for e in page:
             if streams is None or e.stream in streams:
                 yield e, total
-        after = page[-1].position
+        after = last
 
 
 def _count(tx: Any, after: int, upto: int) -> int:

@@ -275,3 +275,31 @@ def test_the_cli_imports_from_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     b = f"sqlite:///{tmp_path}/b.db"
     assert main(["--dsn", b, "import", "-", "--no-progress"]) == 0
     assert _state(b)[0] == _state(a)[0]
+
+
+def test_an_export_reads_past_gaps_in_the_positions(
+    tmp_path: Path, store_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pages are ranges of positions: a range with no event in it must not end the export
+    source = f"sqlite:///{tmp_path}/source.db"
+    with Ledger.open(source) as lg:
+        first = lg.submit(manifest(4), SUBMITTER).run_id
+        lg.start(first, CONTROLLER)
+        for lease in lg.claim(first, WORKER, limit=4):
+            lg.accept(lease)
+        second = lg.submit(manifest(2), SUBMITTER).run_id
+        lg.start(second, CONTROLLER)
+        lease = lg.claim(second, WORKER)[0]
+        lg.accept(lease)
+    text = _export(source, runs=[second])  # its positions start after the first run's
+    events = [json.loads(x) for x in text.splitlines()[:-1]]
+    assert events[0]["position"] > 10
+    out = io.StringIO()
+    with Ledger.open(store_dsn) as target:
+        target.import_file(io.StringIO(text))  # an empty target keeps the file's positions
+        monkeypatch.setattr("ledger.transfer.PAGE", 3)  # gaps wider than a page
+        target.export(out)
+    again = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [d["position"] for d in again[:-1]] == [d["position"] for d in events]
+    assert again[:-1] == events
+    assert again[-1]["digest"] == json.loads(text.splitlines()[-1])["digest"]
