@@ -291,8 +291,10 @@ def _append_file(lg: Any, f: IO[str], progress: Progress | None, total: int = 0)
         replayer = Replayer("")
         batch: list[RawEvent] = []
 
+        projected = 0  # the last position projected (0: none yet, the replayer's cache empty)
+
         def flush() -> None:
-            nonlocal appended, skipped, keep
+            nonlocal appended, skipped, keep, projected
             if not batch:
                 return
             if keep is None:  # the file's positions are free here: keep them
@@ -303,13 +305,20 @@ def _append_file(lg: Any, f: IO[str], progress: Progress | None, total: int = 0)
             positions = append_raw(tx, events, keep_positions=keep)
             if events and positions[0] != events[0].position:
                 keep = False  # another writer drew them first: the rest is numbered too
-            replayer.apply(
-                tx,
-                [
-                    (pos, decode(StoredEvent(e.stream, e.version, e.topic, e.state)))
-                    for pos, e in zip(positions, events, strict=True)
-                ],
-            )
+            if events:
+                # every page is projected in this one transaction, right after the last:
+                # the replayer keeps the aggregates it wrote (its cache) from page to page
+                # instead of reading their rows back; a rollback drops the replayer too
+                replayer.apply(
+                    tx,
+                    [
+                        (pos, decode(StoredEvent(e.stream, e.version, e.topic, e.state)))
+                        for pos, e in zip(positions, events, strict=True)
+                    ],
+                    projected,
+                )
+                projected = positions[-1]
+                replayer.committed(projected)
             for e in events:
                 run = _run_of_event(e)
                 if run is not None:
