@@ -117,22 +117,24 @@ class Replayer:
         self._cached_runs: OrderedDict[str, Run] = OrderedDict()
         self._cached_items: OrderedDict[tuple[str, str], Item] = OrderedDict()
         self._cache_at: int | None = None
-        self._written_runs: set[str] = set()  # rows written by the current batch
         self._written_items: set[tuple[str, str]] = set()
         self._cacheable = False
 
     # the cache ------------------------------------------------------------
     def committed(self, position: int) -> None:
         """The caller committed the batch that ended at `position`: keep the aggregates
-        whose rows it wrote for the next batch (the oldest beyond the bounds are dropped)."""
+        whose rows it wrote for the next batch (the oldest beyond the bounds are dropped).
+
+        Every run of the batch is kept, written or not: a run event writes its row, and
+        an item event changes only the run's item counts, which it writes as count rows
+        (lg_run_counts), so the aggregate is what its row and count rows give (loading it
+        again read them back at every batch: a round trip the batch waited for)."""
         if not self._cacheable or self.cache_items <= 0:
             self.forget()
             return
-        for run_id in self._written_runs:
-            run = self.runs.get(run_id)
-            if run is not None:
-                self._cached_runs[run_id] = run
-                self._cached_runs.move_to_end(run_id)
+        for run_id, run in self.runs.items():
+            self._cached_runs[run_id] = run
+            self._cached_runs.move_to_end(run_id)
         for key in self._written_items:
             item = self.items.get(key)
             if item is not None:
@@ -255,7 +257,7 @@ class Replayer:
         if after is None or after != self._cache_at:
             self.forget()  # the tables may have moved since the cached batch (or never had it)
         self._cache_at = None  # until this batch is committed
-        self._written_runs, self._written_items = set(), set()
+        self._written_items = set()
         self._cacheable = after is not None
         problems_before = len(self.problems)
         self._load(tx, events)
@@ -346,7 +348,6 @@ class Replayer:
         _write_in_order(tx, [group for groups in ranked for group in groups])
         if last_run:
             tx.executemany(p.upsert_run, list(last_run.values()))
-            self._written_runs.update(last_run)
         if last_item:
             tx.executemany(p.update_item, list(last_item.values()))
             self._written_items.update(last_item)
