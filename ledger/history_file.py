@@ -136,6 +136,7 @@ class Chains:
         self.open: dict[UUID, RawEvent] = {}
         self.last_position = 0
         self.events = 0
+        self._digest: str | None = None  # digest() of the heads as they are (None: not yet)
 
     def add(self, e: RawEvent) -> str | None:
         """Take the next event; a description of what is wrong with it, or None."""
@@ -171,24 +172,35 @@ class Chains:
         self.heads[e.stream] = (e.version, hx, e.position)
         self.last_position = e.position
         self.events += 1
+        self._digest = None
         return None
+
+    def _sorted_heads(self) -> list[tuple[UUID, tuple[int, str, int]]]:
+        # by the ids' integers: UUID order, without a Python-level comparison per step
+        return sorted(self.heads.items(), key=lambda head: head[0].int)
 
     def digest(self) -> str:
         """The heads digest over the streams seen (as `verify --heads` computes it)."""
+        if self._digest is None:
+            self._digest = self._digest_of(self._sorted_heads())
+        return self._digest
+
+    def _digest_of(self, heads: list[tuple[UUID, tuple[int, str, int]]]) -> str:
         d = hc.HeadsDigest()
-        for oid in sorted(self.heads):
-            version, hx, _pos = self.heads[oid]
+        for oid, (version, hx, _pos) in heads:
             d.add(oid, version, hx)
-        return d.hexdigest()
+        self._digest = d.hexdigest()
+        return self._digest
 
     def closing(self, complete: bool) -> dict[str, Any]:
         """The closing line's document."""
+        heads = self._sorted_heads()
         return {
             "end": FORMAT,
             "events": self.events,
             "streams": len(self.heads),
-            "heads": {str(o): [v, h, p] for o, (v, h, p) in sorted(self.heads.items())},
-            "digest": self.digest(),
+            "heads": {str(o): [v, h, p] for o, (v, h, p) in heads},
+            "digest": self._digest_of(heads),
             # streams that continue events not in the file (an export --since): declared, so
             # a file whose first events of a stream went missing does not pass for one
             "open": {str(o): [e.version, e.position] for o, e in sorted(self.open.items())},
