@@ -13,7 +13,9 @@ never with the number of events: events are read and written a page at a time.
 
 from __future__ import annotations
 
+import io
 import json
+import mmap
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -46,6 +48,7 @@ from .stores.raw import (
     max_position,
     next_position,
     read_raw,
+    reserve_positions,
     stream_heads,
 )
 
@@ -212,7 +215,7 @@ def import_file(
     with _opened(source) as f:
         if total is None and progress is not None and isinstance(source, (str, Path)):
             total = _count_lines(Path(source)) - 1  # for the progress bar: less the closing line
-        summary = _append_file(lg, f, progress, max(total or 0, 0))
+        summary = _append_file(lg, f, progress, max(total or 0, 0), _last_position(f))
     if verify:
         report = lg.verify()
         summary = TransferSummary(
@@ -270,12 +273,39 @@ class _Target:
             )
 
 
+def _last_position(f: IO[str]) -> int | None:
+    """The position of a history file's last event (the line before the closing line),
+    read from the end of the file without reading the rest; None when the file cannot be
+    mapped (a pipe) or does not end that way. Only a hint for claiming positions: the
+    file is checked line by line all the same."""
+    try:
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            end = len(m)
+            while end > 0 and m[end - 1 : end] in (b"\n", b"\r", b" ", b"\t"):
+                end -= 1
+            closing = m.rfind(b"\n", 0, end)  # the closing line starts after it
+            if closing <= 0:
+                return None
+            start = m.rfind(b"\n", 0, closing) + 1
+            doc = json.loads(m[start:closing])
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return None
+    position = doc.get("position") if isinstance(doc, dict) else None
+    return position if type(position) is int and position > 0 else None
+
+
 def _count_lines(path: Path) -> int:
     with open(path, "rb") as f:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
 
 
-def _append_file(lg: Any, f: IO[str], progress: Progress | None, total: int = 0) -> TransferSummary:
+def _append_file(
+    lg: Any,
+    f: IO[str],
+    progress: Progress | None,
+    total: int = 0,
+    last_position: int | None = None,
+) -> TransferSummary:
     from eventsourcing.persistence import StoredEvent
 
     from projections.rebuild import Replayer
@@ -292,9 +322,10 @@ def _append_file(lg: Any, f: IO[str], progress: Progress | None, total: int = 0)
         batch: list[RawEvent] = []
 
         projected = 0  # the last position projected (0: none yet, the replayer's cache empty)
+        reserved = 0  # positions claimed up to here (keeping the file's positions)
 
         def flush() -> None:
-            nonlocal appended, skipped, keep, projected
+            nonlocal appended, skipped, keep, projected, reserved
             if not batch:
                 return
             if keep is None:  # the file's positions are free here: keep them
@@ -302,9 +333,16 @@ def _append_file(lg: Any, f: IO[str], progress: Progress | None, total: int = 0)
                 keep, target.empty = top < batch[0].position, top == 0
             events = target.new_events(batch)
             skipped += len(batch) - len(events)
-            positions = append_raw(tx, events, keep_positions=keep)
-            if events and positions[0] != events[0].position:
-                keep = False  # another writer drew them first: the rest is numbered too
+            if events and keep and reserved < events[-1].position:
+                # claim the file's positions at once, up to its last event when that is
+                # known: later pages then append without waiting for an answer, and the
+                # server writes one page while the next is read and checked
+                upto = max(events[-1].position, last_position or 0)
+                if reserve_positions(tx, events[0].position, upto):
+                    reserved = upto
+                else:
+                    keep = False  # another writer drew them first: the rest is numbered too
+            positions = append_raw(tx, events, keep_positions=bool(keep), reuse_free=bool(keep))
             if events:
                 # every page is projected in this one transaction, right after the last:
                 # the replayer keeps the aggregates it wrote (its cache) from page to page

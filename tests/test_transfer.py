@@ -303,3 +303,23 @@ def test_an_export_reads_past_gaps_in_the_positions(
     assert [d["position"] for d in again[:-1]] == [d["position"] for d in events]
     assert again[:-1] == events
     assert again[-1]["digest"] == json.loads(text.splitlines()[-1])["digest"]
+
+
+def test_raw_events_keep_their_exact_bytes_and_hashes(store_dsn: str) -> None:
+    # import appends stored bytes as they are: text where they are NUL-free UTF-8, else
+    # base64 (PostgreSQL), and the hashes with them
+    from uuid import uuid4
+
+    from ledger.stores.raw import RawEvent, append_raw, read_raw
+
+    states = [b'{"a":"\\u00e9t\\u00e9 \xc3\xa9"}', b"\xff\xfe not utf-8", b"nul \x00 inside", b""]
+    stream = uuid4()
+    events = [
+        RawEvent(10 + k, stream, k + 1, "ledger.domain:Run.Noted", state, f"h{k}" if k else None)
+        for k, state in enumerate(states)
+    ]
+    with Ledger.open(store_dsn) as lg:
+        with lg.store.write() as tx:
+            assert append_raw(tx, events, keep_positions=True) == [10, 11, 12, 13]
+        with lg.store.read() as tx:
+            assert read_raw(tx, 0, 100) == events
