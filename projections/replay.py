@@ -17,6 +17,7 @@ from uuid import UUID
 from eventsourcing.domain import CanInitAggregate, DomainEvent
 
 from ledger.domain import Item, Run
+from ledger.stores import statements as rows_sql
 from ledger.stores.base import Tx
 
 from .counts import attach as attach_counts
@@ -100,6 +101,23 @@ class Replayer:
         self._pending: list[tuple[int, DomainEvent]] = []
         self._hazards: set[UUID] = set()
         p = self.projector
+        # an attempt opened and finished within one batch: one row (_fold_attempts)
+        self._insert_finished_attempt = rows_sql.insert(
+            p.attempts_table,
+            (
+                "run_id",
+                "item_id",
+                "attempt",
+                "worker_id",
+                "lease_token",
+                "started_at",
+                "expires_at",
+                "finished_at",
+                "stage",
+                "outcome",
+                "error",
+            ),
+        )
         # statement order within a flush; the row upserts go last, deduplicated
         self._rank = {
             p.insert_item: 0,
@@ -345,12 +363,47 @@ class Replayer:
                     last_item[(r[-2], r[-1])] = r
             else:
                 ranked[rank[sql]].append((sql, rows))
+        self._fold_attempts(ranked)
         _write_in_order(tx, [group for groups in ranked for group in groups])
         if last_run:
             tx.executemany(p.upsert_run, list(last_run.values()))
         if last_item:
             tx.executemany(p.update_item, list(last_item.values()))
             self._written_items.update(last_item)
+
+    def _fold_attempts(self, ranked: list[list[tuple[str, list[tuple[Any, ...]]]]]) -> None:
+        """Attempts the batch both opens and updates are inserted with their final values:
+        one row written instead of an insert and updates (a claim and its accept are
+        usually in the same batch). The updates of attempts opened earlier stay updates."""
+        p = self.projector
+        inserts, updates = self._rank[p.insert_attempt], self._rank[p.finish_attempt]
+        opened: dict[tuple[Any, ...], list[Any]] = {}
+        for _sql, rows in ranked[inserts]:  # insert_attempt only
+            for r in rows:
+                opened[r[:3]] = list(r)
+        if not opened:
+            return
+        finished: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        kept: list[tuple[str, list[tuple[Any, ...]]]] = []
+        for sql, rows in ranked[updates]:
+            rest: list[tuple[Any, ...]] = []
+            for r in rows:
+                if sql == p.finish_attempt and r[4:] in opened:
+                    finished[r[4:]] = r[:4]  # finished_at, stage, outcome, error
+                elif sql == p.extend_attempt and r[1:] in opened:
+                    opened[r[1:]][6] = r[0]  # expires_at
+                else:
+                    rest.append(r)
+            if rest:
+                kept.append((sql, rest))
+        ranked[inserts] = [
+            (p.insert_attempt, [tuple(r) for k, r in opened.items() if k not in finished]),
+            (
+                self._insert_finished_attempt,
+                [(*r, *finished[k]) for k, r in opened.items() if k in finished],
+            ),
+        ]
+        ranked[updates] = kept
 
 
 def _write_in_order(tx: Tx, calls: Sequence[tuple[str, list[tuple[Any, ...]]]]) -> None:
