@@ -70,8 +70,10 @@ def event_line(e: RawEvent) -> str:
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
 
 
-def parse_event(doc: Any, line: int) -> RawEvent:
-    """An event line's document as a RawEvent; ImportRefused naming the line otherwise."""
+def parse_event(doc: Any, line: int, ids: dict[str, UUID] | None = None) -> RawEvent:
+    """An event line's document as a RawEvent; ImportRefused naming the line otherwise.
+    `ids`, when given, keeps one UUID per stream id text seen (a stream's events then
+    share it: parsed once, and found in dicts keyed by it without comparing)."""
     try:
         if not isinstance(doc, dict):
             raise TypeError("not a JSON object")
@@ -85,7 +87,12 @@ def parse_event(doc: Any, line: int) -> RawEvent:
         topic, hx = doc["topic"], doc["hash"]
         if not isinstance(topic, str) or not (hx is None or isinstance(hx, str)):
             raise ValueError("topic must be text and hash text or null")
-        return RawEvent(position, UUID(doc["stream"]), version, topic, state, hx)
+        text = doc["stream"]
+        cached = ids.get(text) if ids is not None and isinstance(text, str) else None
+        stream = cached if cached is not None else UUID(text)
+        if ids is not None and cached is None:
+            ids[text] = stream
+        return RawEvent(position, stream, version, topic, state, hx)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ImportRefused(
             f"line {line} is not an event of a {FORMAT} file ({type(e).__name__}: {e})",
@@ -249,6 +256,7 @@ class EventReader:
         closing: dict[str, Any] | None = None
         n = 0
         add = self.chains.add
+        ids: dict[str, UUID] = {}
         for n, doc in _lines(self.f):
             self.line = n
             if closing is not None:
@@ -261,7 +269,7 @@ class EventReader:
                     )
                 closing = doc
                 continue
-            e = parse_event(doc, n)
+            e = parse_event(doc, n, ids)
             problem = add(e)
             if problem is not None:
                 raise ImportRefused(
