@@ -309,14 +309,16 @@ class Follower:
         """Write the checkpoint of the handled batch not written yet (external mode)."""
         if self._pending is None:
             return
-        before, after, _ = self._pending
-        with self.lg.store.write() as tx:
+        before, after, read_at = self._pending
+        with self.lg.store.batch_write() as tx:  # one round trip on PostgreSQL
             _relax_commit(tx)
-            position, _ = _locked_position(tx, self.name)
-            if position == before:
-                _set_position(tx, self.name, before, after, self.filter)
-            elif position != after:
-                raise FollowerBusy(_moved(self.name))
+            _set_position(tx, self.name, before, after, self.filter, read_at)
+            answer = tx.send("SELECT position FROM lg_followers WHERE name = ?", (self.name,))
+        rows = answer()
+        if not rows:
+            raise FollowerNotFound(self.name)
+        if int(rows[0]["position"]) != after:  # the write matched nothing: it had moved
+            raise FollowerBusy(_moved(self.name))
         self._pending = None
         self._known = after
 
@@ -392,8 +394,9 @@ def _set_position(
     """Move the checkpoint from `before` to `after` (matching nothing if it is not at
     `before`: the caller read it locked in this transaction, or reads it after): a
     statement whose answer is not waited for (pipelined on PostgreSQL). `at`, its
-    `updated_at`, defaults to the transaction's clock (external mode passes the time the
-    batch was read when the write goes with the next batch's read)."""
+    `updated_at`, defaults to the transaction's clock (external mode passes the time its
+    batch was read: the write goes with the next batch's read, or alone, in one round
+    trip that has no clock reading before it)."""
     tx.execute(
         "UPDATE lg_followers SET position = ?, updated_at = ?, owner = ?, run_id = ?, kinds = ? "
         "WHERE name = ? AND position = ?",

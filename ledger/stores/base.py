@@ -102,6 +102,12 @@ class Tx(ABC):
         statement (its own snapshot); in one round trip where the store pipelines."""
         return self.fetchall(first, first_params), self.fetch_rows(rows, rows_params)
 
+    def send(self, sql: str, params: Sequence[Any] = ()) -> Callable[[], list[dict[str, Any]]]:
+        """`fetchall`, whose answer is taken by calling the function returned, also after
+        the transaction ended (see `send_both`)."""
+        rows = self.fetchall(sql, params)
+        return lambda: rows
+
     def send_both(
         self, first: str, first_params: Sequence[Any], rows: str, rows_params: Sequence[Any]
     ) -> Callable[[], tuple[list[dict[str, Any]], list[Sequence[Any]]]]:

@@ -185,6 +185,21 @@ class PgTx(Tx):
         finally:
             second.close()
 
+    def send(self, sql: str, params: Sequence[Any] = ()) -> Callable[[], list[dict[str, Any]]]:
+        if self.conn._pipeline is None:
+            return super().send(sql, params)
+        cur = self.conn.cursor()
+        cur.execute(to_pg(sql), params, prepare=True)
+        _drain(self.conn)
+
+        def answer() -> list[dict[str, Any]]:
+            try:
+                return list(cur.fetchall())
+            finally:
+                cur.close()
+
+        return answer
+
     def send_both(
         self, first: str, first_params: Sequence[Any], rows: str, rows_params: Sequence[Any]
     ) -> Callable[[], tuple[list[dict[str, Any]], list[Sequence[Any]]]]:
