@@ -12,7 +12,10 @@ Two delivery modes:
   rows), with the ledger's positions as notification ids.
 - *external, at least once*: `handler(transitions)` makes its side effect and returns;
   the checkpoint advances afterwards. A crash in between delivers the batch again, so
-  use `transition.position` as the idempotency key.
+  use `transition.position` as the idempotency key. (In `catch_up()` and `run()` a full
+  batch's checkpoint is written with the next batch's read, and on PostgreSQL without
+  waiting for the disk: a crash may deliver a batch, or a server crash the last fraction
+  of a second's batches, again; never skip one.)
 
 The mode follows the handler's arity (two required positional parameters: in-database)
 unless `in_database=` says. One follower name runs in one process at a time
@@ -117,9 +120,9 @@ class Follower:
         self._stop = stop if stop is not None else threading.Event()
         self._ready = False
         self._cursor = 0
-        # external mode: (before, after) of a handled batch whose checkpoint is written
-        # with the next batch's read (catch_up and run), or by _flush
-        self._pending: tuple[int, int, datetime] | None = None  # (before, after, read at)
+        # external mode: (before, after, read at) of a handled batch whose checkpoint is
+        # written with the next batch's read (catch_up and run), or by _flush
+        self._pending: tuple[int, int, datetime] | None = None
         self._known: int | None = None  # the checkpoint as this holder of the lock wrote it
         if self.filter.run_id is not None:
             with lg.store.read() as tx:
@@ -214,12 +217,13 @@ class Follower:
     def _step(self, defer: bool) -> tuple[int, bool]:
         """One batch: (transitions handled, whether more may be waiting right now).
 
-        On PostgreSQL one round trip reads the checkpoint (locked, with the clock and the
-        readable bound) and the page after it, and the commit is the other. In-database
-        mode runs the handler and writes the checkpoint in that transaction. External
-        mode commits the read first (nothing is held while the handler runs), and with
-        `defer` the checkpoint of a full batch is written by the transaction that reads
-        the next one; a short batch's, and run_once()'s, at once (`_flush`)."""
+        In-database mode reads the checkpoint (locked, with the clock and the readable
+        bound) and the page after it in one round trip, runs the handler and writes the
+        checkpoint in that transaction (`store.write()`). External mode commits its read
+        first, nothing held while the handler runs (`_read_external`: one round trip on
+        PostgreSQL), and with `defer` the checkpoint of a full batch is written by the
+        transaction that reads the next one; a short batch's, and run_once()'s, at once
+        (`_flush`, one round trip too)."""
         self.start()
         if self.in_database:
             with self.lg.store.write() as tx:
