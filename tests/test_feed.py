@@ -413,3 +413,39 @@ def test_a_batch_write_is_one_transaction_rolled_back_as_a_whole(pg_dsn: str) ->
             with store.write() as tx:
                 assert not tx.conn.autocommit
                 assert tx.fetchall("SELECT k FROM bw ORDER BY k") == [{"k": 1}]
+
+
+@pytest.mark.postgres
+def test_transitions_committed_past_a_slower_writer_wait_for_it_on_the_feed(
+    pg_dsn: str,
+) -> None:
+    import json
+    import uuid
+
+    import psycopg
+
+    from ledger.stores import pg_positions
+    from ledger.stores.postgres import EVENTS_TABLE
+
+    insert = pg_positions.insert_json_statement(psycopg.sql.Identifier(EVENTS_TABLE))
+    with Ledger.open(pg_dsn) as lg, psycopg.connect(pg_dsn) as slow:
+        _busy_run(lg, 1)
+        got: list[int] = []
+        f = Follower(lg, "behind", lambda batch: got.extend(t.position for t in batch))
+        f.catch_up()  # its checkpoint known: the next batches take the one-round-trip read
+        first = list(got)
+        # a writer draws a position and holds it uncommitted; a later command commits above
+        state = json.dumps([[str(uuid.uuid4()), 1, "test-event", "{}"]])
+        held = slow.execute(insert, (1, state)).fetchone()
+        assert held is not None
+        run_id = _busy_run(lg, 1)
+        above = [t.position for t in lg.history(run_id)]
+        assert min(above) > held[0]
+        assert lg.events(after=first[-1]) == []  # committed, but past the readable bound
+        assert f.run_once() == 0 and f.catch_up() == 0
+        assert got == first and f.position == first[-1]
+        slow.rollback()  # the slower writer gives up: a gap the readers pass
+        assert [t.position for t in lg.events(after=first[-1])] == above
+        assert f.catch_up() == len(above)
+        assert got == [*first, *above]
+        f.close()
