@@ -8,7 +8,8 @@ there with the rebuild's `Replayer`; streams the target already holds must be th
 events (compared by hash), which makes importing a file twice a no-op.
 
 Memory grows with the number of streams in the file (about 150 bytes each: the heads),
-never with the number of events: events are read and written a page at a time.
+never with the number of events: events are read and written a page at a time
+(`PAGE` for an export, `IMPORT_PAGE` for an import).
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ from .stores.raw import (
     reserve_positions,
     stream_heads,
 )
+
+# events an import appends and projects at a time: larger than an export's page, since a
+# page's rows are written once per page (an item claimed and accepted within one page is
+# one row update, an attempt one insert): measured on 50,000 events, a third fewer item
+# updates and a sixth of the attempt updates against pages of 2,000, and a quarter less
+# server CPU; memory stays bounded by the page (peak RSS 123 MB against 84 MB there)
+IMPORT_PAGE = 10_000
 
 
 class ExportRefused(LedgerError):
@@ -378,7 +386,7 @@ def _append_file(
         # page is appended; anything refused rolls the transaction back
         for e in EventReader(f, chains):
             batch.append(e)
-            if len(batch) >= PAGE:
+            if len(batch) >= IMPORT_PAGE:
                 flush()
         flush()
         if progress is not None:
