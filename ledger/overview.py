@@ -80,9 +80,10 @@ def overview(store: Any) -> Overview:
         ):
             by_state[r["state"]] = int(r["n"])
         lease = tx.fetchone(
+            # the state as a literal: PostgreSQL's lg_items_lease holds only leased items
             "SELECT COUNT(*) AS n, COUNT(DISTINCT run_id) AS runs FROM lg_items "
-            "WHERE state = ? AND lease_expires_at < ?",
-            (S.IN_PROGRESS, iso(now)),
+            "WHERE state = 'in_progress' AND lease_expires_at < ?",
+            (iso(now),),
         )
         by_owner = {o: 0 for o in OWNERS if o != "nobody"}
         oldest: dict[str, OldestWait] = {}

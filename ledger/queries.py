@@ -354,15 +354,17 @@ def audit(
         raise InvalidInput("page_size must be an integer from 1 to 10000")
     where: list[str] = []
     params: list[Any] = []
-    for col, val in (
-        ("run_id", run_id),
-        ("actor_id", actor),
-        ("role", role),
-        ("to_state", state),
-    ):
+    for col, val in (("run_id", run_id), ("actor_id", actor)):
         if val is not None:
             where.append(f"{col} = ?")
             params.append(val)
+    # A role or state as a literal (each checked above against the fixed names), so the
+    # planner can tell whether PostgreSQL's partial index covers it (projections/schema.py,
+    # schema v9): a bound value would get a generic plan that never uses a partial index.
+    for col, val in (("role", role), ("to_state", state)):
+        if val is not None:
+            assert val.isidentifier() and val.islower(), val
+            where.append(f"{col} = '{val}'")
     if since is not None:
         where.append("at >= ?")
         params.append(iso(utc_time(since, "since")))

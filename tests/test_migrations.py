@@ -55,13 +55,17 @@ PG_CATALOG_QUERIES = {
     "triggers": """SELECT event_object_table, trigger_name, action_timing, event_manipulation,
                           action_statement
                    FROM information_schema.triggers WHERE trigger_schema = 'public' ORDER BY 1, 2""",
+    # storage parameters (fillfactor, autovacuum settings)
+    "reloptions": """SELECT c.relname, c.reloptions FROM pg_class c
+                     JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE n.nspname = 'public' AND c.reloptions IS NOT NULL ORDER BY 1""",
     "meta": "SELECT key, value FROM ledger_meta ORDER BY key",
 }
 
 
 def pg_catalog(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
     """Tables, columns with types, constraints, indexes, sequences, types, functions,
-    triggers and the ledger_meta rows of the `public` schema."""
+    triggers, storage parameters and the ledger_meta rows of the `public` schema."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         return {
             name: [tuple(r) for r in conn.execute(q).fetchall()]  # type: ignore[arg-type]

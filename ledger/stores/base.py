@@ -25,8 +25,10 @@ from .hashchain import record_hashes
 # lg_webhooks, lg_webhook_deliveries (the change feed); 5: positions without the events
 # table lock (PostgreSQL functions, see pg_positions.py; SQLite: a meta row); 6: indexes
 # of the paged reads; 7: lg_run_counts (an open run's item counts off its row, see
-# projections/counts.py)
-SCHEMA_VERSION = 8
+# projections/counts.py); 8: single positions drawn under the block mutex (PostgreSQL);
+# 9: narrower transition and item indexes, fillfactor 50 on lg_items and lg_attempts
+# (PostgreSQL; projections/schema.py)
+SCHEMA_VERSION = 9
 
 
 def refuse_newer(current: int, known: int) -> None:

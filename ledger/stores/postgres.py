@@ -30,7 +30,7 @@ from psycopg.generators import send
 from psycopg.rows import dict_row, tuple_row
 
 from projections import counts as run_counts
-from projections.schema import paging_index_ddl, projection_ddl
+from projections.schema import narrowed_index_migration, paging_index_ddl, projection_ddl
 
 from ..errors import CommitUncertain, StoreUnavailable
 from ..idempotency import ddl as idempotency_ddl
@@ -542,6 +542,8 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
     v7: list[Any] = run_counts.migration("postgres")  # counts off the run row (issue 15)
     # v8: ledger_reserve_positions draws single positions under the block mutex too
     v8: list[Any] = pg_positions.ddl(EVENTS_TABLE)[:1]
-    out = [v1, v2, v3, v4, v5, v6, v7, v8]
+    # v9: partial role, state and lease indexes; fillfactor 50 on items and attempts (issue 15)
+    v9: list[Any] = narrowed_index_migration("postgres")
+    out = [v1, v2, v3, v4, v5, v6, v7, v8, v9]
     assert len(out) == SCHEMA_VERSION
     return out

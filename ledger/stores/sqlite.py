@@ -20,7 +20,7 @@ from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
 
 from projections import counts as run_counts
-from projections.schema import paging_index_ddl, projection_ddl
+from projections.schema import narrowed_index_migration, paging_index_ddl, projection_ddl
 
 from ..idempotency import ddl as idempotency_ddl
 from . import feed_schema, hashchain
@@ -238,7 +238,9 @@ def migrations() -> list[list[str]]:
     v7: list[Any] = run_counts.migration("sqlite")  # counts off the run row (issue 15)
     # v8 changed PostgreSQL's position reservation only (pg_positions.py): nothing here
     v8: list[Any] = ["SELECT 1"]
-    out = [v1, v2, v3, v4, v5, v6, v7, v8]
+    # v9 narrowed PostgreSQL's indexes (projections/schema.py): nothing here
+    v9: list[Any] = narrowed_index_migration("sqlite")
+    out = [v1, v2, v3, v4, v5, v6, v7, v8, v9]
     assert len(out) == SCHEMA_VERSION
     return out
 
