@@ -75,6 +75,14 @@ def narrowed_index_migration(dialect: str) -> list[str]:
     ]
 
 
+def optional_index_migration(suffix: str = "") -> list[str]:
+    """Schema v10: `lg_items_optional`, the open items that are not required (both stores).
+    A status read counts the required items still open as the run's open counts less
+    these (ledger/signals.py), where it counted every open item of the run; a required
+    item never has an entry, so the index costs nothing to the items most runs hold."""
+    return [s for s in index_ddl("sqlite", suffix) if s.split()[5] == f"lg_items{suffix}_optional"]
+
+
 def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
     """CREATE statements for every projection table and index."""
     pg = dialect == "postgres"
@@ -141,6 +149,9 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
         f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_lease ON {t['lg_items']} {lease}",
         # keyset pages of a run's items in manifest order (ledger/paging.py; schema v6)
         f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_seq ON {t['lg_items']} (run_id, seq)",
+        # the optional items still open, for the required ones' count (schema v10)
+        f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_optional ON {t['lg_items']} (run_id, state) "
+        "WHERE required = 0",
         f"""CREATE TABLE IF NOT EXISTS {t["lg_attempts"]} (
             run_id TEXT NOT NULL,
             item_id TEXT NOT NULL,

@@ -27,8 +27,8 @@ from .hashchain import record_hashes
 # of the paged reads; 7: lg_run_counts (an open run's item counts off its row, see
 # projections/counts.py); 8: single positions drawn under the block mutex (PostgreSQL);
 # 9: narrower transition and item indexes, fillfactor 50 on lg_items and lg_attempts
-# (PostgreSQL; projections/schema.py)
-SCHEMA_VERSION = 9
+# (PostgreSQL; projections/schema.py); 10: lg_items_optional (the open items not required)
+SCHEMA_VERSION = 10
 
 
 def refuse_newer(current: int, known: int) -> None:

@@ -30,7 +30,12 @@ from psycopg.generators import send
 from psycopg.rows import dict_row, tuple_row
 
 from projections import counts as run_counts
-from projections.schema import narrowed_index_migration, paging_index_ddl, projection_ddl
+from projections.schema import (
+    narrowed_index_migration,
+    optional_index_migration,
+    paging_index_ddl,
+    projection_ddl,
+)
 
 from ..errors import CommitUncertain, StoreUnavailable
 from ..idempotency import ddl as idempotency_ddl
@@ -544,6 +549,8 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
     v8: list[Any] = pg_positions.ddl(EVENTS_TABLE)[:1]
     # v9: partial role, state and lease indexes; fillfactor 50 on items and attempts (issue 15)
     v9: list[Any] = narrowed_index_migration("postgres")
-    out = [v1, v2, v3, v4, v5, v6, v7, v8, v9]
+    # v10: the index of optional open items (the status read's required count)
+    v10: list[Any] = optional_index_migration()
+    out = [v1, v2, v3, v4, v5, v6, v7, v8, v9, v10]
     assert len(out) == SCHEMA_VERSION
     return out

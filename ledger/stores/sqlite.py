@@ -20,7 +20,12 @@ from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
 
 from projections import counts as run_counts
-from projections.schema import narrowed_index_migration, paging_index_ddl, projection_ddl
+from projections.schema import (
+    narrowed_index_migration,
+    optional_index_migration,
+    paging_index_ddl,
+    projection_ddl,
+)
 
 from ..idempotency import ddl as idempotency_ddl
 from . import feed_schema, hashchain
@@ -240,7 +245,9 @@ def migrations() -> list[list[str]]:
     v8: list[Any] = ["SELECT 1"]
     # v9 narrowed PostgreSQL's indexes (projections/schema.py): nothing here
     v9: list[Any] = narrowed_index_migration("sqlite")
-    out = [v1, v2, v3, v4, v5, v6, v7, v8, v9]
+    # v10: the index of optional open items (the status read's required count)
+    v10: list[Any] = optional_index_migration()
+    out = [v1, v2, v3, v4, v5, v6, v7, v8, v9, v10]
     assert len(out) == SCHEMA_VERSION
     return out
 
