@@ -82,12 +82,14 @@ def _build(lg: Ledger, clock: ManualClock, n: int) -> str:
     return run
 
 
-@pytest.fixture(
-    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-)
-def built(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+def ledger_with_runs(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    build: Callable[[Ledger, ManualClock, int], str],
+    sizes: tuple[int, ...],
 ) -> Iterator[tuple[str, Ledger, dict[int, str]]]:
+    """A ledger on the store `request.param` names with one run per size (`build`), its
+    statistics fresh on PostgreSQL; (store, ledger, run id by size)."""
     if request.param == "sqlite":
         dsn = f"sqlite:///{tmp_path_factory.mktemp('cost')}/ledger.db"
         dbs = None
@@ -97,7 +99,7 @@ def built(
     clock = ManualClock()
     lg = Ledger.open(dsn, clock=clock)
     try:
-        runs = {n: _build(lg, clock, n) for n in (SMALL, BIG)}
+        runs = {n: build(lg, clock, n) for n in sizes}
         if request.param == "postgres":
             with lg.store.write() as tx:
                 tx.execute("ANALYZE")
@@ -108,26 +110,48 @@ def built(
             dbs.drop(name)
 
 
-def _pg_rows(lg: Ledger, statements: list[tuple[str, Any]]) -> int:
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def built(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Ledger, dict[int, str]]]:
+    yield from ledger_with_runs(request, tmp_path_factory, _build, (SMALL, BIG))
+
+
+def _pg_rows(lg: Ledger, statements: list[tuple[str, Any]], seqscan: bool = True) -> int:
     from ledger.stores.postgres import to_pg
 
     total = 0
     with lg.store.read() as tx:
-        for sql, params in statements:
-            tx.cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + to_pg(sql), params)
-            (plan,) = tx.cur.fetchone().values()
-            stack = [plan[0]["Plan"]]
-            while stack:
-                node = stack.pop()
-                if "Scan" in node["Node Type"]:
-                    read = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-                    total += read * node["Actual Loops"]
-                stack.extend(node.get("Plans", []))
+        if not seqscan:  # a session setting: a read may not be a transaction
+            tx.cur.execute("SET enable_seqscan = off")
+        try:
+            for sql, params in statements:
+                tx.cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + to_pg(sql), params)
+                (plan,) = tx.cur.fetchone().values()
+                stack = [plan[0]["Plan"]]
+                while stack:
+                    node = stack.pop()
+                    if "Scan" in node["Node Type"]:
+                        read = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+                        total += read * node["Actual Loops"]
+                    stack.extend(node.get("Plans", []))
+        finally:
+            if not seqscan:
+                tx.cur.execute("RESET enable_seqscan")
     return total
 
 
-def cost(kind: str, lg: Ledger, read: Callable[[], Any], monkeypatch: pytest.MonkeyPatch) -> int:
-    """What one call of `read` costs the database (see the module's docstring)."""
+def cost(
+    kind: str,
+    lg: Ledger,
+    read: Callable[[], Any],
+    monkeypatch: pytest.MonkeyPatch,
+    seqscan: bool = True,
+) -> int:
+    """What one call of `read` costs the database (see the module's docstring); with
+    `seqscan=False` PostgreSQL plans as for tables too large to read whole."""
     if kind == "sqlite":
         steps = [0]
 
@@ -154,7 +178,7 @@ def cost(kind: str, lg: Ledger, read: Callable[[], Any], monkeypatch: pytest.Mon
     with monkeypatch.context() as m:
         m.setattr(PgTx, "fetchall", capture)
         read()
-    return _pg_rows(lg, statements)
+    return _pg_rows(lg, statements, seqscan)
 
 
 @pytest.mark.parametrize("name", READS)

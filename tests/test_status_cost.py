@@ -16,15 +16,13 @@ the run to count them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from ledger import Ledger, runpage
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
-from tests.test_paging_cost import GROWTH
-from tests.test_paging_cost import cost as paging_cost
+from tests.test_paging_cost import GROWTH, cost, ledger_with_runs
 
 SMALL, BIG = 600, 6000
 CLAIMED = 20
@@ -47,66 +45,7 @@ def _build(lg: Ledger, clock: ManualClock, n: int) -> str:
 def built(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, Ledger, dict[int, str]]]:
-    if request.param == "sqlite":
-        dsn = f"sqlite:///{tmp_path_factory.mktemp('status-cost')}/ledger.db"
-        dbs = None
-    else:
-        dbs = request.getfixturevalue("pg_databases")
-        name, dsn = dbs.create()
-    clock = ManualClock()
-    lg = Ledger.open(dsn, clock=clock)
-    try:
-        runs = {n: _build(lg, clock, n) for n in (SMALL, BIG)}
-        if request.param == "postgres":
-            with lg.store.write() as tx:
-                tx.execute("ANALYZE")
-        yield request.param, lg, runs
-    finally:
-        lg.close()
-        if dbs is not None:
-            dbs.drop(name)
-
-
-def cost(kind: str, lg: Ledger, read: Any, monkeypatch: pytest.MonkeyPatch) -> int:
-    """The rows one call of `read` has the database's scans read (SQLite: as
-    tests/test_paging_cost.py counts it)."""
-    if kind == "sqlite":
-        return paging_cost(kind, lg, read, monkeypatch)
-    from ledger.stores.postgres import PgTx
-
-    statements: list[tuple[str, Any]] = []
-    original = PgTx.fetchall
-
-    def capture(self: PgTx, sql: str, params: Any = ()) -> list[dict[str, Any]]:
-        statements.append((sql, tuple(params)))
-        return original(self, sql, params)
-
-    with monkeypatch.context() as m:
-        m.setattr(PgTx, "fetchall", capture)
-        read()
-    with lg.store.read() as tx:
-        tx.cur.execute("SET enable_seqscan = off")  # a session setting: a read may not be a
-        try:  # transaction, where SET LOCAL would do nothing
-            return _rows_read(tx, statements)
-        finally:
-            tx.cur.execute("RESET enable_seqscan")
-
-
-def _rows_read(tx: Any, statements: list[tuple[str, Any]]) -> int:
-    from ledger.stores.postgres import to_pg
-
-    total = 0
-    for sql, params in statements:
-        tx.cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + to_pg(sql), params)
-        (plan,) = tx.cur.fetchone().values()
-        stack = [plan[0]["Plan"]]
-        while stack:
-            node = stack.pop()
-            if "Scan" in node["Node Type"]:
-                rows = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-                total += rows * node["Actual Loops"]
-            stack.extend(node.get("Plans", []))
-    return total
+    yield from ledger_with_runs(request, tmp_path_factory, _build, (SMALL, BIG))
 
 
 @pytest.mark.parametrize("name", ["status", "board row"])
@@ -128,7 +67,7 @@ def test_a_status_read_costs_the_same_on_a_run_ten_times_larger(
         }
         read = reads[name]
         read()  # warm: caches, prepared statements
-        costs[n] = cost(kind, lg, read, monkeypatch)
+        costs[n] = cost(kind, lg, read, monkeypatch, seqscan=False)
     assert costs[BIG] <= costs[SMALL] * GROWTH, (name, costs)
     if kind == "postgres":
         # and not O(ledger): both runs share the tables, so a read that walks every open
