@@ -29,25 +29,15 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import send
 from psycopg.rows import dict_row, tuple_row
 
-from projections import counts as run_counts
-from projections.schema import (
-    narrowed_index_migration,
-    optional_index_migration,
-    paging_index_ddl,
-    projection_ddl,
-)
-
-from ..errors import CommitUncertain, StoreUnavailable
-from ..idempotency import ddl as idempotency_ddl
-from ..redact import redact, truncate_bytes
-from . import feed_schema, hashchain, pg_positions
-from .base import SCHEMA_VERSION, Store, StreamConflict, Tx, apply_migrations, refuse_newer
+from . import pg_positions
+from .base import Store, StreamConflict, Tx, apply_migrations, refuse_newer
+from .pg_faults import fault as _fault
+from .pg_migrations import EVENTS_TABLE, migrations, schema_version
 from .pg_recorder import WAKE_INTERVAL_S, LedgerPostgresRecorder, Waker, _events_json
 from .statements import RowsSql
 
 __all__ = ["EVENTS_TABLE", "LedgerPostgresRecorder", "PostgresStore", "_events_json"]
 
-EVENTS_TABLE = "ledger_events"
 _QMARK = re.compile(r"\?")
 _SCHEMA_LOCK = zlib.crc32(b"run-ledger schema") & 0x7FFFFFFF
 CONNECT_TIMEOUT_S = 10
@@ -426,7 +416,7 @@ class PostgresStore(Store):
             self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=timeout
         ) as conn:
             steps = migrations(self.datastore)
-            current = _schema_version(conn)
+            current = schema_version(conn)
             refuse_newer(current, len(steps))
             if current < len(steps):
                 with conn.transaction(), conn.cursor() as cur:
@@ -434,7 +424,7 @@ class PostgresStore(Store):
                     cur.execute(
                         "CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
                     )
-                    current = _schema_version(conn)  # another process may have migrated meanwhile
+                    current = schema_version(conn)  # another process may have migrated meanwhile
                     apply_migrations(cur.execute, steps, current, mark="%s")
         self.datastore.register_type_adapters()
 
@@ -466,91 +456,3 @@ class PostgresStore(Store):
             )
             for r in tx.fetchall(sql, params)
         ]
-
-
-def _schema_version(conn: psycopg.Connection[Any]) -> int:
-    """The ledger schema version recorded in the database; 0 when there is none."""
-    row = conn.execute("SELECT to_regclass('ledger_meta') IS NOT NULL AS present").fetchone()
-    if not row or not row["present"]:
-        return 0
-    row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
-    return int(row["value"]) if row else 0
-
-
-# What a server-reported error (SQLSTATE, by class or code) means to the caller.
-_REFUSALS = (
-    ("40", "the database aborted the transaction (a deadlock or serialization failure)"),
-    ("55P03", "a lock the command needs could not be taken in time (lock_timeout)"),
-    ("57014", "the database canceled the statement (statement_timeout or a cancel request)"),
-    ("53", "the database is out of resources"),
-    ("57P", "the database is shutting down or restarting"),
-)
-
-
-def _fault(error: Exception, uncertain: bool) -> StoreUnavailable | CommitUncertain:
-    """A database fault as the ledger's typed error. Before COMMIT nothing was written
-    (StoreUnavailable: safe to repeat); a lost connection during COMMIT leaves the outcome
-    unknown (CommitUncertain). An error the server itself reported (it has a SQLSTATE) means
-    the transaction was rolled back, even at COMMIT, except when the server was going away
-    (57P: operator intervention). The message says which it was: an unreachable server, a
-    lock or statement timeout, a deadlock, a full disk. See ledger/idempotency.py for who
-    retries what."""
-    detail = truncate_bytes(redact(" ".join(str(error).split())), 500)
-    cause = error.__cause__
-    sqlstate = getattr(cause, "sqlstate", None) if isinstance(cause, psycopg.Error) else None
-    if sqlstate and not (uncertain and sqlstate.startswith("57P")):
-        what = next(
-            (text for prefix, text in _REFUSALS if sqlstate.startswith(prefix)),
-            "the database refused the transaction",
-        )
-        return StoreUnavailable(f"{what} (SQLSTATE {sqlstate}: {detail}); nothing was written")
-    if uncertain:
-        return CommitUncertain(
-            f"the database connection failed while committing ({detail}); the command may or may "
-            "not have been applied: re-read, or repeat it with the same idempotency_key"
-        )
-    return StoreUnavailable(f"the database is unavailable ({detail}); nothing was written")
-
-
-def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
-    """Versioned schema changes, in order; version N is the Nth entry."""
-    rec = LedgerPostgresRecorder(datastore, events_table_name=EVENTS_TABLE)
-    types = [s for s in rec.sql_create_statements if "CREATE TYPE" in s.as_string()]
-    rest = [s for s in rec.sql_create_statements if "CREATE TYPE" not in s.as_string()]
-    v1: list[Any] = (
-        types
-        + rest
-        + projection_ddl("postgres")
-        + [
-            "CREATE TABLE IF NOT EXISTS lg_tracking (name TEXT PRIMARY KEY, position BIGINT NOT NULL)",
-        ]
-    )
-    v2: list[Any] = [
-        *hashchain.ddl("postgres"),
-        # events written before the hash chain existed are not chained (see hashchain.py)
-        (
-            f"INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"COALESCE(MAX(notification_id), 0)::text FROM {EVENTS_TABLE}"
-        ),
-    ]
-    v3: list[Any] = idempotency_ddl(
-        "postgres"
-    )  # idempotency keys of commands (ledger/idempotency.py)
-    v4: list[Any] = feed_schema.ddl("postgres")  # follower checkpoints, webhooks
-    v5: list[Any] = [
-        # positions without the table lock (pg_positions.py)
-        *pg_positions.ddl(EVENTS_TABLE),
-        "INSERT INTO ledger_meta (key, value) VALUES ('positions', 'announced') "
-        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-    ]
-    v6: list[Any] = list(paging_index_ddl())  # indexes of the paged reads (ledger/paging.py)
-    v7: list[Any] = run_counts.migration("postgres")  # counts off the run row (issue 15)
-    # v8: ledger_reserve_positions draws single positions under the block mutex too
-    v8: list[Any] = pg_positions.ddl(EVENTS_TABLE)[:1]
-    # v9: partial role, state and lease indexes; fillfactor 50 on items and attempts (issue 15)
-    v9: list[Any] = narrowed_index_migration("postgres")
-    # v10: the index of optional open items (the status read's required count)
-    v10: list[Any] = optional_index_migration()
-    out = [v1, v2, v3, v4, v5, v6, v7, v8, v9, v10]
-    assert len(out) == SCHEMA_VERSION
-    return out
