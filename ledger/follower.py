@@ -27,8 +27,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
-import os
-import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,9 +34,10 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from projections.rows import iso, parse_dt
+from projections.rows import parse_dt
 
 from . import feed
+from . import follower_checkpoints as cp
 from .errors import (
     CommitUncertain,
     FollowerBusy,
@@ -58,10 +57,6 @@ MAX_BATCH = 10_000
 IDLE_WAIT_S = 5.0  # run(): the longest one wait for new transitions lasts before looking again
 RETRY_FIRST_S = 0.2  # run(): the pause after a batch failed on an unreachable database,
 RETRY_MAX_S = 10.0  # doubling up to this
-
-
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _in_database(handler: Callable[..., Any]) -> bool:
@@ -155,7 +150,7 @@ class Follower:
             return
         self._lock.acquire(wait=self.wait, stop=self._stop)
         with self.lg.store.write() as tx:
-            ensure(tx, self.name, self.filter)
+            cp.ensure(tx, self.name, self.filter)
         self._ready = True
 
     # -- delivering -----------------------------------------------------------------
@@ -163,7 +158,7 @@ class Follower:
     def position(self) -> int:
         """The checkpoint: every transition up to it has been handled (0 before any)."""
         with self.lg.store.read() as tx:
-            found = checkpoint(tx, self.name)
+            found = cp.checkpoint(tx, self.name)
         return 0 if found is None else found
 
     def run_once(self) -> int:
@@ -231,7 +226,7 @@ class Follower:
                 if cursor != before:
                     if found:
                         self.handler(found, tx)
-                    _set_position(tx, self.name, before, cursor, self.filter)
+                    cp.set_position(tx, self.name, before, cursor, self.filter)
             self._known = cursor
         else:
             self._lock.check()
@@ -258,23 +253,23 @@ class Follower:
         store = self.lg.store
         quick = start is not None and not (self.filter.run_id or self.filter.kinds)
         with store.batch_write() if quick else store.write() as tx:
-            _relax_commit(tx)
+            cp.relax_commit(tx)
             if not quick:
                 before, found, cursor = self._read(tx)
                 return before, found, cursor, tx.now()
             if pending is not None:  # matches nothing if the checkpoint moved: seen below
-                _set_position(tx, self.name, pending[0], pending[1], self.filter, pending[2])
+                cp.set_position(tx, self.name, pending[0], pending[1], self.filter, pending[2])
             answers = tx.send_both(
-                _checkpoint_sql(tx, lock=False),
+                cp.checkpoint_sql(tx, lock=False),
                 (self.name,),
                 feed.UNFILTERED_PAGE,
                 (start, self.batch),
             )
         first, rows = answers()
-        position, bound = _checkpoint_row(tx, first, self.name)
+        position, bound = cp.checkpoint_row(tx, first, self.name)
         if position != start:  # someone else moved it: the page is not this follower's
             if pending is not None:
-                raise FollowerBusy(_moved(self.name))
+                raise FollowerBusy(cp.moved(self.name))
             self._known = None
             return self._read_external()
         found, cursor = feed.unfiltered_page(rows, start, bound)
@@ -291,17 +286,17 @@ class Follower:
         rows: list[Any] | None = None
         if start is not None and not (self.filter.run_id or self.filter.kinds):
             first, rows = tx.fetch_both(
-                _checkpoint_sql(tx), (self.name,), feed.UNFILTERED_PAGE, (start, self.batch)
+                cp.checkpoint_sql(tx), (self.name,), feed.UNFILTERED_PAGE, (start, self.batch)
             )
-            position, bound = _checkpoint_row(tx, first, self.name)
+            position, bound = cp.checkpoint_row(tx, first, self.name)
         else:
-            position, bound = _locked_position(tx, self.name)
+            position, bound = cp.locked_position(tx, self.name)
         if pending is not None:
             before, after, read_at = pending
             if position == before:
-                _set_position(tx, self.name, before, after, self.filter, read_at)
+                cp.set_position(tx, self.name, before, after, self.filter, read_at)
             elif position != after:  # after: written already (a commit whose reply was lost)
-                raise FollowerBusy(_moved(self.name))
+                raise FollowerBusy(cp.moved(self.name))
             position = after
         if rows is None or position != start:  # not read yet, or after a stale checkpoint
             found, cursor = feed.page(tx, position, self.filter, self.batch, bound)
@@ -315,14 +310,14 @@ class Follower:
             return
         before, after, read_at = self._pending
         with self.lg.store.batch_write() as tx:  # one round trip on PostgreSQL
-            _relax_commit(tx)
-            _set_position(tx, self.name, before, after, self.filter, read_at)
+            cp.relax_commit(tx)
+            cp.set_position(tx, self.name, before, after, self.filter, read_at)
             answer = tx.send("SELECT position FROM lg_followers WHERE name = ?", (self.name,))
         rows = answer()
         if not rows:
             raise FollowerNotFound(self.name)
         if int(rows[0]["position"]) != after:  # the write matched nothing: it had moved
-            raise FollowerBusy(_moved(self.name))
+            raise FollowerBusy(cp.moved(self.name))
         self._pending = None
         self._known = after
 
@@ -335,105 +330,9 @@ class Follower:
         with self.lg.store.write() as tx:
             if clear is not None:
                 clear(tx)
-            before = _position(tx, self.name)
-            _advance(tx, self.name, before, 0, self.filter)
+            before = cp.position(tx, self.name)
+            cp.advance(tx, self.name, before, 0, self.filter)
         return self.catch_up()
-
-
-# -- the checkpoint table -------------------------------------------------------------
-
-
-def ensure(tx: Tx, name: str, flt: feed.FeedFilter, position: int = 0) -> None:
-    """The checkpoint row of `name`, created at `position` if missing."""
-    now = iso(tx.now())
-    tx.execute(
-        "INSERT INTO lg_followers (name, position, run_id, kinds, created_at, updated_at, owner) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
-        (name, position, flt.run_id, flt.kinds_json(), now, now, _owner()),
-    )
-
-
-def checkpoint(tx: Tx, name: str) -> int | None:
-    """The position of follower `name`, None when there is no such follower."""
-    row = tx.fetchone("SELECT position FROM lg_followers WHERE name = ?", (name,))
-    return None if row is None else int(row["position"])
-
-
-def _position(tx: Tx, name: str) -> int:
-    found = checkpoint(tx, name)
-    if found is None:
-        raise FollowerNotFound(name)
-    return found
-
-
-def _checkpoint_sql(tx: Tx, lock: bool = True) -> str:
-    return (
-        f"SELECT position{tx.now_column()}{tx.readable_column()} FROM lg_followers "  # noqa: S608 (our own table/column names; values are bound parameters)
-        "WHERE name = ?" + (tx.lock_suffix() if lock else "")
-    )
-
-
-def _locked_position(tx: Tx, name: str) -> tuple[int, int | None]:
-    """The checkpoint, its row locked until the transaction ends (PostgreSQL: nothing else
-    moves it meanwhile, so `_set_position` needs no answer), and the feed's readable
-    bound (`Tx.readable_position`, None where there is none), with the database clock for
-    `tx.now()`: one round trip."""
-    return _checkpoint_row(tx, tx.fetchall(_checkpoint_sql(tx), (name,)), name)
-
-
-def _checkpoint_row(tx: Tx, rows: list[dict[str, Any]], name: str) -> tuple[int, int | None]:
-    """`_locked_position` from the rows of `_checkpoint_sql`."""
-    if not rows:
-        raise FollowerNotFound(name)
-    row = rows[0]
-    if "db_now" in row:
-        tx.prime_now(row["db_now"])
-    readable = row.get("readable")
-    return int(row["position"]), None if readable is None else int(readable)
-
-
-def _set_position(
-    tx: Tx, name: str, before: int, after: int, flt: feed.FeedFilter, at: datetime | None = None
-) -> None:
-    """Move the checkpoint from `before` to `after` (matching nothing if it is not at
-    `before`: the caller read it locked in this transaction, or reads it after): a
-    statement whose answer is not waited for (pipelined on PostgreSQL). `at`, its
-    `updated_at`, defaults to the transaction's clock (external mode passes the time its
-    batch was read: the write goes with the next batch's read, or alone, in one round
-    trip that has no clock reading before it)."""
-    tx.execute(
-        "UPDATE lg_followers SET position = ?, updated_at = ?, owner = ?, run_id = ?, kinds = ? "
-        "WHERE name = ? AND position = ?",
-        (after, iso(at or tx.now()), _owner(), flt.run_id, flt.kinds_json(), name, before),
-    )
-
-
-def _relax_commit(tx: Tx) -> None:
-    """External mode's checkpoint writes do not wait for the disk (PostgreSQL
-    `synchronous_commit = off` for the transaction): at least once allows it, a write
-    lost in a server crash (its last fraction of a second) delivers its batch again.
-    In-database mode keeps the durable commit: the handler's rows are in it."""
-    if tx.store.dialect == "postgres":
-        tx.execute("SET LOCAL synchronous_commit = off")
-
-
-def _moved(name: str) -> str:
-    return (
-        f"the checkpoint of follower {name!r} moved while a batch was handled "
-        "(reset, or another holder): the batch was not recorded"
-    )
-
-
-def _advance(tx: Tx, name: str, before: int, after: int, flt: feed.FeedFilter) -> None:
-    """Move the checkpoint from `before` to `after`, refusing (and so rolling back the
-    batch) when someone else moved it meanwhile (a reset, or a holder of a lost lock)."""
-    moved = tx.fetchall(
-        "UPDATE lg_followers SET position = ?, updated_at = ?, owner = ?, run_id = ?, kinds = ? "
-        "WHERE name = ? AND position = ? RETURNING name",
-        (after, iso(tx.now()), _owner(), flt.run_id, flt.kinds_json(), name, before),
-    )
-    if not moved:
-        raise FollowerBusy(_moved(name))
 
 
 @dataclass(frozen=True)
@@ -491,14 +390,14 @@ def reset(lg: Ledger, name: Any, to: Any = 0) -> int:
     lock.acquire()
     try:
         with lg.store.write() as tx:
-            before = _position(tx, name)
+            before = cp.position(tx, name)
             top = feed.head(tx)
             if to > top:
                 raise InvalidInput(f"to must be at most the feed's head, position {top}; got {to}")
             row = tx.fetchone("SELECT run_id, kinds FROM lg_followers WHERE name = ?", (name,))
             assert row is not None
             kinds = tuple(json.loads(row["kinds"])) if row["kinds"] else ()
-            _advance(tx, name, before, to, feed.FeedFilter(row["run_id"], kinds))
+            cp.advance(tx, name, before, to, feed.FeedFilter(row["run_id"], kinds))
     finally:
         lock.release()
     return int(to)

@@ -37,7 +37,8 @@ from projections.rows import iso, parse_dt
 
 from . import feed
 from .errors import InvalidInput, LedgerError, WebhookNotFound
-from .follower import Follower, checkpoint, ensure
+from .follower import Follower
+from .follower_checkpoints import checkpoint, ensure
 from .validation import check_identifier
 from .views import Transition, _View
 
