@@ -307,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--kill-every", type=float, default=0.5, help="seconds between kills (default 0.5)"
     )
+    ap.add_argument(
+        "--min-kills",
+        type=int,
+        default=0,
+        help="go on killing past --seconds until this many workers were killed (default 0)",
+    )
     ap.add_argument("--lease-seconds", type=float, default=5.0, help="the runs' lease (default 5)")
     ap.add_argument(
         "--handler-ms", type=float, default=2.0, help="a handler call sleeps up to this (default 2)"
@@ -414,7 +420,12 @@ def main(argv: list[str] | None = None) -> int:
             if not restarted_server and now >= restart_at:
                 server.restart()  # pg_ctl restart -m fast: every connection is cut
                 restarted_server = True
-            if now < chaos_end and now >= next_kill:
+            # the kills go on past SECONDS until MIN_KILLS workers were killed, while any
+            # worker still has work (a worker just started again may not be killable yet)
+            killing = now < chaos_end or (
+                kills < args.min_kills and any(p.is_alive() for p in procs.values())
+            )
+            if killing and now >= next_kill:
                 slot = rng.randrange(args.workers)
                 p = procs[slot]
                 if p.is_alive():
@@ -432,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                 reconciler_restarts += 1
                 reconciler = start_reconciler()
             if (
-                now >= chaos_end
+                not killing
                 and restarted_server
                 and all(not p.is_alive() and p.exitcode == 0 for p in procs.values())
             ):

@@ -37,6 +37,8 @@ def test_chaos_run_is_clean() -> None:
             "4",
             "--seconds",
             "10",
+            "--min-kills",
+            "10",
             "--handler-ms",
             "6",
             "--lease-seconds",
