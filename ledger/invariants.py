@@ -30,6 +30,7 @@ from eventsourcing.domain import CanInitAggregate
 from . import states as S
 from .domain import Item, Run
 from .errors import InvariantViolated
+from .queries import required_not_accepted
 from .stores.base import Tx
 
 SUCCESS_STATES = frozenset({S.ACCEPTED, S.SUCCEEDED, S.COMPLETED_WITH_ERRORS})
@@ -191,11 +192,7 @@ def _check_success(
             )
     if e.to_state != S.SUCCEEDED:
         return
-    rows = tx.fetchall(
-        "SELECT item_id, state FROM lg_items WHERE run_id = ? AND in_manifest = 1 "
-        "AND required = 1 AND state <> 'accepted' ORDER BY seq LIMIT 50",
-        (run_id,),
-    )
+    rows = required_not_accepted(tx, run_id, 50)
     missing = [r for r in rows if final.get((run_id, r["item_id"]), r["state"]) != S.ACCEPTED]
     if missing:
         raise _refuse(

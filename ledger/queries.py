@@ -83,6 +83,20 @@ def item_row(tx: Tx, run_id: str, item_id: str, lock: bool = False) -> dict[str,
     return row
 
 
+def required_not_accepted(
+    tx: Tx, run_id: str, limit: int, items_table: str = "lg_items"
+) -> list[dict[str, Any]]:
+    """The first `limit` required items of the run's manifest not accepted, in manifest
+    order (`item_id`, `state`): what a succeeded run must not have. Asked before commit
+    (`ledger.invariants`) and over history (`projections.verify_rules`, on its scratch
+    copy of the item rows: `items_table`)."""
+    return tx.fetchall(
+        f"SELECT item_id, state FROM {items_table} WHERE run_id = ? AND in_manifest = 1 "  # noqa: S608 (our own table names; values are bound parameters)
+        "AND required = 1 AND state <> 'accepted' ORDER BY seq LIMIT ?",
+        (run_id, limit),
+    )
+
+
 def waiting_on(state: str, counts: dict[str, int]) -> str:
     """Who owns the next step (SPEC rule 9): the rule book's WAITING_ON table."""
     return S.waiting_on(state, counts)

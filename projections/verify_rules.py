@@ -12,6 +12,7 @@ from eventsourcing.domain import CanInitAggregate, DomainEvent
 from ledger import states as S
 from ledger.archived import Archived
 from ledger.domain import Item, Run
+from ledger.queries import required_not_accepted
 from ledger.stores.base import Tx
 
 from .rebuild import Replayer
@@ -146,11 +147,7 @@ class RuleChecker:
                 )
         if e.to_state != S.SUCCEEDED:
             return
-        rows = tx.fetchall(
-            f"SELECT item_id, state FROM {self.items_table} WHERE run_id = ? AND in_manifest = 1 "  # noqa: S608 (our own table/column names; values are bound parameters)
-            "AND required = 1 AND state <> 'accepted' ORDER BY seq LIMIT 5",
-            (run_id,),
-        )
+        rows = required_not_accepted(tx, run_id, 5, self.items_table)
         if rows:
             self.problems.add(
                 "success_unearned",
