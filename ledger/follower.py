@@ -252,7 +252,7 @@ class Follower:
         start = pending[1] if pending is not None else self._known
         store = self.lg.store
         quick = start is not None and not (self.filter.run_id or self.filter.kinds)
-        with store.batch_write() if quick else store.write() as tx:
+        with store.write() as tx:
             cp.relax_commit(tx)
             if not quick:
                 before, found, cursor = self._read(tx)
@@ -309,7 +309,7 @@ class Follower:
         if self._pending is None:
             return
         before, after, read_at = self._pending
-        with self.lg.store.batch_write() as tx:  # one round trip on PostgreSQL
+        with self.lg.store.write() as tx:  # one round trip on PostgreSQL: nothing read in it
             cp.relax_commit(tx)
             cp.set_position(tx, self.name, before, after, self.filter, read_at)
             answer = tx.send("SELECT position FROM lg_followers WHERE name = ?", (self.name,))

@@ -394,24 +394,26 @@ def test_a_lost_follower_lock_is_seen_without_asking_an_idle_connection(pg_dsn: 
 
 
 @pytest.mark.postgres
-def test_a_batch_write_is_one_transaction_rolled_back_as_a_whole(pg_dsn: str) -> None:
+def test_a_write_read_after_its_commit_is_one_transaction_rolled_back_as_a_whole(
+    pg_dsn: str,
+) -> None:
     with Ledger.open(pg_dsn) as lg:
         store = lg.store
         with store.write() as tx:
             tx.execute("CREATE TABLE bw (k INTEGER PRIMARY KEY)")
-        with store.batch_write() as tx:
+        with store.write() as tx:
             tx.execute("INSERT INTO bw (k) VALUES (1)")
             answers = tx.send_both("SELECT COUNT(*) AS n FROM bw", (), "SELECT k FROM bw", ())
         assert answers() == ([{"n": 1}], [(1,)])  # read after the commit, in its transaction
-        with pytest.raises(Exception, match="bw_pkey"), store.batch_write() as tx:
+        with pytest.raises(Exception, match="bw_pkey"), store.write() as tx:
             tx.execute("INSERT INTO bw (k) VALUES (2)")
             tx.execute("INSERT INTO bw (k) VALUES (1)")  # fails: the whole block is undone
-        with pytest.raises(RuntimeError), store.batch_write() as tx:
+        with pytest.raises(RuntimeError), store.write() as tx:
             tx.execute("INSERT INTO bw (k) VALUES (3)")
             raise RuntimeError("the caller failed before the end of the block")
-        for _ in range(4):  # every pooled connection is back out of autocommit, usable
+        for _ in range(4):  # every pooled connection is back in autocommit, usable
             with store.write() as tx:
-                assert not tx.conn.autocommit
+                assert tx.conn.autocommit
                 assert tx.fetchall("SELECT k FROM bw ORDER BY k") == [{"k": 1}]
 
 

@@ -198,11 +198,6 @@ class Store(ABC):
     def write(self) -> Any:
         """Context manager: a write transaction (serialised per run)."""
 
-    def batch_write(self) -> Any:
-        """A write transaction for statements whose answers are read after it
-        (`Tx.send_both`): on PostgreSQL the whole transaction is one round trip."""
-        return self.write()
-
     @abstractmethod
     def read(self) -> Any:
         """Context manager: a consistent read transaction."""

@@ -13,7 +13,7 @@ import json
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import contextmanager, suppress
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -119,6 +119,48 @@ def _take_results(conn: psycopg.Connection[Any]) -> None:
     pipeline = conn._pipeline
     if pipeline is not None:
         pipeline.sync()
+
+
+@contextmanager
+def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """A transaction in pipeline mode that waits only for the answers its body reads:
+    BEGIN is queued (its answer comes with the body's first read, or with the COMMIT's)
+    and COMMIT is sent with the body's last statements, one sync for both.
+
+    psycopg's `conn.transaction()` inside a pipeline syncs after its BEGIN and twice at
+    its end (the pipeline blocks it nests): three round trips more per write. Its
+    Transaction object is still the one used, so psycopg's bookkeeping holds: a nested
+    `tx.conn.transaction()` is a savepoint, `tx.conn.commit()` inside is refused.
+
+    The connection is in autocommit mode, as the pool makes them (eventsourcing's
+    `after_connect`): out of it, psycopg would start a transaction of its own before the
+    first statement (one more BEGIN, and a sync)."""
+    if not conn.autocommit:
+        conn.autocommit = True
+    try:
+        with conn.pipeline() as pipeline:
+            block = psycopg.Transaction(conn)
+            block.__enter__()  # in a pipeline: BEGIN queued, not waited for
+            try:
+                yield
+            except BaseException as e:
+                # a failed statement makes the server skip what follows it up to the next
+                # sync, a ROLLBACK too: take the answers first
+                if pipeline.command_queue or pipeline.result_queue:
+                    with suppress(psycopg.Error):
+                        pipeline.sync()
+                block.__exit__(type(e), e, e.__traceback__)  # ROLLBACK queued
+                raise
+            block.__exit__(None, None, None)  # COMMIT queued: the pipeline's end sends it
+    finally:
+        # a statement queued after the body's last read failed: the COMMIT was skipped
+        # and the server holds the failed transaction open
+        if conn.pgconn.transaction_status in (
+            pq.TransactionStatus.INTRANS,
+            pq.TransactionStatus.INERROR,
+        ):
+            with suppress(psycopg.Error):
+                conn.rollback()
 
 
 class PgTx(Tx):
@@ -338,20 +380,25 @@ class PostgresStore(Store):
     def _tx_body(self, write: bool) -> Iterator[PgTx]:
         committing = False
         try:
-            with (
-                self.datastore.get_connection() as conn,
-                conn.pipeline() if write else nullcontext(),
-                conn.transaction(),
-            ):
-                # Pipeline mode: statements whose results the command does not read (the
-                # event table's lock and NOTIFY, projection writes) share round trips;
-                # every fetch still waits for its answer.
-                tx = PgTx(self, conn, write)
-                try:
-                    yield tx
-                finally:
-                    tx.cur.close()
-                committing = True  # the body is done: leaving the block sends COMMIT
+            with self.datastore.get_connection() as conn:
+                if write:
+                    with _pipelined_transaction(conn):
+                        # Pipeline mode: statements whose results the command does not
+                        # read (the event table's lock and NOTIFY, projection writes)
+                        # share round trips; every fetch still waits for its answer.
+                        tx = PgTx(self, conn, write)
+                        try:
+                            yield tx
+                        finally:
+                            tx.cur.close()
+                        committing = True  # the body is done: leaving the block sends COMMIT
+                else:
+                    with conn.transaction():
+                        tx = PgTx(self, conn, write)
+                        try:
+                            yield tx
+                        finally:
+                            tx.cur.close()
         except (ESOperationalError, ESInterfaceError) as e:
             if isinstance(e.__cause__, psycopg_pool.PoolClosed):
                 raise  # the ledger was closed: not transient
@@ -359,40 +406,6 @@ class PostgresStore(Store):
 
     def write(self) -> Any:
         return self._tx(True)
-
-    @contextmanager
-    def batch_write(self) -> Iterator[PgTx]:
-        """A write transaction sent in one round trip: BEGIN, the block's statements and
-        COMMIT are queued in a pipeline and their answers come back when the block ends
-        (`Tx.send_both`). `write()` waits after its BEGIN and syncs twice more at its
-        end (psycopg's transaction blocks in a pipeline: 4 round trips at least). For
-        the library's own statements only: the block runs on a connection in autocommit
-        mode, BEGIN and COMMIT being its own statements (a fetch still waits for its
-        answer; a failed statement fails the block, rolled back)."""
-        committing = False
-        try:
-            with self.datastore.get_connection() as conn:
-                conn.autocommit = True  # no BEGIN of psycopg's, which would wait for its answer
-                try:
-                    with conn.pipeline():
-                        tx = PgTx(self, conn, True)
-                        try:
-                            tx.cur.execute("BEGIN")
-                            yield tx
-                            tx.cur.execute("COMMIT")
-                            committing = True  # its answer comes with the pipeline's end
-                        finally:
-                            tx.cur.close()
-                finally:
-                    if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-                        with suppress(psycopg.Error):
-                            conn.execute("ROLLBACK")  # the block failed before its COMMIT
-                    with suppress(psycopg.Error):
-                        conn.autocommit = False  # as the pool's other users expect it
-        except (ESOperationalError, ESInterfaceError) as e:
-            if isinstance(e.__cause__, psycopg_pool.PoolClosed):
-                raise
-            raise _fault(e, uncertain=committing) from e
 
     def read(self) -> Any:
         return self._tx(False)
