@@ -9,7 +9,10 @@ Two delivery modes:
   placeholders on every store; `tx.conn` is the driver's connection): the user's own
   tables in the ledger's database change exactly when the checkpoint does. This is
   eventsourcing's tracking-recorder idea (a projection records its position with its
-  rows), with the ledger's positions as notification ids.
+  rows), with the ledger's positions as notification ids. The COMMIT waits for the disk
+  (the handler's rows are in it); on PostgreSQL a handler may choose otherwise for its
+  batch with `SET LOCAL synchronous_commit = off` (README: a server crash then takes back
+  rows and checkpoint together, delivered again).
 - *external, at least once*: `handler(transitions)` makes its side effect and returns;
   the checkpoint advances afterwards. A crash in between delivers the batch again, so
   use `transition.position` as the idempotency key. (In `catch_up()` and `run()` a full

@@ -124,6 +124,35 @@ def test_a_handler_on_postgresql_has_savepoints_and_cannot_commit_early(pg_lg: L
             assert tx.fetchall("SELECT COUNT(*) AS n FROM seen") == [{"n": 2}]
 
 
+@pytest.mark.postgres
+def test_a_handler_may_choose_a_commit_that_does_not_wait_for_the_disk(pg_lg: Ledger) -> None:
+    """The README's opt-in for a rebuildable projection: the batch still commits with its
+    checkpoint, only without waiting for the flush."""
+    lg = pg_lg
+    _table(lg)
+    _busy_run(lg)
+    settings: list[str] = []
+    setting = "SELECT current_setting('synchronous_commit') AS s"
+    with lg.store.write() as tx:
+        server_default = tx.fetchone(setting)  # "off" on the test suite's own servers
+
+    def project(batch: list[Transition], tx: Any) -> None:
+        tx.execute("SET LOCAL synchronous_commit = off")
+        tx.executemany("INSERT INTO seen (position) VALUES (?)", [(t.position,) for t in batch])
+        row = tx.fetchone(setting)
+        assert row is not None
+        settings.append(row["s"])
+
+    with Follower(lg, "relaxed", project, batch=2) as f:
+        f.catch_up()
+        assert f.position == lg.events()[-1].position
+    assert set(settings) == {"off"}
+    assert _rows(lg) == [t.position for t in lg.events()]
+    for _ in range(4):  # SET LOCAL ended with each batch's transaction
+        with lg.store.write() as tx:
+            assert tx.fetchone(setting) == server_default
+
+
 class _Syncs:
     """Counts the pipeline syncs psycopg sends: one round trip each."""
 
