@@ -335,6 +335,7 @@ def _append_file(
         target = _Target(tx, chains)
         keep: bool | None = None
         replayer = Replayer("")
+        replayer.prepare(tx)
         batch: list[RawEvent] = []
 
         projected = 0  # the last position projected (0: none yet, the replayer's cache empty)

@@ -19,6 +19,7 @@ from eventsourcing.domain import CanInitAggregate, DomainEvent
 from ledger.domain import Item, Run
 from ledger.stores import statements as rows_sql
 from ledger.stores.base import Tx
+from ledger.stores.pg_rows import ArrayRows
 
 from .counts import attach as attach_counts
 from .rows import item_from_row, run_from_row
@@ -98,6 +99,7 @@ class Replayer:
         self.items: dict[tuple[str, str], Item] = {}
         self.streams: dict[UUID, Any] = {}
         self._rec = RecordingCursor()
+        self.array_rows = ArrayRows()  # PostgreSQL: rows as arrays (ledger/stores/pg_rows.py)
         self._pending: list[tuple[int, DomainEvent]] = []
         self._hazards: set[UUID] = set()
         p = self.projector
@@ -137,6 +139,22 @@ class Replayer:
         self._cache_at: int | None = None
         self._written_items: set[tuple[str, str]] = set()
         self._cacheable = False
+
+    def prepare(self, tx: Tx) -> None:
+        """Read what writing rows needs before the first batch (PostgreSQL: the projection
+        tables' column types), so that no batch waits for it behind its own writes."""
+        if tx.store.dialect == "postgres":
+            p = self.projector
+            self.array_rows.load_types(
+                tx,
+                [
+                    p.runs_table,
+                    p.items_table,
+                    p.attempts_table,
+                    p.transitions_table,
+                    p.counts_table,
+                ],
+            )
 
     # the cache ------------------------------------------------------------
     def committed(self, position: int) -> None:
@@ -345,7 +363,7 @@ class Replayer:
         if any(sql not in rank and sql not in (p.upsert_run, p.update_item) for sql, _ in calls):
             # a statement this module does not know: keep the projector's exact order
             self._cacheable = False
-            _write_in_order(tx, calls)
+            _write_in_order(tx, calls, self.array_rows)
             return
         last_run: dict[Any, tuple[Any, ...]] = {}
         last_item: dict[Any, tuple[Any, ...]] = {}
@@ -364,11 +382,11 @@ class Replayer:
             else:
                 ranked[rank[sql]].append((sql, rows))
         self._fold_attempts(ranked)
-        _write_in_order(tx, [group for groups in ranked for group in groups])
+        _write_in_order(tx, [group for groups in ranked for group in groups], self.array_rows)
         if last_run:
-            tx.executemany(p.upsert_run, list(last_run.values()))
+            _write_rows(tx, p.upsert_run, list(last_run.values()), self.array_rows)
         if last_item:
-            tx.executemany(p.update_item, list(last_item.values()))
+            _write_rows(tx, p.update_item, list(last_item.values()), self.array_rows)
             self._written_items.update(last_item)
 
     def _fold_attempts(self, ranked: list[list[tuple[str, list[tuple[Any, ...]]]]]) -> None:
@@ -406,7 +424,15 @@ class Replayer:
         ranked[updates] = kept
 
 
-def _write_in_order(tx: Tx, calls: Sequence[tuple[str, list[tuple[Any, ...]]]]) -> None:
+def _write_rows(tx: Tx, sql: str, rows: list[tuple[Any, ...]], arrays: ArrayRows) -> None:
+    """Many rows of one statement: in its array form where the store has one."""
+    if len(rows) < 2 or not arrays.write(tx, sql, rows):
+        tx.executemany(sql, rows)
+
+
+def _write_in_order(
+    tx: Tx, calls: Sequence[tuple[str, list[tuple[Any, ...]]]], arrays: ArrayRows
+) -> None:
     """Execute (sql, rows) groups in order, adjacent groups of one statement together."""
     i = 0
     while i < len(calls):
@@ -422,9 +448,9 @@ def _write_in_order(tx: Tx, calls: Sequence[tuple[str, list[tuple[Any, ...]]]]) 
         if len(rows) == 1:
             tx.execute(sql, rows[0])
         elif _PLAIN_INSERT.match(sql):
-            _insert_many(tx, sql, rows)
+            _insert_many(tx, sql, rows, arrays)
         else:
-            tx.executemany(sql, rows)
+            _write_rows(tx, sql, rows, arrays)
 
 
 _COUNT_UPSERT = "ON CONFLICT (run_id, slot, state) DO UPDATE"
@@ -469,15 +495,16 @@ _PLAIN_INSERT = re.compile(r"^INSERT INTO \S+ \([^)]*\) VALUES (\([^)]*\))$")
 _MAX_PARAMS = 30_000  # under SQLite's 32,766 and PostgreSQL's 65,535 bound parameters
 
 
-def _insert_many(tx: Tx, sql: str, rows: list[tuple[Any, ...]]) -> None:
-    """Many rows per statement: COPY on PostgreSQL, multi-row VALUES elsewhere."""
+def _insert_many(tx: Tx, sql: str, rows: list[tuple[Any, ...]], arrays: ArrayRows) -> None:
+    """Many rows per statement: COPY on PostgreSQL (the array form in a pipeline, where
+    psycopg refuses COPY), multi-row VALUES elsewhere."""
     m = _PLAIN_INSERT.match(sql)
     assert m is not None
     head, one = sql[: m.start(1)], m.group(1)
     cur = getattr(tx, "cur", None)
     if tx.store.dialect == "postgres" and hasattr(cur, "copy"):
         if _pipelined(cur):
-            tx.executemany(sql, rows)  # the store batches pipelined rows itself
+            _write_rows(tx, sql, rows, arrays)
         else:
             _copy_rows(cur, head, one, rows)
         return

@@ -8,11 +8,17 @@ bulk form expands a JSON array of objects keyed by column name with
 and the same for any number of rows, so psycopg converts it once and the server keeps
 it prepared, and encoding the rows is one `json.dumps` (measured 4-7x less client CPU
 than a multi-row VALUES list, whose placeholders psycopg parses again on every call).
+
+`pg_array_form` writes a third form, for callers that know the columns' types (a replay
+into the projection tables, ledger/stores/pg_rows.py): the rows as a JSON array of
+arrays, each value cast to its column's type. Its parameter is a `json.dumps` of the row
+tuples as they are (no dict per row, no key per value): measured on 40,000 transition
+rows, a third of the client CPU of the objects and a quarter less server time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 
 class RowsSql(str):
@@ -20,12 +26,38 @@ class RowsSql(str):
 
     pg_bulk: str  # one `%s` parameter: a JSON array of objects keyed by `names`
     names: tuple[str, ...]  # the parameters of the one-row form, in order
+    table: str
+    # pg_array_form(types): the SQL around the array of arrays, given each name's type
+    _array_form: Callable[[Mapping[str, str]], str]
 
-    def __new__(cls, one_row: str, pg_bulk: str, names: Sequence[str]) -> RowsSql:
+    def __new__(
+        cls,
+        one_row: str,
+        pg_bulk: str,
+        names: Sequence[str],
+        table: str = "",
+        array_form: Callable[[Mapping[str, str]], str] | None = None,
+    ) -> RowsSql:
         self = super().__new__(cls, one_row)
         self.pg_bulk = pg_bulk
         self.names = tuple(names)
+        self.table = table
+        self._array_form = array_form or _no_array_form
         return self
+
+    def pg_array_form(self, types: Mapping[str, str]) -> str:
+        """Every row at once on PostgreSQL, from one `?` parameter: a JSON array (jsonb)
+        of arrays of the `names` values in order, each cast to `types[name]` (the column's
+        SQL type). Rows are inserted or updated in the array's order."""
+        return self._array_form(types)
+
+
+def _no_array_form(types: Mapping[str, str]) -> str:
+    raise ValueError("this statement has no array form")
+
+
+def _casts(names: Sequence[str], types: Mapping[str, str]) -> dict[str, str]:
+    return {n: f"(e->>{k})::{types[n]}" for k, n in enumerate(names)}
 
 
 def insert(
@@ -40,22 +72,48 @@ def insert(
     cols = ", ".join(columns)
     values = ", ".join(literals.get(c, "?") for c in columns)
     select = ", ".join(literals.get(c, f"v.{c}") for c in columns)
+    names = [c for c in columns if c not in literals]
+
+    def array_form(types: Mapping[str, str]) -> str:
+        cast = _casts(names, types)
+        picks = ", ".join(literals.get(c) or cast[c] for c in columns)
+        return (
+            f"INSERT INTO {table} ({cols}) SELECT {picks} "  # noqa: S608 (our own table/column names and types; values are bound)
+            f"FROM jsonb_array_elements(?::jsonb) AS x(e){tail}"
+        )
+
     return RowsSql(
         f"INSERT INTO {table} ({cols}) VALUES ({values}){tail}",  # noqa: S608 (our own table/column names; values are bound)
         f"INSERT INTO {table} ({cols}) SELECT {select} "  # noqa: S608 (our own table/column names; values are bound)
         f"FROM json_populate_recordset(NULL::{table}, %s::json) AS v{tail}",
-        [c for c in columns if c not in literals],
+        names,
+        table,
+        array_form,
     )
 
 
 def update(table: str, columns: Sequence[str], keys: Sequence[str]) -> RowsSql:
     """`UPDATE table SET column = ?, ... WHERE key = ? AND ...` (parameters: the columns,
     then the keys)."""
+    names = [*columns, *keys]
+    assert len(set(names)) == len(names), "a key is not also a column"
+
+    def array_form(types: Mapping[str, str]) -> str:
+        cast = _casts(names, types)
+        return (
+            f"UPDATE {table} AS t SET {', '.join(f'{c} = v.{c}' for c in columns)} "  # noqa: S608 (our own table/column names and types; values are bound)
+            f"FROM (SELECT {', '.join(f'{cast[n]} AS {n}' for n in names)} "
+            "FROM jsonb_array_elements(?::jsonb) AS x(e)) AS v "
+            f"WHERE {' AND '.join(f't.{k} = v.{k}' for k in keys)}"
+        )
+
     return RowsSql(
         f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in columns)} "  # noqa: S608 (our own table/column names; values are bound)
         f"WHERE {' AND '.join(f'{k} = ?' for k in keys)}",
         f"UPDATE {table} AS t SET {', '.join(f'{c} = v.{c}' for c in columns)} "  # noqa: S608 (our own table/column names; values are bound)
         f"FROM json_populate_recordset(NULL::{table}, %s::json) AS v "
         f"WHERE {' AND '.join(f't.{k} = v.{k}' for k in keys)}",
-        [*columns, *keys],
+        names,
+        table,
+        array_form,
     )

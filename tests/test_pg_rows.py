@@ -1,0 +1,98 @@
+"""PostgreSQL: the projection statements' array form (ledger/stores/pg_rows.py) writes
+the same rows as their one-row form, and leaves rows it could not write exactly to it."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from ledger import Ledger
+from ledger.stores.pg_rows import ArrayRows
+from projections.checksums import iter_rows
+from projections.rebuild import create_tables, drop_tables
+from projections.schema import TABLE_KEYS
+from projections.writer import Projector
+
+pytestmark = pytest.mark.postgres
+
+A, B = "_rows_a", "_rows_b"
+RUN = "0b6f64b2-6c1f-4a3e-9d67-3b8f1e2f4c11"
+
+
+def transitions(n: int) -> list[tuple[Any, ...]]:
+    return [
+        (
+            10**12 + k,  # a position past 32 bits
+            0,
+            RUN,
+            None if k % 3 == 0 else f"doc-{k}",
+            "claim",
+            "pending",
+            "in_progress",
+            'wörker ✓ "quoted" \\ back',
+            "worker",
+            None,
+            '{"a":[1,2],"s":"x\\ny"}',
+            "2026-12-01T21:36:10.842797+00:00",
+            k,
+        )
+        for k in range(n)
+    ]
+
+
+def items(n: int) -> list[tuple[Any, ...]]:
+    return [(RUN, f"doc-{k}", k, k % 2, f'{{"n":{k}}}') for k in range(n)]
+
+
+UPDATE = ("accepted", 3, 1, None, "w1", None, None, "é\u2028", "done", "2026-12-01T21:36:11+00:00")
+
+
+def item_updates(n: int) -> list[tuple[Any, ...]]:
+    return [(*UPDATE, RUN, f"doc-{k}") for k in range(n)]
+
+
+def table(tx: Any, name: str) -> list[dict[str, Any]]:
+    return list(iter_rows(tx, name, TABLE_KEYS[name.rsplit("_rows_", 1)[0]]))
+
+
+def test_the_array_form_writes_what_the_one_row_form_writes(pg_dsn: str) -> None:
+    with Ledger.open(pg_dsn) as lg, lg.store.write() as tx:
+        create_tables(tx, A)
+        create_tables(tx, B)
+        try:
+            arrays = ArrayRows()
+            for suffix, write in ((A, True), (B, False)):
+                p = Projector(suffix)
+                for sql, rows in (
+                    (p.insert_item, items(50)),
+                    (p.update_item, item_updates(30)),
+                    (p.insert_transition, transitions(40)),
+                    (p.add_counts, [(RUN, 1, "pending", 5), (RUN, 2, "accepted", -2)]),
+                    (p.add_counts, [(RUN, 1, "pending", 3), (RUN, 3, "failed", 1)]),
+                ):
+                    if write:
+                        assert arrays.write(tx, sql, rows), sql
+                    else:
+                        tx.executemany(str(sql), rows)  # a plain str: the one-row form
+            for name in ("lg_items", "lg_transitions", "lg_run_counts"):
+                mine, reference = table(tx, name + A), table(tx, name + B)
+                assert len(mine) > 1
+                assert mine == reference, name
+        finally:
+            drop_tables(tx, A)
+            drop_tables(tx, B)
+
+
+@pytest.mark.parametrize(
+    "value", [1.5, 1e-05, True, b"bytes"], ids=["float", "exponent", "bool", "bytes"]
+)
+def test_rows_it_cannot_write_exactly_are_left_to_the_caller(pg_dsn: str, value: Any) -> None:
+    with Ledger.open(pg_dsn) as lg, lg.store.write() as tx:
+        rows = transitions(3)
+        rows[1] = (*rows[1][:9], value, *rows[1][10:])  # the reason column (text)
+        assert not ArrayRows().write(tx, Projector().insert_transition, rows)
+        uuid_rows = [(RUN, UUID(int=k), k, 1, "{}") for k in range(3)]
+        assert ArrayRows().write(tx, Projector().insert_item, uuid_rows)  # text and ints: done
+        assert not ArrayRows().write(tx, "INSERT INTO lg_runs (run_id) VALUES (?)", [("x",)] * 2)
