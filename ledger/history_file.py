@@ -228,12 +228,12 @@ class FileCheck:
     runs: list[str]
 
 
-def _lines(f: IO[str]) -> Iterator[tuple[int, Any]]:
+def _lines(f: IO[str]) -> Iterator[tuple[int, str, Any]]:
     for n, text in enumerate(f, start=1):
         if not text.strip():
             continue
         try:
-            yield n, json.loads(text)
+            yield n, text, json.loads(text)
         except (ValueError, RecursionError) as e:
             raise ImportRefused(f"line {n} is not JSON ({e})", line=n) from None
 
@@ -251,13 +251,14 @@ class EventReader:
         self.f = f
         self.chains = Chains() if chains is None else chains
         self.line = 0  # the number of the line last read (at the end: the file's last line)
+        self.text = ""  # the text of the event line last yielded (an import sends it on)
 
     def __iter__(self) -> Iterator[RawEvent]:
         closing: dict[str, Any] | None = None
         n = 0
         add = self.chains.add
         ids: dict[str, UUID] = {}
-        for n, doc in _lines(self.f):
+        for n, text, doc in _lines(self.f):
             self.line = n
             if closing is not None:
                 raise ImportRefused(f"line {n} follows the closing line", line=n)
@@ -275,6 +276,7 @@ class EventReader:
                 raise ImportRefused(
                     f"line {n}, position {e.position}: {problem}", line=n, position=e.position
                 )
+            self.text = text
             yield e
         if closing is None:
             raise ImportRefused(

@@ -337,6 +337,7 @@ def _append_file(
         replayer = Replayer("")
         replayer.prepare(tx)
         batch: list[RawEvent] = []
+        texts: list[str] = []  # the lines of the batch's events
 
         projected = 0  # the last position projected (0: none yet, the replayer's cache empty)
         reserved = 0  # positions claimed up to here (keeping the file's positions)
@@ -359,7 +360,16 @@ def _append_file(
                     reserved = upto
                 else:
                     keep = False  # another writer drew them first: the rest is numbered too
-            positions = append_raw(tx, events, keep_positions=bool(keep), reuse_free=bool(keep))
+            # the events' lines as read: PostgreSQL takes the events it keeps at their
+            # positions from these (append_raw), rather than from a new encoding of them
+            if events is batch:
+                lines = texts
+            else:
+                new = {id(e) for e in events}
+                lines = [t for e, t in zip(batch, texts, strict=True) if id(e) in new]
+            positions = append_raw(
+                tx, events, keep_positions=bool(keep), reuse_free=bool(keep), lines=lines
+            )
             if events:
                 # every page is projected in this one transaction, right after the last:
                 # the replayer keeps the aggregates it wrote (its cache) from page to page
@@ -380,13 +390,16 @@ def _append_file(
                     touched[run] = None
             appended += len(events)
             batch.clear()
+            texts.clear()
             if progress is not None:
                 progress(chains.events, max(total, chains.events))
 
         # the closing line is checked when the reader reaches the end, before the last
         # page is appended; anything refused rolls the transaction back
-        for e in EventReader(f, chains):
+        reader = EventReader(f, chains)
+        for e in reader:
             batch.append(e)
+            texts.append(reader.text)
             if len(batch) >= IMPORT_PAGE:
                 flush()
         flush()

@@ -323,3 +323,33 @@ def test_raw_events_keep_their_exact_bytes_and_hashes(store_dsn: str) -> None:
             assert append_raw(tx, events, keep_positions=True) == [10, 11, 12, 13]
         with lg.store.read() as tx:
             assert read_raw(tx, 0, 100) == events
+
+
+def _respelled(line: str) -> str:
+    """The same event line in another JSON spelling: keys in reverse order, escaped
+    (`\\u0073tate`), non-ASCII text escaped, an extra key, spaces."""
+    doc = json.loads(line)
+    if "end" in doc:
+        return line
+    text = json.dumps(dict(reversed(list(doc.items()))) | {"note": "ignored"}, indent=1)
+    return text.replace('"state"', '"\\u0073tate"', 1).replace("\n", " ") + "\n"
+
+
+def test_an_import_keeps_the_events_of_a_file_in_any_json_spelling(
+    tmp_path: Path, store_dsn: str
+) -> None:
+    source = f"sqlite:///{tmp_path}/source.db"
+    with Ledger.open(source) as lg:
+        run = lg.submit(manifest(2) | {"scope": 'é ✓ "quoted" \\ \u2028 😀'}, SUBMITTER).run_id
+        lg.start(run, CONTROLLER)
+        lg.claim(run, WORKER, limit=2)
+    exported = _export(source)
+    # (split at newlines only: str.splitlines would split inside a line, at U+2028)
+    respelled = "".join(_respelled(x + "\n") for x in exported.split("\n") if x)
+    assert "\\u0073tate" in respelled and "😀" not in respelled  # escaped as \ud83d\ude00
+    with Ledger.open(store_dsn) as lg:
+        summary = lg.import_file(io.StringIO(respelled))
+        assert summary.verify_ok, summary.problems  # every stored byte hashes as recorded
+        out = io.StringIO()
+        lg.export(out)
+    assert out.getvalue() == exported  # the same bytes, hashes and positions

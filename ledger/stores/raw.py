@@ -157,7 +157,11 @@ def stored_hash(tx: Tx, stream: UUID, version: int) -> str | None:
 
 
 def append_raw(
-    tx: Tx, events: Sequence[RawEvent], keep_positions: bool, reuse_free: bool = False
+    tx: Tx,
+    events: Sequence[RawEvent],
+    keep_positions: bool,
+    reuse_free: bool = False,
+    lines: Sequence[str] | None = None,
 ) -> list[int]:
     """Append events exactly as given (bytes and hashes), in the given order; return their
     positions in this store. A clash with a stored (stream, version) raises the store's
@@ -166,7 +170,10 @@ def append_raw(
     `keep_positions`: each keeps the position it carries when those are above every
     position this store has drawn (SQLite: its highest; PostgreSQL: its sequence, which is
     then moved past them); otherwise the store numbers them as any append. `reuse_free`
-    (restore): put them back at their positions, which the caller checked are free."""
+    (restore): put them back at their positions, which the caller checked are free.
+    `lines`: the events' history-file lines, as read and checked (`EventReader.text`);
+    PostgreSQL inserts events kept at their positions from these when it can
+    (`_pg_insert_lines`)."""
     if not events:
         return []
     dialect = tx.store.dialect
@@ -177,7 +184,9 @@ def append_raw(
     ):
         positions = [e.position for e in events]
         if dialect == "postgres":
-            _pg_insert_at(tx, events)  # the hashes too
+            # the hashes too
+            if lines is None or not _pg_insert_lines(tx, events, lines):
+                _pg_insert_at(tx, events)
             return positions
         tx.executemany(
             "INSERT INTO stored_events (rowid, originator_id, originator_version, topic, state) "
@@ -266,6 +275,37 @@ def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
         f"INSERT INTO {HASH_TABLE} (originator_id, originator_version, hash) "
         "SELECT o, v, h FROM x WHERE h IS NOT NULL",
         (json.dumps(rows, ensure_ascii=False),),
+    )
+
+
+def _pg_insert_lines(tx: Tx, events: Sequence[RawEvent], lines: Sequence[str]) -> bool:
+    """PostgreSQL: `_pg_insert_at` from the events' own history-file lines (one jsonb
+    array of them), which carry each field as the file has it: no state is decoded and
+    encoded again here. Only where the server reads the line as Python did: a UTF-8
+    server, every state given as text (`"state"`, not `"state_b64"`) and free of NUL
+    (jsonb refuses `\u0000`); False (nothing sent) otherwise."""
+    if len(lines) != len(events) or not _utf8_server(tx):
+        return False
+    for e, text in zip(events, lines, strict=True):
+        if b"\x00" in e.state or '"state_b64"' in text:
+            return False
+    ev = tx.store.events_table()
+    tx.execute(
+        "WITH x AS MATERIALIZED (SELECT (e->>'position')::bigint AS p, (e->>'stream')::uuid AS o, "  # noqa: S608 (our own table/column names; values are bound parameters)
+        "(e->>'version')::bigint AS v, e->>'topic' AS t, convert_to(e->>'state', 'UTF8') AS s, "
+        "e->>'hash' AS h FROM jsonb_array_elements(?::jsonb) AS x(e)), "
+        f"ins AS (INSERT INTO {ev} (notification_id, originator_id, originator_version, topic, "
+        "state) SELECT p, o, v, t, s FROM x) "
+        f"INSERT INTO {HASH_TABLE} (originator_id, originator_version, hash) "
+        "SELECT o, v, h FROM x WHERE h IS NOT NULL",
+        ("[" + ",".join(lines) + "]",),
+    )
+    return True
+
+
+def _utf8_server(tx: Tx) -> bool:
+    return getattr(tx, "conn", None) is not None and (
+        tx.conn.info.parameter_status("server_encoding") == "UTF8"  # type: ignore[attr-defined]
     )
 
 
