@@ -328,7 +328,11 @@ class Item(Aggregate):
     """What happened to one unit of a run: its state, attempts and current lease."""
 
     class Registered(Aggregate.Created):
-        """The item's stream begins (lazily, with its first transition)."""
+        """The first event of the item streams written before 2026-12-02 (stored with
+        the item's first transition). An item's stream now begins with that transition,
+        at version 1 (`Item.begin`): the run's `Submitted` already declares the item
+        (issue 15: one event and one hash row less per item). Kept so that the
+        histories written before read back."""
 
         run_id: str
         item_id: str
@@ -360,6 +364,18 @@ class Item(Aggregate):
 
         def apply(self, item: Item) -> None:
             item.lease_expires_at = self.expires_at
+
+    @classmethod
+    def begin(cls, run_id: str, item_id: str, at: datetime) -> Item:
+        """The item before its stream's first event (version 0, nothing stored): a
+        declared item's first transition is its stream's first event. A replay meets
+        such a stream's version 1 with no aggregate and begins it here too."""
+        item = cls.__new__(cls)
+        item.__base_init__(
+            originator_id=item_stream_id(run_id, item_id), originator_version=0, timestamp=at
+        )
+        item.__init__(run_id, item_id)  # type: ignore[misc]
+        return item
 
     def __init__(self, run_id: str, item_id: str) -> None:
         self.run_id = run_id

@@ -205,8 +205,10 @@ class Replayer:
             item_id = getattr(e, "item_id", None)
             if run_id is not None and item_id is not None:
                 key = (run_id, item_id)
-                if key not in item_keys and isinstance(e, CanInitAggregate):
-                    created.add(key)
+                if key not in item_keys and (
+                    e.originator_version == 1 or isinstance(e, CanInitAggregate)
+                ):
+                    created.add(key)  # a declared item's stream begins with a transition
                 item_keys[key] = None
                 run_ids[run_id] = None
             else:
@@ -267,6 +269,9 @@ class Replayer:
             agg = e.mutate(None)
         else:
             agg = self.streams.get(e.originator_id)
+            if agg is None and e.originator_version == 1 and isinstance(e, Item.Transitioned):
+                # a declared item's stream begins with its first transition (no Registered)
+                agg = Item.begin(e.run_id, e.item_id, e.timestamp)
             if agg is None:
                 raise LookupError(
                     f"no aggregate for stream {e.originator_id} (its first event is missing)"
@@ -281,6 +286,9 @@ class Replayer:
     def force(self, e: DomainEvent) -> None:
         """Apply an event whose version does not follow its aggregate's (verify, after reporting)."""
         agg = self.streams.get(e.originator_id)
+        if agg is None and isinstance(e, Item.Transitioned):  # its first events are missing
+            agg = self.streams[e.originator_id] = Item.begin(e.run_id, e.item_id, e.timestamp)
+            self.items[(e.run_id, e.item_id)] = agg
         if agg is not None:
             agg.version = e.originator_version - 1
         self._mutate(e)
@@ -339,7 +347,7 @@ class Replayer:
             try:
                 self._mutate(e)
             except Exception as exc:
-                if not _is_version_error(exc):
+                if not (_is_version_error(exc) or isinstance(exc, LookupError)):
                     raise
                 self.force(e)
             self.projector.project(self._rec, [(pos, e)], self.runs, self.items)

@@ -42,7 +42,7 @@ from eventsourcing.persistence import StoredEvent
 
 from ledger.archived import archived_record
 from ledger.errors import InvalidInput
-from ledger.stores.base import Store, Tx
+from ledger.stores.base import SCRATCH_MARK, Store, Tx
 from ledger.stores.hashchain import (
     GENESIS,
     HASH_CHAIN_FROM,
@@ -91,7 +91,7 @@ def _quiet(stage: str, done: int, total: int) -> None:
 def _verify(lg: Any, progress: Progress) -> VerifyReport:
     store: Store = lg.store
     problems = Problems()
-    suffix = "_verify_" + secrets.token_hex(4)
+    suffix = SCRATCH_MARK + secrets.token_hex(4)  # its statements are not prepared
     rules = RuleChecker(problems, suffix)
     replayer = Replayer(suffix, observer=rules)
     try:

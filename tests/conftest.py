@@ -77,3 +77,13 @@ def manifest(n: int = 3, **policy: Any) -> dict[str, Any]:
         "items": [{"item_id": f"i{k}", "payload": {"n": k}} for k in range(n)],
         "policy": policy,
     }
+
+
+def finished_run(lg: Ledger, n: int = 3) -> str:
+    """A run of `n` items, each claimed and accepted, then completed (succeeded)."""
+    run_id = lg.submit(manifest(n), SUBMITTER).run_id
+    lg.start(run_id, CONTROLLER)
+    for lease in lg.claim(run_id, WORKER, limit=n):
+        lg.accept(lease)
+    lg.complete(run_id, CONTROLLER)
+    return run_id

@@ -14,18 +14,13 @@ from ledger import InvalidInput, Ledger, RunNotFound, Transition
 from ledger import feed as feed_module
 from ledger.errors import FollowerBusy, FollowerNotFound
 from ledger.follower import Follower, followers, reset
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.conftest import CONTROLLER, SUBMITTER, finished_run, manifest
 
 WAIT = 30.0  # a bound on waiting, never a timing assertion
 
 
 def _busy_run(lg: Ledger, n: int = 3) -> str:
-    run_id = lg.submit(manifest(n), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    for lease in lg.claim(run_id, WORKER, limit=n):
-        lg.accept(lease)
-    lg.complete(run_id, CONTROLLER)
-    return run_id
+    return finished_run(lg, n)
 
 
 def _everything(lg: Ledger) -> list[Transition]:

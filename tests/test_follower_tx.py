@@ -19,16 +19,11 @@ from psycopg._pipeline_base import BasePipeline
 
 from ledger import Ledger, Transition
 from ledger.follower import Follower
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.conftest import finished_run
 
 
 def _busy_run(lg: Ledger, n: int = 3) -> str:
-    run_id = lg.submit(manifest(n), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    for lease in lg.claim(run_id, WORKER, limit=n):
-        lg.accept(lease)
-    lg.complete(run_id, CONTROLLER)
-    return run_id
+    return finished_run(lg, n)
 
 
 def _table(lg: Ledger) -> None:

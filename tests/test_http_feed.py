@@ -20,7 +20,7 @@ from ledger import Ledger
 from ledger.http import add_token, create_app
 from ledger.http.serve import make_server
 from ledger.http.visibility import for_reader
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.conftest import finished_run
 
 WAIT = 30.0  # a bound on waiting, never a timing assertion
 
@@ -34,12 +34,7 @@ def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def _run(lg: Ledger, n: int = 2) -> str:
-    run_id = lg.submit(manifest(n), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    for lease in lg.claim(run_id, WORKER, limit=n):
-        lg.accept(lease)
-    lg.complete(run_id, CONTROLLER)
-    return run_id
+    return finished_run(lg, n)
 
 
 def test_events_pages_by_position_with_the_read_auth(dsn: str, tmp_path: Path) -> None:

@@ -134,7 +134,7 @@ class MItem:
     outcomes: list[str | None] = field(default_factory=list)
 
     def move(self, to: str) -> None:
-        self.revision += 2 if self.revision == 0 else 1
+        self.revision += 1  # one event per transition, the first included
         self.state = to
 
     def end_attempt(self, outcome: str, to: str, eligible: datetime | None = None) -> None:

@@ -136,10 +136,21 @@ def _damaged() -> dict[str, Any]:
         ]
 
     def missing(lines: list[str]) -> tuple[list[str], int]:
-        k = 6
-        stream = json.loads(lines[k])["stream"]
-        after = next(json.loads(x) for x in lines[k + 1 : -1] if json.loads(x)["stream"] == stream)
-        return lines[:k] + lines[k + 1 :], after["position"]  # the stream's next event is named
+        docs = [json.loads(x) for x in lines[:-1]]
+
+        def later(k: int) -> list[dict[str, Any]]:
+            return [d for d in docs[k + 1 :] if d["stream"] == docs[k]["stream"]]
+
+        # an event in the middle of its stream (after its first, before its next)
+        k = next(k for k in range(len(docs)) if docs[k]["version"] > 1 and later(k))
+        return lines[:k] + lines[k + 1 :], later(k)[0]["position"]  # the next one is named
+
+    def first_event_missing(lines: list[str]) -> tuple[list[str], int]:
+        docs = [json.loads(x) for x in lines[:-1]]
+        # an item stream's first event (its claim): the stream now starts at its accept
+        k = next(k for k, d in enumerate(docs) if d["version"] == 1 and "Item." in d["topic"])
+        after = next(d for d in docs[k + 1 :] if d["stream"] == docs[k]["stream"])
+        return lines[:k] + lines[k + 1 :], after["position"]
 
     def reordered(lines: list[str]) -> tuple[list[str], int]:
         k = 4
@@ -162,6 +173,7 @@ def _damaged() -> dict[str, Any]:
     return {
         "edited": edited,
         "missing": missing,
+        "first_event_missing": first_event_missing,
         "reordered": reordered,
         "bad_digest": bad_digest,
         "last_event_missing": last_event_missing,
@@ -179,6 +191,7 @@ def test_a_damaged_file_is_refused_with_its_position_and_nothing_is_written(
         lg.start(run, CONTROLLER)
         for lease in lg.claim(run, WORKER, limit=4):
             lg.accept(lease)
+        lg.complete(run, CONTROLLER)
     lines, position = _damaged()[damage](_lines(_export(source)))
     with Ledger.open(store_dsn) as target:
         with pytest.raises(ImportRefused) as info:

@@ -156,9 +156,10 @@ def test_a_deleted_event_is_reported(lg: Ledger, clock: ManualClock) -> None:
     report = lg.verify()
     assert not report.ok
     [gap] = find(report, "stream_gap")
-    assert gap["run_id"] == runs["ok"] and gap["position"] == accept and gap["version"] == 3
+    # the item's stream begins with its claim (v1): the accept (v2) is the first left
+    assert gap["run_id"] == runs["ok"] and gap["position"] == accept and gap["version"] == 2
     [orphan] = find(report, "hash_orphan")
-    assert orphan["version"] == 2 and orphan["stream"] == gap["stream"]
+    assert orphan["version"] == 1 and orphan["stream"] == gap["stream"]
     assert any(p["run_id"] == runs["ok"] for p in find(report, "projection"))
 
 
@@ -174,7 +175,8 @@ def test_swapped_events_are_reported(lg: Ledger, clock: ManualClock) -> None:
     report = lg.verify()
     assert not report.ok
     [order] = find(report, "stream_order")
-    assert order["run_id"] == runs["ok"] and order["position"] == claim and order["version"] == 3
+    # the accept (v2 of the item's stream, which begins with its claim) now comes first
+    assert order["run_id"] == runs["ok"] and order["position"] == claim and order["version"] == 2
     assert find(report, "hash_chain") == []  # each event is intact; only the order changed
 
 

@@ -26,7 +26,7 @@ from ledger.webhooks import (
     remove_webhook,
     sign,
 )
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.conftest import finished_run
 
 WAIT = 60.0  # a bound on waiting, never a timing assertion
 
@@ -92,12 +92,7 @@ class Receiver:
 
 
 def _run(lg: Ledger, n: int = 2) -> str:
-    run_id = lg.submit(manifest(n), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    for lease in lg.claim(run_id, WORKER, limit=n):
-        lg.accept(lease)
-    lg.complete(run_id, CONTROLLER)
-    return run_id
+    return finished_run(lg, n)
 
 
 def _until(what: str, check: Any) -> None:

@@ -28,7 +28,6 @@ from ..domain import (
     Run,
     check_item_run_state,
     check_item_state,
-    item_stream_id,
     refuse_run_state,
 )
 from ..errors import Conflict, NotAuthorized
@@ -204,14 +203,8 @@ class UnitOfWork:
     def materialize(self, row: dict[str, Any], now: datetime) -> Item:
         """The item's aggregate; its stream begins now if it has none yet."""
         item = self.track(item_from_row(row))
-        if item is None:
-            item = Item._create(
-                Item.Registered,
-                id=item_stream_id(row["run_id"], row["item_id"]),
-                run_id=row["run_id"],
-                item_id=row["item_id"],
-                timestamp=now,
-            )
+        if item is None:  # no Registered event: the run's Submitted declares the item
+            item = Item.begin(row["run_id"], row["item_id"], now)
         return item
 
     # -- saving ----------------------------------------------------------

@@ -58,6 +58,11 @@ def apply_migrations(
         )
 
 
+# The start of the suffix of verify's scratch tables (a new one on every verify): the
+# PostgreSQL store does not prepare the statements that name them.
+SCRATCH_MARK = "_verify_"
+
+
 class StreamConflict(Exception):
     """Another writer appended to one of our streams first (unique violation)."""
 

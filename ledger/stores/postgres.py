@@ -30,7 +30,7 @@ from psycopg.generators import send
 from psycopg.rows import dict_row, tuple_row
 
 from . import pg_positions
-from .base import Store, StreamConflict, Tx, apply_migrations, refuse_newer
+from .base import SCRATCH_MARK, Store, StreamConflict, Tx, apply_migrations, refuse_newer
 from .pg_faults import fault as _fault
 from .pg_migrations import EVENTS_TABLE, migrations, schema_version
 from .pg_recorder import WAKE_INTERVAL_S, LedgerPostgresRecorder, Waker, _events_json
@@ -163,6 +163,20 @@ def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
                 conn.rollback()
 
 
+# psycopg keeps at most `prepared_max` prepared statements per connection (100 by
+# default) and deallocates the least recently used one as soon as a newer one's result
+# arrives, even when a statement queued behind it in the same pipeline names it: that
+# statement then fails with "prepared statement _pg3_N does not exist". The ledger's own
+# statements are a bounded set (a few hundred texts), so the cache holds them all; the
+# statements on verify's scratch tables, whose names are new on every verify, are never
+# prepared (nothing evicts, and a long-lived process does not keep them).
+PREPARED_MAX = 2_000
+
+
+def _prepare(sql: str) -> bool:
+    return SCRATCH_MARK not in sql
+
+
 class PgTx(Tx):
     def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any], write: bool) -> None:
         super().__init__(store, write)
@@ -171,7 +185,7 @@ class PgTx(Tx):
         self.appended = False  # events inserted: a wake-up follows the commit
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        cur = self.cur.execute(to_pg(sql), params, prepare=True)
+        cur = self.cur.execute(to_pg(sql), params, prepare=_prepare(sql))
         _drain(self.conn)
         return cur
 
@@ -181,17 +195,21 @@ class PgTx(Tx):
             param = _rows_json(sql.names, rows)
             if param is not None:
                 # one statement for every row: round trips and client CPU, not rows, cost here
-                self.cur.execute(sql.pg_bulk, (param,), prepare=True)
+                self.cur.execute(sql.pg_bulk, (param,), prepare=_prepare(sql.pg_bulk))
                 _drain(self.conn)
                 return None
-        self.cur.executemany(to_pg(sql), rows)
+        if not _prepare(sql):  # psycopg's executemany prepares its statement
+            for row in rows:
+                self.cur.execute(to_pg(sql), row, prepare=False)
+        else:
+            self.cur.executemany(to_pg(sql), rows)
         _drain(self.conn)
         return None
 
     def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         # A prepared statement switches to a generic plan after a few runs; for lookups by
         # a list of keys that plan ignores the values and was measured 5-10x slower.
-        self.cur.execute(to_pg(sql), params, prepare=" IN (" not in sql)
+        self.cur.execute(to_pg(sql), params, prepare=" IN (" not in sql and _prepare(sql))
         _drain(self.conn)
         _take_results(self.conn)
         return list(self.cur.fetchall())
@@ -199,7 +217,7 @@ class PgTx(Tx):
     def fetch_rows(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
         cur = self.conn.cursor(row_factory=tuple_row)
         try:
-            cur.execute(to_pg(sql), params, prepare=True)
+            cur.execute(to_pg(sql), params, prepare=_prepare(sql))
             _drain(self.conn)
             _take_results(self.conn)
             return list(cur.fetchall())
@@ -213,9 +231,9 @@ class PgTx(Tx):
             return super().fetch_both(first, first_params, rows, rows_params)
         second = self.conn.cursor(row_factory=tuple_row)
         try:
-            self.cur.execute(to_pg(first), first_params, prepare=True)
+            self.cur.execute(to_pg(first), first_params, prepare=_prepare(first))
             _drain(self.conn)
-            second.execute(to_pg(rows), rows_params, prepare=True)
+            second.execute(to_pg(rows), rows_params, prepare=_prepare(rows))
             _drain(self.conn)
             _take_results(self.conn)  # both answers, one round trip
             return list(self.cur.fetchall()), list(second.fetchall())
@@ -226,7 +244,7 @@ class PgTx(Tx):
         if self.conn._pipeline is None:
             return super().send(sql, params)
         cur = self.conn.cursor()
-        cur.execute(to_pg(sql), params, prepare=True)
+        cur.execute(to_pg(sql), params, prepare=_prepare(sql))
         _drain(self.conn)
 
         def answer() -> list[dict[str, Any]]:
@@ -243,9 +261,9 @@ class PgTx(Tx):
         if self.conn._pipeline is None:
             return super().send_both(first, first_params, rows, rows_params)
         one, two = self.conn.cursor(), self.conn.cursor(row_factory=tuple_row)
-        one.execute(to_pg(first), first_params, prepare=True)
+        one.execute(to_pg(first), first_params, prepare=_prepare(first))
         _drain(self.conn)
-        two.execute(to_pg(rows), rows_params, prepare=True)
+        two.execute(to_pg(rows), rows_params, prepare=_prepare(rows))
         _drain(self.conn)
 
         def answers() -> tuple[list[dict[str, Any]], list[Sequence[Any]]]:
@@ -381,6 +399,7 @@ class PostgresStore(Store):
         committing = False
         try:
             with self.datastore.get_connection() as conn:
+                conn.prepared_max = PREPARED_MAX
                 if write:
                     with _pipelined_transaction(conn):
                         # Pipeline mode: statements whose results the command does not
