@@ -228,12 +228,23 @@ class FileCheck:
     runs: list[str]
 
 
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
 def _lines(f: IO[str]) -> Iterator[tuple[int, str, Any]]:
     for n, text in enumerate(f, start=1):
         if not text.strip():
             continue
         try:
-            yield n, text, json.loads(text)
+            # json.loads by its C scanner directly for a line as written (the document,
+            # then its newline); json.loads itself for anything else (and its errors)
+            try:
+                doc, end = _SCAN(text, 0)
+            except StopIteration:
+                end = -1
+            if end != len(text) and (end != len(text) - 1 or text[-1] != "\n"):
+                doc = json.loads(text)
+            yield n, text, doc
         except (ValueError, RecursionError) as e:
             raise ImportRefused(f"line {n} is not JSON ({e})", line=n) from None
 

@@ -152,8 +152,13 @@ class Projector:
             key = (run_id, slot_of(at), state)
             count_deltas[key] = count_deltas.get(key, 0) + n
 
+        # a command's events share one time: its text is made once (the time is compared,
+        # an equal time gives the same UTC text)
+        last_time: Any = None
+        at: str | None = None
         for position, e in events:
-            at = iso(e.timestamp)
+            if e.timestamp != last_time or at is None:
+                last_time, at = e.timestamp, iso(e.timestamp)
             if isinstance(e, Run.Submitted):
                 run = runs[e.run_id]
                 run.seq = position

@@ -366,3 +366,25 @@ def test_an_import_keeps_the_events_of_a_file_in_any_json_spelling(
         out = io.StringIO()
         lg.export(out)
     assert out.getvalue() == exported  # the same bytes, hashes and positions
+
+
+def test_lines_read_as_json_reads_them_whitespace_and_all(tmp_path: Path) -> None:
+    """Each line is read as json.loads reads it: whitespace around a document (CRLF line
+    ends, indents) is no matter; anything else after it, or a broken document, is refused
+    with its line."""
+    source = f"sqlite:///{tmp_path}/source.db"
+    with Ledger.open(source) as lg:
+        run = lg.submit(manifest(2), SUBMITTER).run_id
+        lg.start(run, CONTROLLER)
+    lines = [x for x in _export(source).split("\n") if x]
+    spaced = [f"  {x} \r" if k % 2 else f"{x}\t" for k, x in enumerate(lines)]
+    with Ledger.open(f"sqlite:///{tmp_path}/a.db") as lg:
+        assert lg.import_file(io.StringIO("\n".join(spaced) + "\n")).verify_ok
+    assert len(lines) >= 3
+    for k, broken in ((2, lines[1] + " x"), (3, lines[2][:-1]), (1, lines[0] + "{}")):
+        text = "\n".join([*lines[: k - 1], broken, *lines[k:]]) + "\n"
+        with Ledger.open(f"sqlite:///{tmp_path}/b{k}.db") as lg, pytest.raises(ImportRefused) as e:
+            lg.import_file(io.StringIO(text))
+        assert e.value.line == k and "not JSON" in str(e.value)
+        with Ledger.open(f"sqlite:///{tmp_path}/b{k}.db") as lg, lg.store.read() as tx:
+            assert max_position(tx) == 0  # nothing written
