@@ -426,6 +426,12 @@ def main(argv: list[str] | None = None) -> int:
                 kills < args.min_kills and any(p.is_alive() for p in procs.values())
             )
             if killing and now >= next_kill:
+                # a worker that found nothing to claim (the rest leased by killed ones)
+                # has ended: it starts again, so every tick kills a live worker
+                for slot, p in list(procs.items()):
+                    if not p.is_alive() and p.exitcode == 0:
+                        p.join()
+                        spawn(slot)
                 slot = rng.randrange(args.workers)
                 p = procs[slot]
                 if p.is_alive():

@@ -122,6 +122,27 @@ def _take_results(conn: psycopg.Connection[Any]) -> None:
 
 
 @contextmanager
+def _statement_error_first() -> Iterator[None]:
+    """The error of the statement that failed, not "pipeline aborted" for the COMMIT
+    the server skipped after it.
+
+    psycopg's pipeline exit syncs in a `try` and fetches the remaining results in its
+    `finally`: when the failed statement's answer arrives with the sync and the skipped
+    COMMIT's in the fetch after it, the COMMIT's PipelineAborted replaces the statement's
+    error (a unique violation read as a connection failure while committing, which it is
+    not: the server never committed). The replaced error is the PipelineAborted's context."""
+    try:
+        yield
+    except psycopg.errors.PipelineAborted as e:
+        cause: BaseException | None = e.__context__
+        while isinstance(cause, psycopg.errors.PipelineAborted):
+            cause = cause.__context__
+        if isinstance(cause, psycopg.Error):
+            raise cause from None
+        raise
+
+
+@contextmanager
 def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
     """A transaction in pipeline mode that waits only for the answers its body reads:
     BEGIN is queued (its answer comes with the body's first read, or with the COMMIT's)
@@ -138,7 +159,7 @@ def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
     if not conn.autocommit:
         conn.autocommit = True
     try:
-        with conn.pipeline() as pipeline:
+        with _statement_error_first(), conn.pipeline() as pipeline:
             block = psycopg.Transaction(conn)
             block.__enter__()  # in a pipeline: BEGIN queued, not waited for
             try:
