@@ -8,7 +8,6 @@ are written together.
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
@@ -20,6 +19,7 @@ from ledger.domain import Item, Run
 from ledger.stores import statements as rows_sql
 from ledger.stores.base import Tx
 from ledger.stores.pg_rows import ArrayRows
+from ledger.stores.statements import RowsSql
 
 from .counts import attach as attach_counts
 from .rows import item_from_row, run_from_row
@@ -105,20 +105,7 @@ class Replayer:
         p = self.projector
         # an attempt opened and finished within one batch: one row (_fold_attempts)
         self._insert_finished_attempt = rows_sql.insert(
-            p.attempts_table,
-            (
-                "run_id",
-                "item_id",
-                "attempt",
-                "worker_id",
-                "lease_token",
-                "started_at",
-                "expires_at",
-                "finished_at",
-                "stage",
-                "outcome",
-                "error",
-            ),
+            p.attempts_table, (*p.insert_attempt.columns, *p.finish_attempt.columns)
         )
         # statement order within a flush; the row upserts go last, deduplicated
         self._rank = {
@@ -371,7 +358,7 @@ class Replayer:
         if any(sql not in rank and sql not in (p.upsert_run, p.update_item) for sql, _ in calls):
             # a statement this module does not know: keep the projector's exact order
             self._cacheable = False
-            _write_in_order(tx, calls, self.array_rows)
+            _write_in_order(tx, calls, self.array_rows, p.add_counts)
             return
         last_run: dict[Any, tuple[Any, ...]] = {}
         last_item: dict[Any, tuple[Any, ...]] = {}
@@ -390,7 +377,9 @@ class Replayer:
             else:
                 ranked[rank[sql]].append((sql, rows))
         self._fold_attempts(ranked)
-        _write_in_order(tx, [group for groups in ranked for group in groups], self.array_rows)
+        _write_in_order(
+            tx, [group for groups in ranked for group in groups], self.array_rows, p.add_counts
+        )
         if last_run:
             _write_rows(tx, p.upsert_run, list(last_run.values()), self.array_rows)
         if last_item:
@@ -439,9 +428,13 @@ def _write_rows(tx: Tx, sql: str, rows: list[tuple[Any, ...]], arrays: ArrayRows
 
 
 def _write_in_order(
-    tx: Tx, calls: Sequence[tuple[str, list[tuple[Any, ...]]]], arrays: ArrayRows
+    tx: Tx,
+    calls: Sequence[tuple[str, list[tuple[Any, ...]]]],
+    arrays: ArrayRows,
+    add_counts: str,
 ) -> None:
-    """Execute (sql, rows) groups in order, adjacent groups of one statement together."""
+    """Execute (sql, rows) groups in order, adjacent groups of one statement together.
+    The rows of `add_counts` (signed count deltas) are summed per key first."""
     i = 0
     while i < len(calls):
         sql, rows = calls[i][0], list(calls[i][1])
@@ -451,17 +444,14 @@ def _write_in_order(
             i += 1
         if not rows:
             continue
-        if _COUNT_UPSERT in sql:
+        if sql == add_counts:
             rows = _merge_counts(rows)
         if len(rows) == 1:
             tx.execute(sql, rows[0])
-        elif _PLAIN_INSERT.match(sql):
+        elif isinstance(sql, RowsSql) and sql.plain_insert:
             _insert_many(tx, sql, rows, arrays)
         else:
             _write_rows(tx, sql, rows, arrays)
-
-
-_COUNT_UPSERT = "ON CONFLICT (run_id, slot, state) DO UPDATE"
 
 
 def _merge_counts(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -480,46 +470,25 @@ def _pipelined(cur: Any) -> bool:
     return bool(cur.connection.info.pipeline_status != pq.PipelineStatus.OFF)
 
 
-_LITERAL = re.compile(r"^(?:-?\d+|'[^']*')$")
-
-
-def _copy_rows(cur: Any, head: str, one: str, rows: list[tuple[Any, ...]]) -> None:
-    """COPY rows into a (scratch) table; literal values of the VALUES tuple are kept."""
-    m = re.match(r"^INSERT INTO (\S+) \(([^)]*)\) VALUES $", head)
-    assert m is not None
-    slots = [v.strip() for v in one[1:-1].split(",")]
-    if not all(v == "?" or _LITERAL.match(v) for v in slots):
-        raise ValueError(f"cannot COPY {one}")
-    consts = [None if v == "?" else (v[1:-1] if v.startswith("'") else int(v)) for v in slots]
-    with cur.copy(f"COPY {m.group(1)} ({m.group(2)}) FROM STDIN") as copy:
-        for row in rows:
-            it = iter(row)
-            copy.write_row(
-                [next(it) if v == "?" else c for v, c in zip(slots, consts, strict=True)]
-            )
-
-
-_PLAIN_INSERT = re.compile(r"^INSERT INTO \S+ \([^)]*\) VALUES (\([^)]*\))$")
 _MAX_PARAMS = 30_000  # under SQLite's 32,766 and PostgreSQL's 65,535 bound parameters
 
 
-def _insert_many(tx: Tx, sql: str, rows: list[tuple[Any, ...]], arrays: ArrayRows) -> None:
-    """Many rows per statement: COPY on PostgreSQL (the array form in a pipeline, where
-    psycopg refuses COPY), multi-row VALUES elsewhere."""
-    m = _PLAIN_INSERT.match(sql)
-    assert m is not None
-    head, one = sql[: m.start(1)], m.group(1)
-    cur = getattr(tx, "cur", None)
+def _insert_many(tx: Tx, sql: RowsSql, rows: list[tuple[Any, ...]], arrays: ArrayRows) -> None:
+    """Many rows of a plain insert: COPY on PostgreSQL (the array form in a pipeline,
+    where psycopg refuses COPY), its many-row VALUES form elsewhere."""
+    cur: Any = getattr(tx, "cur", None)
     if tx.store.dialect == "postgres" and hasattr(cur, "copy"):
         if _pipelined(cur):
             _write_rows(tx, sql, rows, arrays)
         else:
-            _copy_rows(cur, head, one, rows)
+            with cur.copy(sql.copy_sql) as copy:
+                for row in rows:
+                    copy.write_row(sql.copy_row(row))
         return
     per = max(1, min(500, _MAX_PARAMS // max(1, len(rows[0]))))
     for k in range(0, len(rows), per):
         chunk = rows[k : k + per]
-        tx.execute(head + ", ".join([one] * len(chunk)), [v for r in chunk for v in r])
+        tx.execute(sql.values_many(len(chunk)), [v for r in chunk for v in r])
 
 
 def _is_version_error(exc: Exception) -> bool:

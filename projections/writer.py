@@ -67,7 +67,7 @@ class Projector:
                 "revision",
                 "attempts",
             ),
-            {"in_manifest": "1", "state": "'pending'", "revision": "0", "attempts": "0"},
+            {"in_manifest": 1, "state": "pending", "revision": 0, "attempts": 0},
         )
         self.replace_item = rows_sql.update(
             self.items_table, ("required", "payload"), ("run_id", "item_id")

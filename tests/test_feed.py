@@ -19,17 +19,13 @@ from tests.conftest import CONTROLLER, SUBMITTER, finished_run, manifest
 WAIT = 30.0  # a bound on waiting, never a timing assertion
 
 
-def _busy_run(lg: Ledger, n: int = 3) -> str:
-    return finished_run(lg, n)
-
-
 def _everything(lg: Ledger) -> list[Transition]:
     return list(lg.audit())
 
 
 def test_events_is_the_audit_trail_in_position_order_paged(lg: Ledger) -> None:
-    a = _busy_run(lg)
-    b = _busy_run(lg, 2)
+    a = finished_run(lg)
+    b = finished_run(lg, 2)
     every = _everything(lg)
     assert lg.events() == every  # the same Transition values as history/audit
     paged: list[Transition] = []
@@ -84,7 +80,7 @@ BAD_EVENTS = [
 
 @pytest.mark.parametrize("bad", BAD_EVENTS, ids=lambda b: repr(b))
 def test_bad_feed_arguments_are_refused(lg: Ledger, bad: dict[str, Any]) -> None:
-    _busy_run(lg, 1)
+    finished_run(lg, 1)
     before = _footprint(lg)
     with pytest.raises(InvalidInput):
         lg.events(**bad)
@@ -103,7 +99,7 @@ def test_bad_feed_arguments_are_refused(lg: Ledger, bad: dict[str, Any]) -> None
 
 
 def test_unknown_run_and_unknown_follower_are_typed_errors(lg: Ledger) -> None:
-    _busy_run(lg, 1)
+    finished_run(lg, 1)
     before = _footprint(lg)
     with pytest.raises(RunNotFound):
         lg.events(run_id="no-such-run")
@@ -122,7 +118,7 @@ def test_unknown_run_and_unknown_follower_are_typed_errors(lg: Ledger) -> None:
 
 
 def test_reset_refuses_positions_outside_the_feed(lg: Ledger) -> None:
-    _busy_run(lg, 1)
+    finished_run(lg, 1)
     f = Follower(lg, "f", lambda ts: None)
     f.catch_up()
     f.close()
@@ -180,7 +176,7 @@ def test_in_database_follower_updates_its_table_with_its_checkpoint(lg: Ledger) 
             [(t.position, t.run_id) for t in batch],
         )
 
-    run_id = _busy_run(lg)
+    run_id = finished_run(lg)
     f = Follower(lg, "seen", project, batch=2)
     assert f.in_database
     assert f.run_once() == 2
@@ -216,7 +212,7 @@ def test_in_database_follower_updates_its_table_with_its_checkpoint(lg: Ledger) 
 
 
 def test_external_follower_is_at_least_once_with_the_position_as_key(lg: Ledger) -> None:
-    _busy_run(lg)
+    finished_run(lg)
     got: list[int] = []
     fail = [True]
 
@@ -236,13 +232,13 @@ def test_external_follower_is_at_least_once_with_the_position_as_key(lg: Ledger)
     assert sorted(set(got)) == wanted
     (status,) = followers(lg)
     assert status.lag == 0 and status.kinds == ["accept", "complete"]
-    _busy_run(lg, 1)
+    finished_run(lg, 1)
     assert followers(lg)[0].lag == 2  # the new accept and complete, not the start or claims
     f.close()
 
 
 def test_one_follower_name_delivers_at_a_time(lg: Ledger) -> None:
-    _busy_run(lg, 1)
+    finished_run(lg, 1)
     first = Follower(lg, "only", lambda ts: None)
     first.run_once()
     second = Follower(lg, "only", lambda ts: None)
@@ -261,7 +257,7 @@ def test_run_follows_new_commits_until_stopped(lg: Ledger) -> None:
     thread = threading.Thread(target=f.run)
     thread.start()
     try:
-        run_id = _busy_run(lg, 2)
+        run_id = finished_run(lg, 2)
         deadline = time.monotonic() + WAIT
         while len(got) < len(lg.history(run_id)) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -293,7 +289,7 @@ def test_an_eventsourcing_projection_runs_over_the_feed(lg: Ledger) -> None:
             self.view.insert_tracking(tracking)
 
     projection = AcceptedPerRun(POPOTrackingRecorder())
-    a, b = _busy_run(lg, 3), _busy_run(lg, 2)
+    a, b = finished_run(lg, 3), finished_run(lg, 2)
     with Follower(lg, "es", projection_handler(projection), batch=4) as f:
         f.catch_up()
     assert projection.counts == {a: 3, b: 2}
@@ -311,7 +307,7 @@ def test_a_page_decodes_evidence_and_time_only_when_read(
     import json
     import pickle
 
-    run_id = _busy_run(lg, 2)
+    run_id = finished_run(lg, 2)
     loads = json.loads
     calls = [0]
 
@@ -339,7 +335,7 @@ def test_a_page_decodes_evidence_and_time_only_when_read(
 
 
 def test_an_external_follower_keeps_each_handled_batch_in_its_checkpoint(lg: Ledger) -> None:
-    _busy_run(lg, 3)
+    finished_run(lg, 3)
     every = [t.position for t in lg.events()]
     seen: list[int] = []
 
@@ -369,7 +365,7 @@ def test_a_lost_follower_lock_is_seen_without_asking_an_idle_connection(pg_dsn: 
     import psycopg
 
     with Ledger.open(pg_dsn) as lg, psycopg.connect(pg_dsn, autocommit=True) as admin:
-        _busy_run(lg, 1)
+        finished_run(lg, 1)
         got: list[int] = []
         f = Follower(lg, "watched", lambda batch: got.extend(t.position for t in batch), batch=2)
         f.run_once()
@@ -452,7 +448,7 @@ def test_transitions_committed_past_a_slower_writer_wait_for_it_on_the_feed(
 
     insert = pg_positions.insert_json_statement(psycopg.sql.Identifier(EVENTS_TABLE))
     with Ledger.open(pg_dsn) as lg, psycopg.connect(pg_dsn) as slow:
-        _busy_run(lg, 1)
+        finished_run(lg, 1)
         got: list[int] = []
         f = Follower(lg, "behind", lambda batch: got.extend(t.position for t in batch))
         f.catch_up()  # its checkpoint known: the next batches take the one-round-trip read
@@ -461,7 +457,7 @@ def test_transitions_committed_past_a_slower_writer_wait_for_it_on_the_feed(
         state = json.dumps([[str(uuid.uuid4()), 1, "test-event", "{}"]])
         held = slow.execute(insert, (1, state)).fetchone()
         assert held is not None
-        run_id = _busy_run(lg, 1)
+        run_id = finished_run(lg, 1)
         above = [t.position for t in lg.history(run_id)]
         assert min(above) > held[0]
         assert lg.events(after=first[-1]) == []  # committed, but past the readable bound

@@ -22,10 +22,6 @@ from ledger.follower import Follower
 from tests.conftest import finished_run
 
 
-def _busy_run(lg: Ledger, n: int = 3) -> str:
-    return finished_run(lg, n)
-
-
 def _table(lg: Ledger) -> None:
     with lg.store.write() as tx:
         tx.execute("CREATE TABLE seen (position BIGINT PRIMARY KEY)")
@@ -38,7 +34,7 @@ def _rows(lg: Ledger) -> list[int]:
 
 def test_a_handler_reads_its_own_writes_and_its_results(lg: Ledger) -> None:
     _table(lg)
-    _busy_run(lg)
+    finished_run(lg)
     counts: list[int] = []
 
     def project(batch: list[Transition], tx: Any) -> None:
@@ -59,7 +55,7 @@ def test_a_write_failing_only_at_commit_rolls_the_batch_back(lg: Ledger) -> None
     with the COMMIT's answer. The batch is undone, the checkpoint stays, and the next
     batch (and every command) runs on a clean connection."""
     _table(lg)
-    _busy_run(lg)
+    finished_run(lg)
     every = [t.position for t in lg.events()]
     with lg.store.write() as tx:
         tx.execute("INSERT INTO seen (position) VALUES (?)", (every[3],))  # in the way
@@ -76,7 +72,7 @@ def test_a_write_failing_only_at_commit_rolls_the_batch_back(lg: Ledger) -> None
         with lg.store.write() as tx:
             tx.execute("DELETE FROM seen WHERE position = ?", (every[3],))
         for _ in range(4):  # every pooled connection is usable, none left in a transaction
-            _busy_run(lg, 1)
+            finished_run(lg, 1)
         f.catch_up()
     assert _rows(lg) == [t.position for t in lg.events()]
 
@@ -91,7 +87,7 @@ def pg_lg(pg_dsn: str) -> Iterator[Ledger]:
 def test_a_handler_on_postgresql_has_savepoints_and_cannot_commit_early(pg_lg: Ledger) -> None:
     lg = pg_lg
     _table(lg)
-    _busy_run(lg)
+    finished_run(lg)
     every = [t.position for t in lg.events()]
 
     def with_savepoint(batch: list[Transition], tx: Any) -> None:
@@ -125,7 +121,7 @@ def test_a_handler_may_choose_a_commit_that_does_not_wait_for_the_disk(pg_lg: Le
     checkpoint, only without waiting for the flush."""
     lg = pg_lg
     _table(lg)
-    _busy_run(lg)
+    finished_run(lg)
     settings: list[str] = []
     setting = "SELECT current_setting('synchronous_commit') AS s"
     with lg.store.write() as tx:
@@ -170,7 +166,7 @@ def test_an_in_database_batch_costs_two_round_trips(
     the COMMIT (bench case 10: psycopg's transaction block took five)."""
     lg = pg_lg
     _table(lg)
-    _busy_run(lg)
+    finished_run(lg)
 
     def project(batch: list[Transition], tx: Any) -> None:
         tx.executemany("INSERT INTO seen (position) VALUES (?)", [(t.position,) for t in batch])

@@ -34,7 +34,7 @@ from ledger.validation import strict_loads
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 
-EXAMPLES = int(os.environ.get("LEDGER_FUZZ_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("LEDGER_FUZZ_EXAMPLES", "70"))
 # Not fed arbitrary values: opening a store and closing this one are not inputs.
 NOT_ENTRY_POINTS = {"open", "close"}
 ENTRY_POINTS = sorted(

@@ -973,7 +973,7 @@ def _role_for(path: str) -> str:
 
 
 @fuzz_schema.parametrize()
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 def test_schemathesis_finds_no_server_error(
     case: Any, fuzz_app: tuple[Any, dict[str, str], str]
 ) -> None:

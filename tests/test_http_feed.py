@@ -33,16 +33,12 @@ def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return value
 
 
-def _run(lg: Ledger, n: int = 2) -> str:
-    return finished_run(lg, n)
-
-
 def test_events_pages_by_position_with_the_read_auth(dsn: str, tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
     token = add_token("olga", "operator", tokens)
     with Ledger.open(dsn) as lg:
-        a = _run(lg)
-        _run(lg, 1)
+        a = finished_run(lg, 2)
+        finished_run(lg, 1)
         client = TestClient(create_app(lg, tokens_path=tokens))
         auth = {"Authorization": f"Bearer {token}"}
         assert client.get("/events").status_code == 401
@@ -120,13 +116,13 @@ def _read_events(response: httpx.Response, n: int) -> list[tuple[int, dict[str, 
 
 def test_the_stream_sends_commits_as_they_happen_and_resumes(server: tuple[str, Ledger]) -> None:
     url, lg = server
-    before = _run(lg, 1)
+    before = finished_run(lg, 1)
     head = lg.events()[-1].position
     with httpx.Client(timeout=WAIT) as http:
         with http.stream("GET", url + "/events/stream") as r:  # from now on
             assert r.status_code == 200
             assert r.headers["content-type"].startswith("text/event-stream")
-            timer = threading.Timer(0.2, lambda: _run(lg, 2))
+            timer = threading.Timer(0.2, lambda: finished_run(lg, 2))
             timer.start()
             got = _read_events(r, 3)
             timer.join()

@@ -52,7 +52,7 @@ from tests.clock import ManualClock
 
 settings.register_profile(
     "ci",
-    max_examples=500,
+    max_examples=350,
     stateful_step_count=25,
     deadline=None,
     print_blob=True,

@@ -1060,10 +1060,10 @@ BUG_VARIANTS = {
 
 @pytest.mark.parametrize("n", [pytest.param(n, id=f"bug{n}") for n in BUG_VARIANTS])
 def test_spec_model_with_bug_moves(n: int) -> None:
-    # 20 examples each: every example makes its bug's moves at its start (first_run), so
+    # 10 examples each: every example makes its bug's moves at its start (first_run), so
     # an open bug is found in the first; every_move runs all of them together at 50
     run_state_machine_as_test(
-        machine(memory, frozenset({n})), settings=settings(FIND_ONLY, max_examples=20)
+        machine(memory, frozenset({n})), settings=settings(FIND_ONLY, max_examples=10)
     )
 
 

@@ -66,20 +66,19 @@ def test_demo_round_trip_sqlite_postgres_sqlite(
     assert _state(back) == before
 
 
-@pytest.mark.parametrize(
-    "events",
-    [
-        pytest.param(10_000, id="10k"),
-        pytest.param(100_000, id="100k", marks=[pytest.mark.slow, pytest.mark.timeout(1800)]),
-    ],
-)
-def test_large_round_trip_sqlite_postgres_sqlite(tmp_path: Path, pg_dsn: str, events: int) -> None:
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_large_round_trip_sqlite_postgres_sqlite(tmp_path: Path, pg_dsn: str) -> None:
     first = f"sqlite:///{tmp_path}/big.db"
     back = f"sqlite:///{tmp_path}/back.db"
-    make_ledger.fill(first, events, items_per_run=2_000, batch=250, seed=4, quiet=True)
-    before = _state(first)
-    assert before[2] >= events
-    copy_ledger(first, pg_dsn, verify=False)
+    make_ledger.fill(first, 100_000, items_per_run=2_000, batch=250, seed=4, quiet=True)
+    with Ledger.open(first) as lg, lg.store.read() as tx:
+        sums = checksums(tx)
+    to_pg = copy_ledger(first, pg_dsn, verify=False)
+    # the file's digest is the source's heads (what its `verify --heads` prints); the
+    # target's verify recomputes every hash from the events and ends at the same heads
+    before = (to_pg.digest, sums, to_pg.events)
+    assert to_pg.events >= 100_000
     assert _state(pg_dsn) == before
     copy_ledger(pg_dsn, back, verify=False)
     assert _state(back) == before

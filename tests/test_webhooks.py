@@ -91,10 +91,6 @@ class Receiver:
         return f"http://127.0.0.1:{self.port}/hook"
 
 
-def _run(lg: Ledger, n: int = 2) -> str:
-    return finished_run(lg, n)
-
-
 def _until(what: str, check: Any) -> None:
     deadline = time.monotonic() + WAIT
     while not check():
@@ -107,14 +103,14 @@ def test_delivery_survives_a_failing_hanging_and_down_receiver(dsn: str) -> None
     receiver.start()
     secret = _secret()
     with Ledger.open(dsn) as lg:
-        _run(lg, 1)  # before the webhook: not sent
+        finished_run(lg, 1)  # before the webhook: not sent
         hook = add_webhook(lg, receiver.url, secret)
         assert hook.position == lg.events()[-1].position
         dispatcher = Dispatcher(lg, timeout=0.5, base_backoff=0.02, max_backoff=0.2)
         dispatcher.start()
         try:
             receiver.mode = "fail"
-            runs = [_run(lg), _run(lg, 1)]
+            runs = [finished_run(lg, 2), finished_run(lg, 1)]
             _until("3 failures", lambda: sum(r[2] == "fail" for r in receiver.requests) >= 3)
             receiver.mode = "hang"
             _until("2 timeouts", lambda: sum(r[2] == "hang" for r in receiver.requests) >= 2)
@@ -126,7 +122,7 @@ def test_delivery_survives_a_failing_hanging_and_down_receiver(dsn: str) -> None
             )
             receiver.mode = "ok"
             receiver.start()
-            runs.append(_run(lg, 3))
+            runs.append(finished_run(lg, 3))
             wanted = lg.events(after=hook.position)
             _until(
                 "everything delivered",
@@ -174,7 +170,7 @@ def test_signature_is_the_standard_webhooks_one() -> None:
 
 def test_bad_webhooks_are_refused_and_nothing_is_written(dsn: str) -> None:
     with Ledger.open(dsn) as lg:
-        _run(lg, 1)
+        finished_run(lg, 1)
         for url in ("ftp://x/", "not a url", "http://", "", "http://h/" + "x" * 2001):
             with pytest.raises(InvalidInput):
                 add_webhook(lg, url, _secret())

@@ -184,13 +184,16 @@ def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
                 conn.rollback()
 
 
-# psycopg keeps at most `prepared_max` prepared statements per connection (100 by
-# default) and deallocates the least recently used one as soon as a newer one's result
-# arrives, even when a statement queued behind it in the same pipeline names it: that
-# statement then fails with "prepared statement _pg3_N does not exist". The ledger's own
-# statements are a bounded set (a few hundred texts), so the cache holds them all; the
-# statements on verify's scratch tables, whose names are new on every verify, are never
-# prepared (nothing evicts, and a long-lived process does not keep them).
+# What was seen: test_verify's small-pages case on PostgreSQL failed with "prepared
+# statement _pg3_N does not exist" once verify ran many new statements per connection
+# (its scratch tables have new names on every verify). psycopg prepares a statement after
+# 5 executions, keeps at most `prepared_max` (100 by default) and deallocates the least
+# recently used, and it drops all of them (DEALLOCATE ALL) after a prepared statement
+# answers ROLLBACK: which of these, inside a pipeline, made a queued statement name a
+# deallocated one is not established. Two measures, which together ended it: the
+# scratch tables' statements are never prepared (no churn in the cache, and a long-lived
+# process does not keep them) and the cache holds 2,000 statements (the ledger's own are
+# a few hundred texts, so none is evicted). tests/test_pg_prepared.py pins the first.
 PREPARED_MAX = 2_000
 
 

@@ -19,14 +19,25 @@ rows, a third of the client CPU of the objects and a quarter less server time.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+Constant = int | str  # a value every row of an insert has, written into its SQL
 
 
 class RowsSql(str):
-    """A one-row INSERT or UPDATE (`?` placeholders) with its PostgreSQL bulk form."""
+    """A one-row INSERT or UPDATE (`?` placeholders) with its PostgreSQL bulk form.
+
+    A plain insert (`insert()` without a `tail`) also has its many-row forms:
+    `values_many(n)` (n rows of VALUES, any store) and `copy_sql` with `copy_row`
+    (PostgreSQL's COPY, the constants filled in)."""
 
     pg_bulk: str  # one `%s` parameter: a JSON array of objects keyed by `names`
     names: tuple[str, ...]  # the parameters of the one-row form, in order
     table: str
+    columns: tuple[str, ...]  # the columns written (an insert's in order; an update's SET)
+    constants: dict[str, Constant]  # an insert's columns given one value for every row
+    tail: str  # an insert's clause after its VALUES (ON CONFLICT ...)
+    _is_insert: bool
     # pg_array_form(types): the SQL around the array of arrays, given each name's type
     _array_form: Callable[[Mapping[str, str]], str]
 
@@ -37,13 +48,51 @@ class RowsSql(str):
         names: Sequence[str],
         table: str = "",
         array_form: Callable[[Mapping[str, str]], str] | None = None,
+        *,
+        columns: Sequence[str] = (),
+        constants: Mapping[str, Constant] | None = None,
+        tail: str = "",
+        is_insert: bool = False,
     ) -> RowsSql:
         self = super().__new__(cls, one_row)
         self.pg_bulk = pg_bulk
         self.names = tuple(names)
         self.table = table
         self._array_form = array_form or _no_array_form
+        self.columns = tuple(columns) or self.names
+        self.constants = dict(constants or {})
+        self.tail = tail
+        self._is_insert = is_insert
         return self
+
+    @property
+    def plain_insert(self) -> bool:
+        """An insert with no clause after its VALUES: it has a COPY form."""
+        return self._is_insert and not self.tail
+
+    def values_many(self, n: int) -> str:
+        """The insert of `n` rows in one statement: `n` VALUES tuples, the parameters of
+        each row in `names` order, row after row."""
+        assert self._is_insert and n >= 1, "an insert of at least one row"
+        one = "(" + ", ".join(_literal_or_slot(self.constants, c) for c in self.columns) + ")"
+        return (
+            f"INSERT INTO {self.table} ({', '.join(self.columns)}) VALUES "  # noqa: S608 (our own table/column names; values are bound)
+            + ", ".join([one] * n)
+            + self.tail
+        )
+
+    @property
+    def copy_sql(self) -> str:
+        """PostgreSQL's `COPY table (columns) FROM STDIN` for a plain insert's rows."""
+        assert self.plain_insert, "COPY takes the rows of a plain insert"
+        return f"COPY {self.table} ({', '.join(self.columns)}) FROM STDIN"
+
+    def copy_row(self, row: Sequence[Any]) -> list[Any]:
+        """One row of the one-row form's parameters as COPY takes it: every column, the
+        constants in their places."""
+        it = iter(row)
+        consts = self.constants
+        return [consts[c] if c in consts else next(it) for c in self.columns]
 
     def pg_array_form(self, types: Mapping[str, str]) -> str:
         """Every row at once on PostgreSQL, from one `?` parameter: a JSON array (jsonb)
@@ -60,15 +109,26 @@ def _casts(names: Sequence[str], types: Mapping[str, str]) -> dict[str, str]:
     return {n: f"(e->>{k})::{types[n]}" for k, n in enumerate(names)}
 
 
+def _sql_literal(value: Constant) -> str:
+    if isinstance(value, int):
+        return str(int(value))
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _literal_or_slot(constants: Mapping[str, Constant], column: str) -> str:
+    return _sql_literal(constants[column]) if column in constants else "?"
+
+
 def insert(
     table: str,
     columns: Sequence[str],
-    literals: Mapping[str, str] | None = None,
+    constants: Mapping[str, Constant] | None = None,
     tail: str = "",
 ) -> RowsSql:
-    """`INSERT INTO table (columns) VALUES (...)` + `tail`: a `?` per column, or the SQL
-    literal given for it in `literals` (the same in every row)."""
-    literals = literals or {}
+    """`INSERT INTO table (columns) VALUES (...)` + `tail`: a `?` per column, or the
+    value given for it in `constants` (the same in every row), written as an SQL literal."""
+    constants = dict(constants or {})
+    literals = {c: _sql_literal(v) for c, v in constants.items()}
     cols = ", ".join(columns)
     values = ", ".join(literals.get(c, "?") for c in columns)
     select = ", ".join(literals.get(c, f"v.{c}") for c in columns)
@@ -89,6 +149,10 @@ def insert(
         names,
         table,
         array_form,
+        columns=columns,
+        constants=constants,
+        tail=tail,
+        is_insert=True,
     )
 
 
@@ -116,4 +180,5 @@ def update(table: str, columns: Sequence[str], keys: Sequence[str]) -> RowsSql:
         names,
         table,
         array_form,
+        columns=columns,
     )

@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,14 +124,16 @@ def wal_by_relation(conn: Any, start: str, items: int) -> list[tuple[str, float,
     return [(str(r[0]), int(r[1]) / items, int(r[2]) / items) for r in rows]
 
 
-def _settle(conn: Any) -> None:
+def _settle(conn: Any, keep: Sequence[int] = ()) -> None:
     """Wait (up to 10 s) until this database's other backends have exited: a backend
-    reports its table statistics when it exits."""
+    reports its table statistics when it exits. `keep`: backends of ours that stay."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         n = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            "AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
+            "AND NOT (pid = ANY(%s))",
+            (list(keep),),
         ).fetchone()[0]
         if not n:
             return
@@ -211,7 +214,7 @@ def _measure(
                 k.join(timeout=60)
             by_relation, updates = None, {}
             if breakdown:
-                _settle(conn)
+                _settle(conn, keep=[sampler.info.backend_pid])
                 by_relation = wal_by_relation(conn, lsn0, done)
                 stats1 = _updates(conn)
                 updates = {
