@@ -166,6 +166,36 @@ def test_a_lost_notification_only_delays_the_wake_up(
             timer.join()
 
 
+@pytest.mark.postgres
+def test_a_ledger_closed_right_after_its_last_commits_still_wakes_the_listeners(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Wake-ups are coalesced (one NOTIFY per interval): commits within the interval after
+    # one get theirs at its end. A process that then closed its ledger dropped it, and
+    # other processes' followers found those commits only at their next look (1 s: the
+    # case 10 bench's worst lag, at the end of the load). The interval is made long here,
+    # so the second commit's wake-up can only be the one sent at the close.
+    import psycopg
+    from psycopg import sql
+
+    from ledger.stores import postgres as pg_store
+
+    monkeypatch.setattr(pg_store, "WAKE_INTERVAL_S", 30.0)
+    writer = Ledger.open(pg_dsn)
+    channel = feed_module.notify_channel(writer.store)
+    with psycopg.connect(pg_dsn, autocommit=True) as listener:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        try:
+            run_id = writer.submit(manifest(1), SUBMITTER).run_id
+            first = list(listener.notifies(timeout=WAIT, stop_after=1))
+            assert len(first) == 1  # the first commit's, at once
+            writer.start(run_id, CONTROLLER)  # within the interval: its wake-up is due later
+        finally:
+            writer.close()
+        last = list(listener.notifies(timeout=WAIT, stop_after=1))
+        assert len(last) == 1, "the close dropped the last commit's wake-up"
+
+
 def test_in_database_follower_updates_its_table_with_its_checkpoint(lg: Ledger) -> None:
     with lg.store.write() as tx:
         tx.execute("CREATE TABLE seen (position BIGINT NOT NULL, run_id TEXT NOT NULL)")

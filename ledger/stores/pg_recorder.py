@@ -148,12 +148,14 @@ class Waker:
         self._statement = sql.SQL("NOTIFY {}").format(sql.Identifier(channel))
         self._interval = interval
         self._pending = threading.Event()
+        self._wanted = False  # a commit since the last NOTIFY sent
         self._closed = threading.Event()
         self._start = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def poke(self) -> None:
         """Ask for a wake-up (after a commit that appended events)."""
+        self._wanted = True  # before the event: the thread clears the event, then reads this
         self._pending.set()
         if self._thread is None:
             with self._start:
@@ -181,16 +183,25 @@ class Waker:
     def _run(self) -> None:
         while True:
             self._pending.wait()
-            if self._closed.is_set():
-                return
             self._pending.clear()
-            if not self._send():
-                self._pending.set()  # not sent: try again after the interval
-            if self._closed.wait(self._interval):
+            self._send_wanted()
+            # the interval between two wake-ups; a close ends it, but what was poked
+            # before the close is still sent: the listeners are other processes, and a
+            # process that commits and then closes its ledger at once would otherwise
+            # leave them to find its last commits only at their next look (1 s)
+            if self._closed.is_set() or self._closed.wait(self._interval):
+                self._send_wanted()
                 return
 
+    def _send_wanted(self) -> None:
+        if self._wanted:
+            self._wanted = False
+            if not self._send():
+                self._wanted = True
+                self._pending.set()  # not sent: try again after the interval
+
     def close(self) -> None:
-        """Stop the thread (a pending wake-up is dropped: nobody can read after close)."""
+        """Stop the thread, after sending the wake-up still due for commits before it."""
         self._closed.set()
         self._pending.set()
         thread = self._thread
