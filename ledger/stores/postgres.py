@@ -184,16 +184,18 @@ def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
                 conn.rollback()
 
 
-# What was seen: test_verify's small-pages case on PostgreSQL failed with "prepared
-# statement _pg3_N does not exist" once verify ran many new statements per connection
-# (its scratch tables have new names on every verify). psycopg prepares a statement after
-# 5 executions, keeps at most `prepared_max` (100 by default) and deallocates the least
-# recently used, and it drops all of them (DEALLOCATE ALL) after a prepared statement
-# answers ROLLBACK: which of these, inside a pipeline, made a queued statement name a
-# deallocated one is not established. Two measures, which together ended it: the
-# scratch tables' statements are never prepared (no churn in the cache, and a long-lived
-# process does not keep them) and the cache holds 2,000 statements (the ledger's own are
-# a few hundred texts, so none is evicted). tests/test_pg_prepared.py pins the first.
+# psycopg forgets every prepared statement after a prepared statement answers ROLLBACK
+# (or DROP, ALTER) and sends DEALLOCATE ALL with the next statement. In a pipeline that
+# answer is processed late, so the DEALLOCATE ALL also removes statements prepared in
+# between, which then fail with "prepared statement _pg3_N does not exist" (verify's
+# ROLLBACK TO SAVEPOINT before its tolerant replay; test_verify's small-pages case on
+# PostgreSQL). Shown on 2026-12-02 by switching the defences off one at a time: that case
+# fails only when both are off. The defences: verify settles the pipeline right after the
+# ROLLBACK (projections/rebuild.py `settle_ddl`), and the statements on verify's scratch
+# tables, whose names are new on every verify, are never prepared (nothing of theirs to
+# remove, and a long-lived process does not keep them; tests/test_pg_prepared.py).
+# The cache size plays no part in it (the case passes at psycopg's 100): it is 2,000 so
+# the ledger's own statements, a few hundred texts, stay prepared rather than evicted.
 PREPARED_MAX = 2_000
 
 
