@@ -19,7 +19,6 @@ from ledger.domain import Item, Run
 from ledger.stores import statements as rows_sql
 from ledger.stores.base import Tx
 from ledger.stores.pg_rows import ArrayRows
-from ledger.stores.statements import RowsSql
 
 from .counts import attach as attach_counts
 from .rows import item_from_row, run_from_row
@@ -448,7 +447,7 @@ def _write_in_order(
             rows = _merge_counts(rows)
         if len(rows) == 1:
             tx.execute(sql, rows[0])
-        elif isinstance(sql, RowsSql) and sql.plain_insert:
+        elif isinstance(sql, rows_sql.RowsSql) and sql.plain_insert:
             _insert_many(tx, sql, rows, arrays)
         else:
             _write_rows(tx, sql, rows, arrays)
@@ -473,7 +472,9 @@ def _pipelined(cur: Any) -> bool:
 _MAX_PARAMS = 30_000  # under SQLite's 32,766 and PostgreSQL's 65,535 bound parameters
 
 
-def _insert_many(tx: Tx, sql: RowsSql, rows: list[tuple[Any, ...]], arrays: ArrayRows) -> None:
+def _insert_many(
+    tx: Tx, sql: rows_sql.RowsSql, rows: list[tuple[Any, ...]], arrays: ArrayRows
+) -> None:
     """Many rows of a plain insert: COPY on PostgreSQL (the array form in a pipeline,
     where psycopg refuses COPY), its many-row VALUES form elsewhere."""
     cur: Any = getattr(tx, "cur", None)

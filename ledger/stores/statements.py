@@ -38,6 +38,7 @@ class RowsSql(str):
     constants: dict[str, Constant]  # an insert's columns given one value for every row
     tail: str  # an insert's clause after its VALUES (ON CONFLICT ...)
     _is_insert: bool
+    _one_values: str
     # pg_array_form(types): the SQL around the array of arrays, given each name's type
     _array_form: Callable[[Mapping[str, str]], str]
 
@@ -63,6 +64,10 @@ class RowsSql(str):
         self.constants = dict(constants or {})
         self.tail = tail
         self._is_insert = is_insert
+        # one row's VALUES tuple: `?` per parameter, each constant as its literal
+        self._one_values = (
+            "(" + ", ".join(_literal_or_slot(self.constants, c) for c in self.columns) + ")"
+        )
         return self
 
     @property
@@ -74,10 +79,9 @@ class RowsSql(str):
         """The insert of `n` rows in one statement: `n` VALUES tuples, the parameters of
         each row in `names` order, row after row."""
         assert self._is_insert and n >= 1, "an insert of at least one row"
-        one = "(" + ", ".join(_literal_or_slot(self.constants, c) for c in self.columns) + ")"
         return (
             f"INSERT INTO {self.table} ({', '.join(self.columns)}) VALUES "  # noqa: S608 (our own table/column names; values are bound)
-            + ", ".join([one] * n)
+            + ", ".join([self._one_values] * n)
             + self.tail
         )
 
@@ -130,7 +134,7 @@ def insert(
     constants = dict(constants or {})
     literals = {c: _sql_literal(v) for c, v in constants.items()}
     cols = ", ".join(columns)
-    values = ", ".join(literals.get(c, "?") for c in columns)
+    values = ", ".join(_literal_or_slot(constants, c) for c in columns)
     select = ", ".join(literals.get(c, f"v.{c}") for c in columns)
     names = [c for c in columns if c not in literals]
 
