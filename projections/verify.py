@@ -5,12 +5,12 @@ Three checks, over one consistent point of the history (position P):
 1. **Hash chains** (tamper evidence). Events are walked per stream in version
    order; each event's hash is recomputed from its stored bytes and the
    recomputed hash of the event before it, and compared with the hash recorded
-   at write time (`ledger_event_hashes`). Reported: an edited event
-   (`hash_chain`), a missing hash (`hash_missing`), a deleted event (a version
-   gap, `stream_gap`, or a hash whose event is gone, `hash_orphan`) and events
-   whose positions disagree with their versions (`stream_order`). `heads` is a
-   digest over every stream's last event and hash: record it elsewhere to detect
-   a history rewritten wholesale, hashes included.
+   at write time (on the event's row). Reported: an edited event (`hash_chain`),
+   a missing hash (`hash_missing`), a deleted event (a version gap, `stream_gap`;
+   a stream's last event deleted shows as the projections' drift, check 3, and in
+   `heads`) and events whose positions disagree with their versions
+   (`stream_order`). `heads` is a digest over every stream's last event and hash:
+   record it elsewhere to detect a history rewritten wholesale, hashes included.
 2. **SPEC rules in the history**, checked while replaying in position order:
    a terminal run that changed (`terminal_changed`), a claim of an item that
    already had a live lease (`two_leases`), `succeeded` with a required item not
@@ -46,7 +46,7 @@ from ledger.stores.base import SCRATCH_MARK, Store, Tx
 from ledger.stores.hashchain import (
     GENESIS,
     HASH_CHAIN_FROM,
-    HASH_TABLE,
+    HASH_COLUMN,
     HeadsDigest,
     as_uuid,
     event_hash,
@@ -279,8 +279,7 @@ def _stream_rows(tx: Tx, upto: int) -> Iterator[dict[str, Any]]:
     ev = store.events_table()
     select = (
         f"SELECT e.{pos} AS position, e.originator_id AS oid, e.originator_version AS version, e.topic, "  # noqa: S608 (our own table/column names; values are bound parameters)
-        f"e.state, h.hash FROM {ev} e LEFT JOIN {HASH_TABLE} h ON h.originator_id = e.originator_id "
-        "AND h.originator_version = e.originator_version"
+        f"e.state, e.{HASH_COLUMN} AS hash FROM {ev} e"
     )
     order = " ORDER BY e.originator_id, e.originator_version LIMIT ?"
     last: tuple[Any, int] | None = None
@@ -288,12 +287,10 @@ def _stream_rows(tx: Tx, upto: int) -> Iterator[dict[str, Any]]:
         if last is None:
             rows = tx.fetchall(f"{select} WHERE e.{pos} <= ?{order}", (upto, PAGE))
         else:
-            # the page's lower bound on both tables: PostgreSQL merge-joins them, and without
-            # it scanned the hashes from the first one on every page (quadratic)
             rows = tx.fetchall(
-                f"{select} AND (h.originator_id, h.originator_version) > (?, ?) "
-                f"WHERE e.{pos} <= ? AND (e.originator_id, e.originator_version) > (?, ?){order}",
-                (*last, upto, *last, PAGE),
+                f"{select} WHERE e.{pos} <= ? AND (e.originator_id, e.originator_version) > (?, ?)"
+                f"{order}",
+                (upto, *last, PAGE),
             )
         yield from rows
         if len(rows) < PAGE:
@@ -393,18 +390,4 @@ def _check_chains(
         prev_version, prev_position = version, position
     if current is not None:
         heads.add(current, prev_version, chain)
-    for r in tx.fetchall(
-        f"SELECT h.originator_id AS oid, h.originator_version AS version FROM {HASH_TABLE} h "  # noqa: S608 (our own table/column names; values are bound parameters)
-        f"LEFT JOIN {store.events_table()} e ON e.originator_id = h.originator_id AND "
-        "e.originator_version = h.originator_version WHERE e.originator_id IS NULL LIMIT 100"
-    ):
-        problems.add(
-            "hash_orphan",
-            None,
-            None,
-            f"a hash is recorded for version {r['version']} of stream "
-            f"{as_uuid(r['oid'])} but the event is gone: it was deleted",
-            stream=str(as_uuid(r["oid"])),
-            version=int(r["version"]),
-        )
     return heads.hexdigest()

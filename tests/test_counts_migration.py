@@ -46,7 +46,11 @@ def some_runs(lg: Ledger) -> list[str]:
 
 
 def as_v6(execute: Callable[..., Any], statuses: dict[str, Any], mark: str) -> None:
-    """Put the database in the shape schema v6 had: each run's counts in its row."""
+    """Put the database in the shape schema v6 had: each run's counts in its row (and the
+    hashes in their own table, as before v11)."""
+    from tests.test_hash_migration import hashes_as_v10
+
+    hashes_as_v10(execute, "sqlite" if mark == "?" else "postgres")
     for run_id, status in statuses.items():
         execute(
             f"UPDATE lg_runs SET counts = {mark} WHERE run_id = {mark}",  # noqa: S608 (test's own SQL)

@@ -6,7 +6,9 @@ PostgreSQL the updates the item path makes after the upgrade stay on the row's p
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from ledger.stores import sqlite as sqlite_store
 from ledger.stores.base import SCHEMA_VERSION
 from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 from tests.test_counts_migration import some_runs
+from tests.test_hash_migration import hash_column_added, hashes_as_v10
 from tests.test_migrations import empty_databases
 
 AUDITS: dict[str, dict[str, Any]] = {
@@ -60,18 +63,36 @@ def write_at_v8(
     """Open a new database as schema v8's release did and write some history there
     (PostgreSQL: and how many rows the item path moved there, see work_and_moves)."""
     full = module.migrations
+    dialect = "postgres" if module is pg_store else "sqlite"
     with monkeypatch.context() as m:
         m.setattr(module, "migrations", lambda *a: full(*a)[:8])
-        if module is pg_store:
-            Ledger.open(dsn).close()
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                for sql in V8_SHAPE:
-                    conn.execute(sql)
+        Ledger.open(dsn).close()
+        with db(dsn) as execute:
+            for sql in V8_SHAPE if module is pg_store else []:
+                execute(sql)
+            hash_column_added(execute, dialect)  # this release writes hashes on the rows
         with Ledger.open(dsn) as lg:
             moved = work_and_moves(lg, dsn) if module is pg_store else (0, 0)
             runs = some_runs(lg)
             before = ({r: lg.status(r) for r in runs}, audits(lg))
+        with db(dsn) as execute:
+            hashes_as_v10(execute, dialect)
     return runs, before, moved
+
+
+@contextmanager
+def db(dsn: str) -> Iterator[Any]:
+    """`execute` on the database of a ledger DSN, outside the ledger, committed at the end."""
+    if dsn.startswith("sqlite:///"):
+        conn = sqlite3.connect(dsn.removeprefix("sqlite:///"))
+        try:
+            yield conn.execute
+            conn.commit()
+        finally:
+            conn.close()
+        return
+    with psycopg.connect(dsn, autocommit=True) as pg:
+        yield pg.execute
 
 
 def work_and_moves(lg: Ledger, dsn: str) -> tuple[int, int]:  # (items, attempts)

@@ -19,7 +19,7 @@ from eventsourcing.persistence import (
     UUIDAsHex,
 )
 
-from .hashchain import record_hashes
+from .hashchain import chain_hashes
 
 # 2: ledger_event_hashes (hash chain); 3: ledger_idempotency (keys); 4: lg_followers,
 # lg_webhooks, lg_webhook_deliveries (the change feed); 5: positions without the events
@@ -27,8 +27,9 @@ from .hashchain import record_hashes
 # of the paged reads; 7: lg_run_counts (an open run's item counts off its row, see
 # projections/counts.py); 8: single positions drawn under the block mutex (PostgreSQL);
 # 9: narrower transition and item indexes, fillfactor 50 on lg_items and lg_attempts
-# (PostgreSQL; projections/schema.py); 10: lg_items_optional (the open items not required)
-SCHEMA_VERSION = 10
+# (PostgreSQL; projections/schema.py); 10: lg_items_optional (the open items not required);
+# 11: each event's hash on its row, ledger_event_hashes folded in and dropped (hashchain.py)
+SCHEMA_VERSION = 11
 
 
 def refuse_newer(current: int, known: int) -> None:
@@ -125,8 +126,12 @@ class Tx(ABC):
         return lambda: answers
 
     @abstractmethod
-    def insert_stored_events(self, stored: Sequence[StoredEvent]) -> list[int]:
-        """Append events; return their positions (notification ids). StreamConflict on a clash."""
+    def insert_stored_events(
+        self, stored: Sequence[StoredEvent], hashes: Sequence[str | None] | None = None
+    ) -> list[int]:
+        """Append events, each with its chained hash (None, or no `hashes`: none recorded,
+        as for an event from before the hash chain); return their positions (notification ids).
+        StreamConflict on a clash."""
 
     @abstractmethod
     def db_now(self) -> datetime: ...
@@ -156,8 +161,8 @@ class Tx(ABC):
     def append(self, events: Sequence[DomainEvent]) -> list[tuple[int, DomainEvent]]:
         """Store events; return them with their positions."""
         stored = [self.store.mapper.to_stored_event(e) for e in events]
-        positions = self.insert_stored_events(stored)
-        record_hashes(self, stored)  # tamper evidence, same transaction (see hashchain.py)
+        # tamper evidence on each event's row (see hashchain.py)
+        positions = self.insert_stored_events(stored, chain_hashes(self, stored))
         return list(zip(positions, events, strict=True))
 
     def now_column(self) -> str:

@@ -3,10 +3,12 @@ event of its stream.
 
     hash(v) = sha256(len-prefixed: tag, hash(v-1), originator id, version, topic, state)
 
-computed over the stored bytes at write time (`Tx.append`, same transaction as the
-event) and kept beside the event in `ledger_event_hashes`. The first event of a
-stream chains to "" (as does an event whose predecessor was written before the
-hash chain existed: see `HASH_CHAIN_FROM`). `projections.verify` recomputes every
+computed over the stored bytes at write time (`Tx.append`, before the insert) and
+kept on the event's own row, in the events table's `hash` column (schema version 11;
+versions 2-10 kept it in a table of its own, one row per event, `ledger_event_hashes`,
+which the migration folds into the events table). The first event of a stream chains
+to "" (as does an event whose predecessor was written before the hash chain existed:
+see `HASH_CHAIN_FROM`). `projections.verify` recomputes every
 chain; a user can record the digest of all stream heads elsewhere to detect a
 history rewritten wholesale.
 """
@@ -20,18 +22,16 @@ from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
 
-from . import statements
-
 if TYPE_CHECKING:
     from .base import Tx
 
-HASH_TABLE = "ledger_event_hashes"
+HASH_COLUMN = "hash"  # on the events table (schema version 11)
+LEGACY_HASH_TABLE = "ledger_event_hashes"  # schema versions 2-10
 GENESIS = ""
 # ledger_meta key: events at or before this position predate the hash chain (schema v2)
 HASH_CHAIN_FROM = "hash_chain_from"
 _TAG = b"run-ledger/event-hash/1"
 _CHUNK = 300
-INSERT_HASHES = statements.insert(HASH_TABLE, ("originator_id", "originator_version", "hash"))
 
 
 _TAG_PART = len(_TAG).to_bytes(8, "big") + _TAG
@@ -88,46 +88,74 @@ def as_uuid(value: Any) -> UUID:
 
 
 def ddl(dialect: str) -> list[str]:
-    """The hash table (schema version 2)."""
+    """The hash table of schema versions 2-10 (created by version 2, folded into the events
+    table by version 11: `migration`)."""
     oid = "UUID" if dialect == "postgres" else "TEXT"
     big = "BIGINT" if dialect == "postgres" else "INTEGER"
     return [
         (
-            f"CREATE TABLE IF NOT EXISTS {HASH_TABLE} (originator_id {oid} NOT NULL, "
+            f"CREATE TABLE IF NOT EXISTS {LEGACY_HASH_TABLE} (originator_id {oid} NOT NULL, "
             f"originator_version {big} NOT NULL, hash TEXT NOT NULL, "
             "PRIMARY KEY (originator_id, originator_version))"
         ),
     ]
 
 
+def migration(dialect: str, events_table: str) -> list[str]:
+    """Schema version 11: each event's hash on its own row. The column is added (nullable:
+    the events of the library's own recorder, and those before the hash chain, have
+    none), filled from the hash table, and the table dropped: one row less per event
+    (its heap tuple, its primary key entry and their WAL), one lookup less per read."""
+    ev, h = events_table, LEGACY_HASH_TABLE
+    if dialect == "postgres":
+        fill = (
+            f"UPDATE {ev} e SET {HASH_COLUMN} = h.hash FROM {h} h "  # noqa: S608 (our own table/column names)
+            "WHERE h.originator_id = e.originator_id AND h.originator_version = e.originator_version"
+        )
+        add = f"ALTER TABLE {ev} ADD COLUMN IF NOT EXISTS {HASH_COLUMN} TEXT"
+    else:
+        fill = (
+            f"UPDATE {ev} SET {HASH_COLUMN} = (SELECT h.hash FROM {h} h "  # noqa: S608 (our own table/column names)
+            f"WHERE h.originator_id = {ev}.originator_id "
+            f"AND h.originator_version = {ev}.originator_version)"
+        )
+        add = f"ALTER TABLE {ev} ADD COLUMN {HASH_COLUMN} TEXT"
+    return [add, fill, f"DROP TABLE {h}"]
+
+
 def fetch_hashes(tx: Tx, keys: Sequence[tuple[UUID, int]]) -> dict[tuple[UUID, int], str]:
     """Stored hashes of the given (stream, version) pairs that have one."""
     dialect = tx.store.dialect
+    ev = tx.store.events_table()
     out: dict[tuple[UUID, int], str] = {}
     for i in range(0, len(keys), _CHUNK):
         chunk = keys[i : i + _CHUNK]
         wanted = set(chunk)
-        # by stream id (the primary key's first column, so an index search on both stores;
-        # a row-value IN list is planned as a full scan on SQLite), then pick the versions
+        # by stream id and a version range (the primary key, so an index search on both
+        # stores; a row-value IN list is planned as a full scan on SQLite), then pick the
+        # versions asked for
         streams = list(dict.fromkeys(oid for oid, _v in chunk))
         marks = ", ".join("?" for _ in streams)
-        low = min(v for _o, v in chunk)
-        rows = tx.fetchall(
-            f"SELECT originator_id, originator_version, hash FROM {HASH_TABLE} "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"WHERE originator_id IN ({marks}) AND originator_version >= ?",
-            [*(oid_param(dialect, o) for o in streams), low],
+        versions = [v for _o, v in chunk]
+        rows = tx.fetch_rows(
+            f"SELECT originator_id, originator_version, {HASH_COLUMN} FROM {ev} "  # noqa: S608 (our own table/column names; values are bound parameters)
+            f"WHERE originator_id IN ({marks}) AND originator_version BETWEEN ? AND ? "
+            f"AND {HASH_COLUMN} IS NOT NULL",
+            [*(oid_param(dialect, o) for o in streams), min(versions), max(versions)],
         )
-        for r in rows:
-            key = (as_uuid(r["originator_id"]), int(r["originator_version"]))
+        for oid, version, hx in rows:
+            key = (as_uuid(oid), int(version))
             if key in wanted:
-                out[key] = r["hash"]
+                out[key] = hx
     return out
 
 
-def record_hashes(tx: Tx, stored: Sequence[StoredEvent]) -> None:
-    """Write the chained hash of each just-inserted event (called by Tx.append)."""
+def chain_hashes(tx: Tx, stored: Sequence[StoredEvent]) -> list[str]:
+    """The chained hash of each event about to be inserted, in order (Tx.append stores
+    each on its event's row): the previous version's hash is the batch's own or the
+    stored one."""
     if not stored:
-        return
+        return []
     batch: dict[tuple[UUID, int], str] = {}
     keys = {(as_uuid(se.originator_id), se.originator_version) for se in stored}
     wanted = [
@@ -136,11 +164,11 @@ def record_hashes(tx: Tx, stored: Sequence[StoredEvent]) -> None:
         if version > 1 and (oid, version - 1) not in keys
     ]
     previous = fetch_hashes(tx, wanted) if wanted else {}
-    rows = []
+    out = []
     for se in stored:
         oid, version = as_uuid(se.originator_id), se.originator_version
         prev = batch.get((oid, version - 1)) or previous.get((oid, version - 1)) or GENESIS
         hx = event_hash(prev, oid, version, se.topic, se.state)
         batch[(oid, version)] = hx
-        rows.append((oid_param(tx.store.dialect, oid), version, hx))
-    tx.executemany(INSERT_HASHES, rows)
+        out.append(hx)
+    return out

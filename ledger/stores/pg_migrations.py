@@ -73,6 +73,8 @@ def migrations(datastore: PostgresDatastore) -> list[list[Any]]:
     v9: list[Any] = narrowed_index_migration("postgres")
     # v10: the index of optional open items (the status read's required count)
     v10: list[Any] = optional_index_migration()
-    out = [v1, v2, v3, v4, v5, v6, v7, v8, v9, v10]
+    # v11: each event's hash on its row; the hash table folded in and dropped (issue 15)
+    v11: list[Any] = hashchain.migration("postgres", EVENTS_TABLE)
+    out = [v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11]
     assert len(out) == SCHEMA_VERSION
     return out

@@ -130,27 +130,44 @@ $body$
 READABLE_QUERY = sql.SQL("SELECT {}() AS p").format(sql.Identifier(READABLE_FUNCTION))
 
 
-def insert_json_statement(table: sql.Composable) -> sql.Composed:
-    """Insert events given as one JSON array of [id, version, topic, state text]
-    (parameters: the array's length, the array), positions from one reserved block."""
+def insert_json_statement(table: sql.Composable, hashed: bool = False) -> sql.Composed:
+    """Insert events given as one JSON array of [id, version, topic, state text] (with
+    `hashed`, a fifth element: the event's hash, schema version 11), positions from one
+    reserved block (parameters: the array's length, the array)."""
     return sql.SQL(
         "WITH r AS MATERIALIZED (SELECT {reserve}(%s) AS first) "
-        "INSERT INTO {table} (notification_id, originator_id, originator_version, topic, state) "
+        "INSERT INTO {table} (notification_id, originator_id, originator_version, topic, "
+        "state{hash_column}) "
         "SELECT r.first + x.n - 1, (x.e->>0)::uuid, (x.e->>1)::bigint, x.e->>2, "
-        "convert_to(x.e->>3, 'UTF8') "
+        "convert_to(x.e->>3, 'UTF8'){hash_value} "
         "FROM r, json_array_elements(%s::json) WITH ORDINALITY AS x(e, n) "
         "RETURNING notification_id"
-    ).format(reserve=sql.Identifier(RESERVE_FUNCTION), table=table)
+    ).format(
+        reserve=sql.Identifier(RESERVE_FUNCTION),
+        table=table,
+        hash_column=sql.SQL(", hash" if hashed else ""),
+        hash_value=sql.SQL(", x.e->>4" if hashed else ""),
+    )
 
 
-def insert_arrays_statement(table: sql.Composable, id_type: str) -> sql.Composed:
-    """Insert events given as four parallel arrays (parameters: the length, ids, versions,
-    topics, states): for states that are not UTF-8 text."""
+def insert_arrays_statement(
+    table: sql.Composable, id_type: str, hashed: bool = False
+) -> sql.Composed:
+    """Insert events given as parallel arrays (parameters: the length, ids, versions,
+    topics, states, and with `hashed` the hashes): for states that are not UTF-8 text."""
     return sql.SQL(
         "WITH r AS MATERIALIZED (SELECT {reserve}(%s) AS first) "
-        "INSERT INTO {table} (notification_id, originator_id, originator_version, topic, state) "
-        "SELECT r.first + x.n - 1, x.i, x.v, x.t, x.s "
-        "FROM r, unnest(%s::{id_type}[], %s::bigint[], %s::text[], %s::bytea[]) "
-        "WITH ORDINALITY AS x(i, v, t, s, n) "
+        "INSERT INTO {table} (notification_id, originator_id, originator_version, topic, "
+        "state{hash_column}) SELECT r.first + x.n - 1, x.i, x.v, x.t, x.s{hash_value} "
+        "FROM r, unnest(%s::{id_type}[], %s::bigint[], %s::text[], %s::bytea[]{hash_array}) "
+        "WITH ORDINALITY AS x(i, v, t, s{hash_name}, n) "
         "RETURNING notification_id"
-    ).format(reserve=sql.Identifier(RESERVE_FUNCTION), table=table, id_type=sql.SQL(id_type))
+    ).format(
+        reserve=sql.Identifier(RESERVE_FUNCTION),
+        table=table,
+        id_type=sql.SQL(id_type),
+        hash_column=sql.SQL(", hash" if hashed else ""),
+        hash_value=sql.SQL(", x.h" if hashed else ""),
+        hash_array=sql.SQL(", %s::text[]" if hashed else ""),
+        hash_name=sql.SQL(", h" if hashed else ""),
+    )

@@ -48,32 +48,42 @@ class LedgerPostgresRecorder(PostgresApplicationRecorder):
             else sql.Identifier(events_table_name)
         )
         self.events_table_sql = table
-        self.insert_events_json_statement = pg_positions.insert_json_statement(table)
         id_type = datastore.originator_id_type
         if id_type not in ("uuid", "text"):
             raise ValueError(f"originator id type {id_type!r} is neither uuid nor text")
-        self.insert_events_arrays_statement = pg_positions.insert_arrays_statement(table, id_type)
+        # by whether the events' hashes go on their rows (the ledger's events table has the
+        # column from schema version 11; the library's test tables do not)
+        self.insert_events_json_statements = {
+            h: pg_positions.insert_json_statement(table, hashed=h) for h in (False, True)
+        }
+        self.insert_events_arrays_statements = {
+            h: pg_positions.insert_arrays_statement(table, id_type, hashed=h) for h in (False, True)
+        }
 
     def _insert_stored_events(
-        self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
+        self,
+        curs: Any,
+        stored_events: Sequence[StoredEvent],
+        hashes: Sequence[str | None] | None = None,
+        **kwargs: Any,
     ) -> None:
-        # no LOCK TABLE and no NOTIFY: see the module docstring
+        # no LOCK TABLE and no NOTIFY: see the module docstring. `hashes`: each event's
+        # chained hash, stored on its row (the ledger's own appends, ledger/stores/base.py)
         n = len(stored_events)
-        param = _events_json(curs.connection, stored_events)
+        hashed = hashes is not None
+        param = _events_json(curs.connection, stored_events, hashes)
         if param is not None:
-            curs.execute(self.insert_events_json_statement, (n, param), prepare=True)
+            curs.execute(self.insert_events_json_statements[hashed], (n, param), prepare=True)
             return
-        curs.execute(
-            self.insert_events_arrays_statement,
-            (
-                n,
-                [se.originator_id for se in stored_events],
-                [se.originator_version for se in stored_events],
-                [se.topic for se in stored_events],
-                [bytes(se.state) for se in stored_events],
-            ),
-            prepare=True,
-        )
+        arrays: list[Any] = [
+            [se.originator_id for se in stored_events],
+            [se.originator_version for se in stored_events],
+            [se.topic for se in stored_events],
+            [bytes(se.state) for se in stored_events],
+        ]
+        if hashes is not None:
+            arrays.append(list(hashes))
+        curs.execute(self.insert_events_arrays_statements[hashed], (n, *arrays), prepare=True)
 
     def readable_position(self) -> int | None:
         """The highest position a reader may pass now (None: nothing stored yet)."""
@@ -114,13 +124,18 @@ class LedgerPostgresRecorder(PostgresApplicationRecorder):
             return None if row is None else row["m"]
 
 
-def _events_json(conn: psycopg.Connection[Any], stored: Sequence[StoredEvent]) -> str | None:
-    """The events as one JSON array of [id, version, topic, state text]; None when a state
-    is not NUL-free UTF-8 or the database does not keep text as UTF-8."""
+def _events_json(
+    conn: psycopg.Connection[Any],
+    stored: Sequence[StoredEvent],
+    hashes: Sequence[str | None] | None = None,
+) -> str | None:
+    """The events as one JSON array of [id, version, topic, state text] (and each one's
+    hash, when given); None when a state is not NUL-free UTF-8 or the database does not
+    keep text as UTF-8."""
     if conn.info.parameter_status("server_encoding") != "UTF8":
         return None
-    rows = []
-    for se in stored:
+    rows: list[tuple[Any, ...]] = []
+    for i, se in enumerate(stored):
         state = se.state
         if b"\x00" in state:
             return None
@@ -128,7 +143,10 @@ def _events_json(conn: psycopg.Connection[Any], stored: Sequence[StoredEvent]) -
             text = state.decode("utf-8")
         except UnicodeDecodeError:
             return None
-        rows.append((str(se.originator_id), se.originator_version, se.topic, text))
+        if hashes is None:
+            rows.append((str(se.originator_id), se.originator_version, se.topic, text))
+        else:
+            rows.append((str(se.originator_id), se.originator_version, se.topic, text, hashes[i]))
     return json.dumps(rows, ensure_ascii=False)
 
 

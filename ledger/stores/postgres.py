@@ -302,12 +302,14 @@ class PgTx(Tx):
 
         return answers
 
-    def insert_stored_events(self, stored: Sequence[StoredEvent]) -> list[int]:
+    def insert_stored_events(
+        self, stored: Sequence[StoredEvent], hashes: Sequence[str | None] | None = None
+    ) -> list[int]:
         assert isinstance(self.store, PostgresStore)
         rec = self.store.recorder
         try:
             # a clash aborts the whole transaction: the command is refused with Conflict
-            rec._insert_stored_events(self.cur, stored)
+            rec._insert_stored_events(self.cur, stored, hashes or [None] * len(stored))
             self.appended = True
             _drain(self.conn)
             _take_results(self.conn)

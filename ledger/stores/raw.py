@@ -18,7 +18,7 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 
 from .base import Tx
-from .hashchain import HASH_TABLE, INSERT_HASHES, as_uuid, oid_param
+from .hashchain import HASH_COLUMN, as_uuid, oid_param
 
 _CHUNK = 300  # stream ids per IN list
 
@@ -48,18 +48,13 @@ def max_position(tx: Tx) -> int:
 
 
 def read_raw(tx: Tx, after: int, limit: int, upto: int | None = None) -> list[RawEvent]:
-    """Events after position `after` (up to `upto`), in position order, with their hashes.
-
-    Each event's hash is looked up by its key (a subquery), never joined: PostgreSQL
-    planned the join of a range whose row count it underestimated (a freshly imported
-    table, not analyzed yet) as a hash join over the whole hash table, then a sort, at
-    every page (measured: 200 ms a page of 2,000 against 20 ms). Callers that page
-    should also bound `upto` near `after` (`iter_events` reads ranges of one page)."""
+    """Events after position `after` (up to `upto`), in position order, with their hashes
+    (on their rows). Callers that page should also bound `upto` near `after`
+    (`iter_events` reads ranges of one page)."""
     pos = position_sql(tx)
     sql = (
         f"SELECT e.{pos} AS position, e.originator_id AS oid, e.originator_version AS version, "  # noqa: S608 (our own table/column names; values are bound parameters)
-        f"e.topic, e.state, (SELECT h.hash FROM {HASH_TABLE} h WHERE h.originator_id = "
-        "e.originator_id AND h.originator_version = e.originator_version) AS hash "
+        f"e.topic, e.state, e.{HASH_COLUMN} AS hash "
         f"FROM {tx.store.events_table()} e WHERE e.{pos} > ?"
     )
     params: list[Any] = [after]
@@ -95,9 +90,8 @@ def read_stream_events(tx: Tx, stream: UUID, since_version: int = 1) -> list[Raw
     """The events of one stream from `since_version` on, in version order, with hashes."""
     pos = position_sql(tx)
     rows = tx.fetchall(
-        f"SELECT e.{pos} AS position, e.originator_version AS version, e.topic, e.state, h.hash "  # noqa: S608 (our own table/column names; values are bound parameters)
-        f"FROM {tx.store.events_table()} e LEFT JOIN {HASH_TABLE} h ON h.originator_id = "
-        "e.originator_id AND h.originator_version = e.originator_version "
+        f"SELECT e.{pos} AS position, e.originator_version AS version, e.topic, e.state, "  # noqa: S608 (our own table/column names; values are bound parameters)
+        f"e.{HASH_COLUMN} AS hash FROM {tx.store.events_table()} e "
         "WHERE e.originator_id = ? AND e.originator_version >= ? ORDER BY e.originator_version",
         (oid_param(tx.store.dialect, stream), since_version),
     )
@@ -135,9 +129,8 @@ def stream_heads(tx: Tx, streams: Sequence[UUID]) -> dict[UUID, tuple[int, str |
         chunk = list(streams[i : i + _CHUNK])
         marks = ", ".join("?" for _ in chunk)
         rows = tx.fetchall(
-            f"SELECT e.originator_id AS oid, e.originator_version AS version, h.hash FROM {ev} e "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"LEFT JOIN {HASH_TABLE} h ON h.originator_id = e.originator_id AND "
-            "h.originator_version = e.originator_version WHERE e.originator_id IN "
+            f"SELECT e.originator_id AS oid, e.originator_version AS version, "  # noqa: S608 (our own table/column names; values are bound parameters)
+            f"e.{HASH_COLUMN} AS hash FROM {ev} e WHERE e.originator_id IN "
             f"({marks}) AND e.originator_version = (SELECT MAX(m.originator_version) FROM {ev} m "
             "WHERE m.originator_id = e.originator_id)",
             [oid_param(dialect, o) for o in chunk],
@@ -150,10 +143,11 @@ def stream_heads(tx: Tx, streams: Sequence[UUID]) -> dict[UUID, tuple[int, str |
 def stored_hash(tx: Tx, stream: UUID, version: int) -> str | None:
     """The hash recorded for one event (None when there is none)."""
     row = tx.fetchone(
-        f"SELECT hash FROM {HASH_TABLE} WHERE originator_id = ? AND originator_version = ?",  # noqa: S608 (our own table/column names; values are bound parameters)
+        f"SELECT {HASH_COLUMN} AS hash FROM {tx.store.events_table()} "  # noqa: S608 (our own table/column names; values are bound parameters)
+        "WHERE originator_id = ? AND originator_version = ?",
         (oid_param(tx.store.dialect, stream), version),
     )
-    return None if row is None else str(row["hash"])
+    return None if row is None or row["hash"] is None else str(row["hash"])
 
 
 def append_raw(
@@ -184,28 +178,23 @@ def append_raw(
     ):
         positions = [e.position for e in events]
         if dialect == "postgres":
-            # the hashes too
+            # each row with its hash
             if lines is None or not _pg_insert_lines(tx, events, lines):
                 _pg_insert_at(tx, events)
             return positions
         tx.executemany(
-            "INSERT INTO stored_events (rowid, originator_id, originator_version, topic, state) "
-            "VALUES (?, ?, ?, ?, ?)",
-            [(e.position, e.stream.hex, e.version, e.topic, e.state) for e in events],
+            "INSERT INTO stored_events (rowid, originator_id, originator_version, topic, state, "  # noqa: S608 (our own table/column names)
+            f"{HASH_COLUMN}) VALUES (?, ?, ?, ?, ?, ?)",
+            [(e.position, e.stream.hex, e.version, e.topic, e.state, e.hash) for e in events],
         )
-    else:
-        stored = [
-            StoredEvent(
-                originator_id=e.stream, originator_version=e.version, topic=e.topic, state=e.state
-            )
-            for e in events
-        ]
-        positions = tx.insert_stored_events(stored)
-    tx.executemany(
-        INSERT_HASHES,
-        [(oid_param(dialect, e.stream), e.version, e.hash) for e in events if e.hash is not None],
-    )
-    return positions
+        return positions
+    stored = [
+        StoredEvent(
+            originator_id=e.stream, originator_version=e.version, topic=e.topic, state=e.state
+        )
+        for e in events
+    ]
+    return tx.insert_stored_events(stored, [e.hash for e in events])
 
 
 def reserve_positions(tx: Tx, first: int, last: int) -> bool:
@@ -237,7 +226,7 @@ def _pg_reserve_at(tx: Tx, first: int, last: int) -> bool:
 
 
 def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
-    """PostgreSQL: insert events at given positions (reserved or free) and their hashes, as
+    """PostgreSQL: insert events at given positions (reserved or free) with their hashes, as
     one statement over one jsonb array: a state that is NUL-free UTF-8 goes as text (the
     recorder's form), any other in base64. Measured on 50,000 events against the events
     as json (base64 states) and the hashes in a statement of their own: half the client
@@ -269,11 +258,9 @@ def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
         "WITH x AS MATERIALIZED (SELECT (e->>0)::bigint AS p, (e->>1)::uuid AS o, "  # noqa: S608 (our own table/column names; values are bound parameters)
         "(e->>2)::bigint AS v, e->>3 AS t, "
         "COALESCE(convert_to(e->>4, 'UTF8'), decode(e->>5, 'base64')) AS s, e->>6 AS h "
-        "FROM jsonb_array_elements(?::jsonb) AS x(e)), "
-        f"ins AS (INSERT INTO {ev} (notification_id, originator_id, originator_version, topic, "
-        "state) SELECT p, o, v, t, s FROM x) "
-        f"INSERT INTO {HASH_TABLE} (originator_id, originator_version, hash) "
-        "SELECT o, v, h FROM x WHERE h IS NOT NULL",
+        "FROM jsonb_array_elements(?::jsonb) AS x(e)) "
+        f"INSERT INTO {ev} (notification_id, originator_id, originator_version, topic, "
+        f"state, {HASH_COLUMN}) SELECT p, o, v, t, s, h FROM x",
         (json.dumps(rows, ensure_ascii=False),),
     )
 
@@ -293,11 +280,9 @@ def _pg_insert_lines(tx: Tx, events: Sequence[RawEvent], lines: Sequence[str]) -
     tx.execute(
         "WITH x AS MATERIALIZED (SELECT (e->>'position')::bigint AS p, (e->>'stream')::uuid AS o, "  # noqa: S608 (our own table/column names; values are bound parameters)
         "(e->>'version')::bigint AS v, e->>'topic' AS t, convert_to(e->>'state', 'UTF8') AS s, "
-        "e->>'hash' AS h FROM jsonb_array_elements(?::jsonb) AS x(e)), "
-        f"ins AS (INSERT INTO {ev} (notification_id, originator_id, originator_version, topic, "
-        "state) SELECT p, o, v, t, s FROM x) "
-        f"INSERT INTO {HASH_TABLE} (originator_id, originator_version, hash) "
-        "SELECT o, v, h FROM x WHERE h IS NOT NULL",
+        "e->>'hash' AS h FROM jsonb_array_elements(?::jsonb) AS x(e)) "
+        f"INSERT INTO {ev} (notification_id, originator_id, originator_version, topic, "
+        f"state, {HASH_COLUMN}) SELECT p, o, v, t, s, h FROM x",
         ("[" + ",".join(lines) + "]",),
     )
     return True
@@ -313,7 +298,7 @@ def delete_stream_events(
     tx: Tx, streams: Sequence[tuple[UUID, int]], from_version: int | None = None
 ) -> int:
     """Delete the events of each (stream, version) up to that version (from `from_version`
-    on only, when given), with their hashes, in the caller's transaction (keep it short:
+    on only, when given; their hashes are on their rows), in the caller's transaction (keep it short:
     a few thousand events); returns how many events went."""
     dialect = tx.store.dialect
     ev = tx.store.events_table()
@@ -334,7 +319,6 @@ def delete_stream_events(
             row = tx.fetchone(f"SELECT COUNT(*) AS n FROM {ev} WHERE {where}", params)  # noqa: S608 (our own table/column names; values are bound parameters)
             deleted += int(row["n"]) if row else 0
             tx.execute(f"DELETE FROM {ev} WHERE {where}", params)  # noqa: S608 (our own table/column names; values are bound parameters)
-            tx.execute(f"DELETE FROM {HASH_TABLE} WHERE {where}", params)  # noqa: S608 (our own table/column names; values are bound parameters)
     return deleted
 
 

@@ -36,7 +36,43 @@ BUSY_TIMEOUT_S = 60.0
 
 class LedgerSQLiteRecorder(SQLiteApplicationRecorder):
     """The stock eventsourcing SQLite recorder; the ledger calls its insert inside
-    its own transactions, so events and projection rows commit together."""
+    its own transactions, so events and projection rows commit together. Its insert
+    names the columns (the stock one gives four values to all of them), since the
+    ledger's events table has a fifth, each event's hash (schema version 11), which
+    `insert_hashed` fills."""
+
+    def __init__(self, datastore: SQLiteDatastore, events_table_name: str = "stored_events"):
+        super().__init__(datastore, events_table_name)
+        table = self.events_table_name
+        self.insert_events_statement = (
+            f"INSERT INTO {table} (originator_id, originator_version, topic, state) "  # noqa: S608 (our own table/column names)
+            "VALUES (?,?,?,?)"
+        )
+        self.insert_hashed_statement = (
+            f"INSERT INTO {table} (originator_id, originator_version, topic, state, "  # noqa: S608 (our own table/column names)
+            f"{hashchain.HASH_COLUMN}) VALUES (?,?,?,?,?)"
+        )
+
+    def insert_hashed(
+        self, c: SQLiteCursor, stored: Sequence[StoredEvent], hashes: Sequence[str | None]
+    ) -> list[int]:
+        """Insert events with their hashes; return their positions (rowids)."""
+        ids = []
+        statement = self.insert_hashed_statement
+        for se, hx in zip(stored, hashes, strict=True):
+            oid = se.originator_id
+            c.execute(
+                statement,
+                (
+                    oid.hex if isinstance(oid, UUID) else oid,
+                    se.originator_version,
+                    se.topic,
+                    se.state,
+                    hx,
+                ),
+            )
+            ids.append(c.lastrowid)
+        return ids
 
 
 class SqliteTx(Tx):
@@ -59,10 +95,14 @@ class SqliteTx(Tx):
         self.cur.execute(sql, params)
         return list(self.cur.fetchall())  # sqlite3.Row: indexable, no dict per row
 
-    def insert_stored_events(self, stored: Sequence[StoredEvent]) -> list[int]:
+    def insert_stored_events(
+        self, stored: Sequence[StoredEvent], hashes: Sequence[str | None] | None = None
+    ) -> list[int]:
         assert isinstance(self.store, SqliteStore)
         try:
-            ids = self.store.recorder._insert_events(SQLiteCursor(self.cur), stored)
+            ids = self.store.recorder.insert_hashed(
+                SQLiteCursor(self.cur), stored, hashes or [None] * len(stored)
+            )
         except sqlite3.IntegrityError as e:
             raise StreamConflict(str(e)) from e
         assert ids is not None
@@ -247,7 +287,8 @@ def migrations() -> list[list[str]]:
     v9: list[Any] = narrowed_index_migration("sqlite")
     # v10: the index of optional open items (the status read's required count)
     v10: list[Any] = optional_index_migration()
-    out = [v1, v2, v3, v4, v5, v6, v7, v8, v9, v10]
+    v11: list[Any] = hashchain.migration("sqlite", "stored_events")  # hashes on the event rows
+    out = [v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11]
     assert len(out) == SCHEMA_VERSION
     return out
 

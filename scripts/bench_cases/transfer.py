@@ -2,11 +2,12 @@
 
 A SQLite ledger is filled to `transfer_events` events. Then, each measured in this run:
 
-- export from SQLite (`lg.export` to a file) vs reading the same rows (events joined
-  with their hashes, pages of 2,000) with sqlite3 and writing each as a JSON line;
+- export from SQLite (`lg.export` to a file) vs reading the same rows (events with
+  their hashes, pages of 2,000) with sqlite3 and writing each as a JSON line;
 - import into an empty PostgreSQL database (`lg.import_file(verify=False)`: checking the
-  file, appending events and hashes, projecting them) vs COPY of the same rows into two
-  tables of the same shape (events and hashes) in another empty database;
+  file, appending events with their hashes, projecting them) vs COPY of the same rows
+  into a table of the same shape (the events table, hash column included) in another
+  empty database;
 - export from that PostgreSQL ledger vs reading the same rows with psycopg.
 
 Goal: each ratio >= 0.3 (events/s).
@@ -26,15 +27,12 @@ from .common import PgTarget, Profiler, Row, Sizes, fill_events, ratio_row
 
 GOAL = 0.3
 _SQLITE_ROWS = (
-    "SELECT e.rowid, e.originator_id, e.originator_version, e.topic, e.state, h.hash "
-    "FROM stored_events e LEFT JOIN ledger_event_hashes h ON h.originator_id = e.originator_id "
-    "AND h.originator_version = e.originator_version WHERE e.rowid > ? ORDER BY e.rowid LIMIT 2000"
+    "SELECT rowid, originator_id, originator_version, topic, state, hash "
+    "FROM stored_events WHERE rowid > ? ORDER BY rowid LIMIT 2000"
 )
 _PG_ROWS = (
-    "SELECT e.notification_id, e.originator_id, e.originator_version, e.topic, e.state, h.hash "
-    "FROM ledger_events e LEFT JOIN ledger_event_hashes h ON h.originator_id = e.originator_id "
-    "AND h.originator_version = e.originator_version WHERE e.notification_id > %s "
-    "ORDER BY e.notification_id LIMIT 2000"
+    "SELECT notification_id, originator_id, originator_version, topic, state, hash "
+    "FROM ledger_events WHERE notification_id > %s ORDER BY notification_id LIMIT 2000"
 )
 
 
@@ -95,18 +93,14 @@ def _raw_read_pg(dsn: str, out: Path) -> tuple[float, int]:
 
 
 def _raw_copy(dsn: str, path: Path) -> tuple[float, int]:
-    """COPY the file's rows (parsed from the same lines) into events and hashes tables."""
+    """COPY the file's rows (parsed from the same lines) into a table shaped as the events'."""
     import psycopg
 
     with psycopg.connect(dsn) as conn:
         conn.execute(
             "CREATE TABLE raw_events (position bigint PRIMARY KEY, originator_id uuid, "
-            "originator_version bigint, topic text, state bytea, "
+            "originator_version bigint, topic text, state bytea, hash text, "
             "UNIQUE (originator_id, originator_version))"
-        )
-        conn.execute(
-            "CREATE TABLE raw_hashes (originator_id uuid, originator_version bigint, hash text, "
-            "PRIMARY KEY (originator_id, originator_version))"
         )
         conn.commit()
         start = time.perf_counter()
@@ -131,15 +125,11 @@ def _raw_copy(dsn: str, path: Path) -> tuple[float, int]:
                     )
                 )
             with cur.copy(
-                "COPY raw_events (position, originator_id, originator_version, topic, state) FROM STDIN"
+                "COPY raw_events (position, originator_id, originator_version, topic, state, hash) "
+                "FROM STDIN"
             ) as copy:
                 for e in events:
-                    copy.write_row(e[:5])
-            with cur.copy(
-                "COPY raw_hashes (originator_id, originator_version, hash) FROM STDIN"
-            ) as copy:
-                for e in events:
-                    copy.write_row((e[1], e[2], e[5]))
+                    copy.write_row(e)
             n = len(events)
         return time.perf_counter() - start, n
 

@@ -15,7 +15,7 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 
 from ledger import Ledger
-from ledger.stores.hashchain import record_hashes
+from ledger.stores.hashchain import chain_hashes
 
 CHUNK = 2000
 
@@ -48,8 +48,7 @@ def import_stored(lg: Ledger, events: Iterable[StoredEvent], chunk: int = CHUNK)
 
 def _write(lg: Ledger, batch: list[StoredEvent]) -> int:
     with lg.store.write() as tx:
-        tx.insert_stored_events(batch)
-        record_hashes(tx, batch)
+        tx.insert_stored_events(batch, chain_hashes(tx, batch))
     return len(batch)
 
 
