@@ -293,7 +293,7 @@ class EventReader:
             raise ImportRefused(
                 f"the file ends at line {n} without its closing line: it is truncated", line=n
             )
-        _check_closing(closing, self.chains, n)
+        _check_closing(closing, self.chains, n, ids)
 
 
 def check_file(f: IO[str], progress: Progress | None = None) -> FileCheck:
@@ -312,13 +312,18 @@ def check_file(f: IO[str], progress: Progress | None = None) -> FileCheck:
     return FileCheck(chains=chains, first_position=first, lines=reader.line, runs=runs)
 
 
-def _check_closing(closing: dict[str, Any], chains: Chains, line: int) -> None:
+def _check_closing(
+    closing: dict[str, Any], chains: Chains, line: int, ids: dict[str, UUID] | None = None
+) -> None:
+    """The closing line against what the lines held. `ids`: the stream ids already
+    parsed from the lines, by their text (a head's id is looked up there first)."""
     heads = closing.get("heads")
     if not isinstance(heads, dict):
         raise ImportRefused(f"line {line} (closing): no stream heads", line=line)
+    known = ids or {}
     for text, head in heads.items():
         try:
-            oid = UUID(text)
+            oid = known.get(text) or UUID(text)
         except (ValueError, TypeError):
             raise ImportRefused(
                 f"line {line} (closing): {text!r} is not a stream id", line=line
