@@ -135,14 +135,24 @@ def fetch_hashes(tx: Tx, keys: Sequence[tuple[UUID, int]]) -> dict[tuple[UUID, i
         # stores; a row-value IN list is planned as a full scan on SQLite), then pick the
         # versions asked for
         streams = list(dict.fromkeys(oid for oid, _v in chunk))
-        marks = ", ".join("?" for _ in streams)
         versions = [v for _o, v in chunk]
-        rows = tx.fetch_rows(
-            f"SELECT originator_id, originator_version, {HASH_COLUMN} FROM {ev} "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"WHERE originator_id IN ({marks}) AND originator_version BETWEEN ? AND ? "
-            f"AND {HASH_COLUMN} IS NOT NULL",
-            [*(oid_param(dialect, o) for o in streams), min(versions), max(versions)],
-        )
+        if dialect == "postgres":
+            # one statement text for any number of streams (an array parameter): converted
+            # once by psycopg and kept prepared, where an IN list is a new text per count
+            rows = tx.fetch_rows(
+                f"SELECT originator_id, originator_version, {HASH_COLUMN} FROM {ev} "  # noqa: S608 (our own table/column names; values are bound parameters)
+                "WHERE originator_id = ANY(?) AND originator_version BETWEEN ? AND ? "
+                f"AND {HASH_COLUMN} IS NOT NULL",
+                [streams, min(versions), max(versions)],
+            )
+        else:
+            marks = ", ".join("?" for _ in streams)
+            rows = tx.fetch_rows(
+                f"SELECT originator_id, originator_version, {HASH_COLUMN} FROM {ev} "  # noqa: S608 (our own table/column names; values are bound parameters)
+                f"WHERE originator_id IN ({marks}) AND originator_version BETWEEN ? AND ? "
+                f"AND {HASH_COLUMN} IS NOT NULL",
+                [*(oid_param(dialect, o) for o in streams), min(versions), max(versions)],
+            )
         for oid, version, hx in rows:
             key = (as_uuid(oid), int(version))
             if key in wanted:
