@@ -139,20 +139,16 @@ def fetch_hashes(tx: Tx, keys: Sequence[tuple[UUID, int]]) -> dict[tuple[UUID, i
         if dialect == "postgres":
             # one statement text for any number of streams (an array parameter): converted
             # once by psycopg and kept prepared, where an IN list is a new text per count
-            rows = tx.fetch_rows(
-                f"SELECT originator_id, originator_version, {HASH_COLUMN} FROM {ev} "  # noqa: S608 (our own table/column names; values are bound parameters)
-                "WHERE originator_id = ANY(?) AND originator_version BETWEEN ? AND ? "
-                f"AND {HASH_COLUMN} IS NOT NULL",
-                [streams, min(versions), max(versions)],
-            )
+            among, ids = "= ANY(?)", [streams]
         else:
-            marks = ", ".join("?" for _ in streams)
-            rows = tx.fetch_rows(
-                f"SELECT originator_id, originator_version, {HASH_COLUMN} FROM {ev} "  # noqa: S608 (our own table/column names; values are bound parameters)
-                f"WHERE originator_id IN ({marks}) AND originator_version BETWEEN ? AND ? "
-                f"AND {HASH_COLUMN} IS NOT NULL",
-                [*(oid_param(dialect, o) for o in streams), min(versions), max(versions)],
-            )
+            among = f"IN ({', '.join('?' for _ in streams)})"
+            ids = [oid_param(dialect, o) for o in streams]
+        rows = tx.fetch_rows(
+            f"SELECT originator_id, originator_version, {HASH_COLUMN} FROM {ev} "  # noqa: S608 (our own table/column names; values are bound parameters)
+            f"WHERE originator_id {among} AND originator_version BETWEEN ? AND ? "
+            f"AND {HASH_COLUMN} IS NOT NULL",
+            [*ids, min(versions), max(versions)],
+        )
         for oid, version, hx in rows:
             key = (as_uuid(oid), int(version))
             if key in wanted:

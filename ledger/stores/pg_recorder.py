@@ -143,10 +143,8 @@ def _events_json(
             text = state.decode("utf-8")
         except UnicodeDecodeError:
             return None
-        if hashes is None:
-            rows.append((str(se.originator_id), se.originator_version, se.topic, text))
-        else:
-            rows.append((str(se.originator_id), se.originator_version, se.topic, text, hashes[i]))
+        row = (str(se.originator_id), se.originator_version, se.topic, text)
+        rows.append(row if hashes is None else (*row, hashes[i]))
     return json.dumps(rows, ensure_ascii=False)
 
 

@@ -183,8 +183,8 @@ def append_raw(
                 _pg_insert_at(tx, events)
             return positions
         tx.executemany(
-            "INSERT INTO stored_events (rowid, originator_id, originator_version, topic, state, "  # noqa: S608 (our own table/column names)
-            f"{HASH_COLUMN}) VALUES (?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO {tx.store.events_table()} (rowid, originator_id, originator_version, "  # noqa: S608 (our own table/column names)
+            f"topic, state, {HASH_COLUMN}) VALUES (?, ?, ?, ?, ?, ?)",
             [(e.position, e.stream.hex, e.version, e.topic, e.state, e.hash) for e in events],
         )
         return positions
