@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from ledger import Ledger
+from ledger import Ledger, transfer
 from ledger.errors import RunNotFound
-from ledger.stores.raw import max_position
+from ledger.stores.raw import append_raw, max_position
 from ledger.transfer import ImportRefused, copy_ledger
 from projections.checksums import checksums
 from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
@@ -180,10 +180,26 @@ def _damaged() -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize("page", [None, 3], ids=["one page", "pages of 3"])
 @pytest.mark.parametrize("damage", sorted(_damaged()))
 def test_a_damaged_file_is_refused_with_its_position_and_nothing_is_written(
-    tmp_path: Path, store_dsn: str, damage: str
+    tmp_path: Path,
+    store_dsn: str,
+    damage: str,
+    page: int | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if page is not None:
+        # the damage is found after earlier pages were appended and projected: the one
+        # transaction still writes nothing
+        monkeypatch.setattr(transfer, "IMPORT_PAGE", page)
+    appended: list[int] = []
+
+    def counted(tx: Any, events: Any, *args: Any, **kwargs: Any) -> list[int]:
+        appended.append(len(events))
+        return append_raw(tx, events, *args, **kwargs)
+
+    monkeypatch.setattr(transfer, "append_raw", counted)
     source = f"sqlite:///{tmp_path}/source.db"
     with Ledger.open(source) as lg:
         run = lg.submit(manifest(4), SUBMITTER).run_id
@@ -198,6 +214,8 @@ def test_a_damaged_file_is_refused_with_its_position_and_nothing_is_written(
         if position is not None:
             assert info.value.position == position
             assert f"position {position}" in str(info.value)
+        if page is not None and damage not in ("missing", "first_event_missing"):
+            assert sum(appended) >= page  # refused after a page was written
         with target.store.read() as tx:
             assert max_position(tx) == 0
         assert target.runs() == []
