@@ -231,7 +231,7 @@ class FileCheck:
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def _lines(f: IO[str]) -> Iterator[tuple[int, str, Any]]:
+def _lines(f: IO[str]) -> Iterator[tuple[int, Any]]:
     for n, text in enumerate(f, start=1):
         if not text.strip():
             continue
@@ -244,7 +244,7 @@ def _lines(f: IO[str]) -> Iterator[tuple[int, str, Any]]:
                 end = -1
             if end != len(text) and (end != len(text) - 1 or text[-1] != "\n"):
                 doc = json.loads(text)
-            yield n, text, doc
+            yield n, doc
         except (ValueError, RecursionError) as e:
             raise ImportRefused(f"line {n} is not JSON ({e})", line=n) from None
 
@@ -262,14 +262,13 @@ class EventReader:
         self.f = f
         self.chains = Chains() if chains is None else chains
         self.line = 0  # the number of the line last read (at the end: the file's last line)
-        self.text = ""  # the text of the event line last yielded (an import sends it on)
 
     def __iter__(self) -> Iterator[RawEvent]:
         closing: dict[str, Any] | None = None
         n = 0
         add = self.chains.add
         ids: dict[str, UUID] = {}
-        for n, text, doc in _lines(self.f):
+        for n, doc in _lines(self.f):
             self.line = n
             if closing is not None:
                 raise ImportRefused(f"line {n} follows the closing line", line=n)
@@ -287,7 +286,6 @@ class EventReader:
                 raise ImportRefused(
                     f"line {n}, position {e.position}: {problem}", line=n, position=e.position
                 )
-            self.text = text
             yield e
         if closing is None:
             raise ImportRefused(

@@ -339,7 +339,6 @@ def _append_file(
         replayer = Replayer("")
         replayer.prepare(tx)
         batch: list[RawEvent] = []
-        texts: list[str] = []  # the lines of the batch's events
 
         projected = 0  # the last position projected (0: none yet, the replayer's cache empty)
         reserved = 0  # positions claimed up to here (keeping the file's positions)
@@ -362,16 +361,7 @@ def _append_file(
                     reserved = upto
                 else:
                     keep = False  # another writer drew them first: the rest is numbered too
-            # the events' lines as read: PostgreSQL takes the events it keeps at their
-            # positions from these (append_raw), rather than from a new encoding of them
-            if events is batch:
-                lines = texts
-            else:
-                new = {id(e) for e in events}
-                lines = [t for e, t in zip(batch, texts, strict=True) if id(e) in new]
-            positions = append_raw(
-                tx, events, keep_positions=bool(keep), reuse_free=bool(keep), lines=lines
-            )
+            positions = append_raw(tx, events, keep_positions=bool(keep), reuse_free=bool(keep))
             if events:
                 # every page is projected in this one transaction, right after the last:
                 # the replayer keeps the aggregates it wrote (its cache) from page to page
@@ -392,7 +382,6 @@ def _append_file(
                     touched[run] = None
             appended += len(events)
             batch.clear()
-            texts.clear()
             if progress is not None:
                 progress(chains.events, max(total, chains.events))
 
@@ -401,7 +390,6 @@ def _append_file(
         reader = EventReader(f, chains)
         for e in reader:
             batch.append(e)
-            texts.append(reader.text)
             if len(batch) >= IMPORT_PAGE:
                 flush()
         flush()

@@ -9,8 +9,6 @@ another store gets. These functions are the only SQL they need; the commands' wr
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -155,7 +153,6 @@ def append_raw(
     events: Sequence[RawEvent],
     keep_positions: bool,
     reuse_free: bool = False,
-    lines: Sequence[str] | None = None,
 ) -> list[int]:
     """Append events exactly as given (bytes and hashes), in the given order; return their
     positions in this store. A clash with a stored (stream, version) raises the store's
@@ -164,10 +161,7 @@ def append_raw(
     `keep_positions`: each keeps the position it carries when those are above every
     position this store has drawn (SQLite: its highest; PostgreSQL: its sequence, which is
     then moved past them); otherwise the store numbers them as any append. `reuse_free`
-    (restore): put them back at their positions, which the caller checked are free.
-    `lines`: the events' history-file lines, as read and checked (`EventReader.text`);
-    PostgreSQL inserts events kept at their positions from these when it can
-    (`_pg_insert_lines`)."""
+    (restore): put them back at their positions, which the caller checked are free."""
     if not events:
         return []
     dialect = tx.store.dialect
@@ -178,9 +172,7 @@ def append_raw(
     ):
         positions = [e.position for e in events]
         if dialect == "postgres":
-            # each row with its hash
-            if lines is None or not _pg_insert_lines(tx, events, lines):
-                _pg_insert_at(tx, events)
+            _pg_insert_at(tx, events)  # each row with its hash
             return positions
         tx.executemany(
             f"INSERT INTO {tx.store.events_table()} (rowid, originator_id, originator_version, "  # noqa: S608 (our own table/column names)
@@ -227,70 +219,24 @@ def _pg_reserve_at(tx: Tx, first: int, last: int) -> bool:
 
 def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
     """PostgreSQL: insert events at given positions (reserved or free) with their hashes, as
-    one statement over one jsonb array: a state that is NUL-free UTF-8 goes as text (the
-    recorder's form), any other in base64. Measured on 50,000 events against the events
-    as json (base64 states) and the hashes in a statement of their own: half the client
-    CPU and half the server's (json's `->>` parses each element again; jsonb once)."""
-    text_ok = getattr(tx, "conn", None) is not None and (
-        tx.conn.info.parameter_status("server_encoding") == "UTF8"  # type: ignore[attr-defined]
-    )
-    rows: list[list[Any]] = []
-    for e in events:
-        text: str | None = None
-        if text_ok and b"\x00" not in e.state:
-            try:
-                text = e.state.decode("utf-8")
-            except UnicodeDecodeError:
-                text = None
-        rows.append(
-            [
-                e.position,
-                str(e.stream),
-                e.version,
-                e.topic,
-                text,
-                None if text is not None else base64.b64encode(e.state).decode(),
-                e.hash,
-            ]
-        )
+    one statement over one array per column, sent in binary (`%b`): the states go as the
+    bytes they are (bytea: any bytes, no text encoding to agree on), the server unpacks the
+    arrays without parsing text. Measured on 50,000 events (2026-12-02), against one jsonb
+    array of the events' history-file lines: the server's CPU 0.18-0.19 s against
+    0.37-0.42 s, the client's 0.07 s against 0.03 s."""
     ev = tx.store.events_table()
     tx.execute(
-        "WITH x AS MATERIALIZED (SELECT (e->>0)::bigint AS p, (e->>1)::uuid AS o, "  # noqa: S608 (our own table/column names; values are bound parameters)
-        "(e->>2)::bigint AS v, e->>3 AS t, "
-        "COALESCE(convert_to(e->>4, 'UTF8'), decode(e->>5, 'base64')) AS s, e->>6 AS h "
-        "FROM jsonb_array_elements(?::jsonb) AS x(e)) "
-        f"INSERT INTO {ev} (notification_id, originator_id, originator_version, topic, "
-        f"state, {HASH_COLUMN}) SELECT p, o, v, t, s, h FROM x",
-        (json.dumps(rows, ensure_ascii=False),),
-    )
-
-
-def _pg_insert_lines(tx: Tx, events: Sequence[RawEvent], lines: Sequence[str]) -> bool:
-    """PostgreSQL: `_pg_insert_at` from the events' own history-file lines (one jsonb
-    array of them), which carry each field as the file has it: no state is decoded and
-    encoded again here. Only where the server reads the line as Python did: a UTF-8
-    server, every state given as text (`"state"`, not `"state_b64"`) and free of NUL
-    (jsonb refuses `\u0000`); False (nothing sent) otherwise."""
-    if len(lines) != len(events) or not _utf8_server(tx):
-        return False
-    for e, text in zip(events, lines, strict=True):
-        if b"\x00" in e.state or '"state_b64"' in text:
-            return False
-    ev = tx.store.events_table()
-    tx.execute(
-        "WITH x AS MATERIALIZED (SELECT (e->>'position')::bigint AS p, (e->>'stream')::uuid AS o, "  # noqa: S608 (our own table/column names; values are bound parameters)
-        "(e->>'version')::bigint AS v, e->>'topic' AS t, convert_to(e->>'state', 'UTF8') AS s, "
-        "e->>'hash' AS h FROM jsonb_array_elements(?::jsonb) AS x(e)) "
-        f"INSERT INTO {ev} (notification_id, originator_id, originator_version, topic, "
-        f"state, {HASH_COLUMN}) SELECT p, o, v, t, s, h FROM x",
-        ("[" + ",".join(lines) + "]",),
-    )
-    return True
-
-
-def _utf8_server(tx: Tx) -> bool:
-    return getattr(tx, "conn", None) is not None and (
-        tx.conn.info.parameter_status("server_encoding") == "UTF8"  # type: ignore[attr-defined]
+        f"INSERT INTO {ev} (notification_id, originator_id, originator_version, topic, "  # noqa: S608 (our own table/column names; values are bound parameters)
+        f"state, {HASH_COLUMN}) SELECT * FROM unnest(%b::bigint[], %b::uuid[], %b::bigint[], "
+        "%b::text[], %b::bytea[], %b::text[])",
+        [
+            [e.position for e in events],
+            [e.stream for e in events],
+            [e.version for e in events],
+            [e.topic for e in events],
+            [e.state for e in events],
+            [e.hash for e in events],
+        ],
     )
 
 
