@@ -135,7 +135,8 @@ def run_all(config: BenchConfig) -> list[Row]:
         attempt("10", lambda: feed.run(pg, sizes, say))
     if "11" in wanted:
         attempt("11", lambda: invariants.run(pg, sizes, say, tmp))
-    return sorted(rows, key=lambda r: r.case)
+    # in case order: 1, 2, ..., 10, 11, then the peers (P)
+    return sorted(rows, key=lambda r: (0, int(r.case)) if r.case.isdigit() else (1, 0))
 
 
 def _num(value: float | None, unit: str) -> str:
