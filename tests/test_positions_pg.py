@@ -10,6 +10,7 @@ event log, the audit and the change feed by position, comparing everything it sa
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing
 import queue
@@ -17,6 +18,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -266,3 +268,110 @@ def test_blocks_and_single_positions_drawn_at_once_never_overlap(pg_dsn: str) ->
         for first, n in value:
             drawn.extend(range(first, first + n))
     assert len(drawn) == len(set(drawn)), "a position was drawn twice"
+
+
+def _sequence_value(dsn: str) -> int:
+    from ledger.stores.pg_positions import sequence_name
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(f"SELECT last_value FROM {sequence_name(EVENTS_TABLE)}").fetchone()  # noqa: S608 (our own sequence name)
+        assert row is not None
+        return int(row[0])
+
+
+def test_an_import_whose_position_claim_loses_to_live_writers_lands_every_event_once(
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An import read from a stream claims the file's positions a page at a time (it
+    cannot read the file's end first). Writer processes draw positions meanwhile: once
+    one has drawn past a page's claim, the import numbers the rest as any append. Every
+    event of the file lands once with its stream version and hash, the first page at
+    its file positions, and the ledger verifies clean, the writers' runs too."""
+    from ledger import transfer
+    from ledger.stores.raw import RawEvent, read_raw
+
+    source = f"sqlite:///{tmp_path}/source.db"
+    worker = Actor("src-worker", "worker")
+    with Ledger.open(source) as src:
+        big = {
+            "source_version": "s",
+            "config_version": "c",
+            "items": [{"item_id": f"b{k}"} for k in range(150)],
+        }
+        # a run the export leaves out: the file's positions start high
+        big_run = src.submit(big, SUBMITTER).run_id
+        src.start(big_run, CONTROLLER)
+        while leases := src.claim(big_run, worker, limit=50):
+            src.record([Outcome(le, "accept") for le in leases])
+        runs = []
+        for r in range(3):
+            m = {
+                "source_version": "s",
+                "config_version": "c",
+                "items": [{"item_id": f"i{r}-{k}"} for k in range(6)],
+            }
+            run_id = src.submit(m, SUBMITTER).run_id
+            src.start(run_id, CONTROLLER)
+            while leases := src.claim(run_id, worker, limit=4):
+                src.record([Outcome(le, "accept") for le in leases])
+            runs.append(run_id)
+        out_file = io.StringIO()
+        src.export(out_file, runs=runs)
+    text = out_file.getvalue()
+    file_events = [json.loads(line) for line in text.splitlines()[:-1]]
+    page = 5
+    assert len(file_events) > 3 * page and file_events[0]["position"] > 100
+
+    claims: list[bool] = []
+    real_reserve = transfer.reserve_positions
+
+    def reserve_after_a_writer_drew(tx: Any, first: int, last: int) -> bool:
+        if claims:  # every page after the first: wait until a writer has drawn past `first`
+            deadline = time.monotonic() + WAIT
+            while _sequence_value(pg_dsn) < first:
+                assert time.monotonic() < deadline, "no writer drew a position"
+                time.sleep(0.01)
+        claims.append(real_reserve(tx, first, last))
+        return claims[-1]
+
+    monkeypatch.setattr(transfer, "IMPORT_PAGE", page)
+    monkeypatch.setattr(transfer, "reserve_positions", reserve_after_a_writer_drew)
+    Ledger.open(pg_dsn).close()
+    go, out = SPAWN.Event(), SPAWN.Queue()
+    names = ["w0", "w1"]
+    procs = [
+        SPAWN.Process(target=_writer, args=(pg_dsn, n, 4, 40, go, out), daemon=True) for n in names
+    ]
+    for p in procs:
+        p.start()
+    try:
+        with Ledger.open(pg_dsn) as lg:
+            go.set()
+            summary = lg.import_file(io.StringIO(text), verify=False)  # a stream: no end to read
+            results = [out.get(timeout=WAIT) for _ in names]
+            report = lg.verify()
+            with lg.store.read() as tx:
+                stored = read_raw(tx, 0, 1_000_000)
+    finally:
+        for p in procs:
+            p.join(WAIT)
+            if p.is_alive():
+                p.kill()
+    for name, kind, value in results:
+        assert kind == "ok", f"writer {name} failed:\n{value}"
+    assert claims[0] and not claims[-1], claims  # the first page's claim held, a later one lost
+    assert summary.events == len(file_events) and report.ok, report.problems
+    by_key: dict[tuple[str, int], RawEvent] = {(str(e.stream), e.version): e for e in stored}
+    assert len(by_key) == len(stored)
+    landed = [by_key[(d["stream"], d["version"])] for d in file_events]
+    assert [e.hash for e in landed] == [d["hash"] for d in file_events]
+    assert [e.state for e in landed] == [d["state"].encode() for d in file_events]
+    kept = [e.position for e in landed[:page]]
+    assert kept == [d["position"] for d in file_events[:page]]  # the claimed page kept them
+    later = [e.position for e in landed[page:]]
+    assert later == sorted(later) and min(later) > max(kept)  # numbered as appends, in order
+    assert later != [d["position"] for d in file_events[page:]]
+    with Ledger.open(pg_dsn) as lg:
+        assert {str(r) for r in runs} <= {r.run_id for r in lg.runs()}
+        for run_id in runs:
+            assert lg.status(run_id).counts["accepted"] == 6
