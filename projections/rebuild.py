@@ -6,11 +6,14 @@ How it works:
    tables `lg_*_rebuild` (projection_ddl with a suffix, no secondary indexes)
    are created in one transaction. If the tracking row already exists, an
    earlier rebuild crashed: its tables and position are resumed.
-2. Batches: each transaction reads the next `batch_size` events after the
-   tracked position, loads from the new tables only the run and item rows those
-   events touch, replays the events through the same aggregates and the same
-   `Projector` the live commands use, writes the rows and moves the tracking
-   position, and commits. A crash loses at most the uncommitted batch, which is
+2. Batches: each transaction replays the next `batch_size` events after the
+   tracked position, in pages of `REPLAY_PAGE`: it loads from the new tables only
+   the run and item rows a page touches that the page before did not leave in
+   the replayer, replays the events through the same aggregates and the same
+   `Projector` the live commands use and writes the rows (each page read before
+   the previous page's rows are sent, so on PostgreSQL the server writes one page
+   while the client projects the next: `replay_batch`), then moves the tracking
+   position and commits. A crash loses at most the uncommitted batch, which is
    replayed on resume: no event is applied twice or skipped.
 3. Switch: once caught up, one transaction locks out writers (SQLite: BEGIN
    IMMEDIATE; PostgreSQL: ACCESS EXCLUSIVE on the live projection tables, with
@@ -21,8 +24,8 @@ How it works:
    the new ones after it, never a half-built table; a writer that was waiting
    continues on the new tables.
 
-Memory is bounded by the batch: aggregates are loaded per batch from the new
-tables and dropped after it.
+Memory is bounded by the page: aggregates are loaded per page from the new tables,
+and only a bounded number of them (`CACHE_ITEMS`, `CACHE_RUNS`) is kept for the next.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
+
+from eventsourcing.domain import DomainEvent
 
 from ledger.stores.base import Store, Tx
 
@@ -45,11 +50,14 @@ from .replay import Replayer as Replayer
 from .replay import _pipelined
 from .schema import PROJECTION_TABLES, table_ddl
 
-BATCH_SIZE = 2000
+# events a rebuild replays per transaction (a crash loses at most these), read and
+# projected in pages of REPLAY_PAGE (`replay_batch`)
+BATCH_SIZE = 10_000
+REPLAY_PAGE = 2000
 REBUILD_SUFFIX = "_rebuild"
 TRACKING_NAME = "rebuild"
 SWITCH_PATIENCE_S = 600.0  # how long the switch keeps giving way to lock holders
-SWITCH_LAG = 2  # batches left behind the head when the switch takes over
+SWITCH_LAG = 2  # replay pages left behind the head when the switch takes over
 
 Progress = Callable[[int, int], None]
 Fault = Callable[[str, int], None]
@@ -124,12 +132,42 @@ def settle_ddl(tx: Tx) -> None:
 
 
 def replay_batch(tx: Tx, replayer: Replayer, after: int, batch_size: int) -> tuple[int, int]:
-    """Apply the next batch after `after`; returns (new position, events applied)."""
-    events = tx.store.read_events_tx(tx, after, batch_size)
-    if not events:
-        return after, 0
-    replayer.apply(tx, events, after)
-    return events[-1][0], len(events)
+    """Apply the next `batch_size` events after `after`, in pages of `REPLAY_PAGE`; returns
+    (new position, events applied).
+
+    Each page after the first is read once the page before has made its rows and before
+    it sends them (`Replayer.apply`'s `before_write`), and decoded after: on PostgreSQL,
+    whose write transactions are pipelined, the server writes one page's rows while the
+    client decodes and projects the next, instead of each waiting for the other. The
+    replayer keeps its aggregates from page to page (`committed`): a failure anywhere
+    rolls the whole batch back and ends the rebuild, the replayer with it."""
+    store = tx.store
+    decode = store.mapper.to_domain_event
+    page = max(1, min(REPLAY_PAGE, batch_size))
+    rows = store.read_stored_rows(tx, after, page)
+    applied = 0
+    while rows:
+        events = [(pos, cast(DomainEvent, decode(se))) for pos, se in rows]
+        applied += len(rows)
+        ahead = _ReadAhead(tx, rows[-1][0], min(page, batch_size - applied), len(rows) == page)
+        replayer.apply(tx, events, after, before_write=ahead)
+        after = events[-1][0]
+        replayer.committed(after)
+        rows = ahead.rows
+    return after, applied
+
+
+class _ReadAhead:
+    """The next page's stored rows, read when called (`replay_batch`): `limit` rows after
+    position `after`, none when `more` is false (the page before was short: the end)."""
+
+    def __init__(self, tx: Tx, after: int, limit: int, more: bool) -> None:
+        self.tx, self.after, self.limit, self.more = tx, after, limit, more
+        self.rows: list[tuple[int, Any]] = []
+
+    def __call__(self) -> None:
+        if self.more and self.limit > 0:
+            self.rows = self.tx.store.read_stored_rows(self.tx, self.after, self.limit)
 
 
 # --------------------------------------------------------------------------
@@ -205,7 +243,7 @@ def _rebuild(lg: Any, progress: Progress | None, batch_size: int, fault: Fault |
         total = max(total, done + (head - position))
         if progress is not None and n:
             progress(done, total)
-        if n < batch_size or head - position <= SWITCH_LAG * batch_size:
+        if n < batch_size or head - position <= SWITCH_LAG * min(REPLAY_PAGE, batch_size):
             break  # close enough: the switch applies the rest with writers locked out
     done += _switch(store, replayer, suffix, name, batch_size, fault)
     if progress is not None:

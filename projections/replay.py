@@ -9,7 +9,7 @@ are written together.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -150,7 +150,11 @@ class Replayer:
         Every run of the batch is kept, written or not: a run event writes its row, and
         an item event changes only the run's item counts, which it writes as count rows
         (lg_run_counts), so the aggregate is what its row and count rows give (loading it
-        again read them back at every batch: a round trip the batch waited for)."""
+        again read them back at every batch: a round trip the batch waited for).
+        Called again for the same position (a replay that keeps its cache from page to
+        page in one transaction, then its caller after the commit), it changes nothing."""
+        if position == self._cache_at and not self._cacheable:
+            return  # this batch's aggregates are the cache already
         if not self._cacheable or self.cache_items <= 0:
             self.forget()
             return
@@ -280,10 +284,18 @@ class Replayer:
         self._mutate(e)
 
     def apply(
-        self, tx: Tx, events: Sequence[tuple[int, DomainEvent]], after: int | None = None
+        self,
+        tx: Tx,
+        events: Sequence[tuple[int, DomainEvent]],
+        after: int | None = None,
+        before_write: Callable[[], None] | None = None,
     ) -> None:
         """Apply and write one batch of events, the ones after position `after` (the caller
-        commits, then calls `committed`; without `after` the cache is not used)."""
+        commits, then calls `committed`; without `after` the cache is not used).
+        `before_write`, if given, is called once the batch's rows are made and before any
+        is sent (a replay reads its next page there: on PostgreSQL the read then waits
+        only for the rows sent before, and the server writes this batch's rows while the
+        client decodes and projects the next)."""
         if after is None or after != self._cache_at:
             self.forget()  # the tables may have moved since the cached batch (or never had it)
         self._cache_at = None  # until this batch is committed
@@ -311,7 +323,7 @@ class Replayer:
                 self._hazards.add(e.originator_id)
             elif not isinstance(e, _GROUPABLE):
                 self._project_pending()  # an event type this module does not know: alone
-        self.flush(tx)
+        self.flush(tx, before_write)
         if len(self.problems) != problems_before:
             self._cacheable = (
                 False  # an event that did not apply may have left an aggregate half-changed
@@ -348,10 +360,12 @@ class Replayer:
                 }
             )
 
-    def flush(self, tx: Tx) -> None:
-        """Write the statements recorded so far."""
+    def flush(self, tx: Tx, before_write: Callable[[], None] | None = None) -> None:
+        """Write the statements recorded so far (calling `before_write` first)."""
         self._project_pending()
         calls, self._rec = self._rec.calls, RecordingCursor()
+        if before_write is not None:
+            before_write()
         p = self.projector
         rank = self._rank
         if any(sql not in rank and sql not in (p.upsert_run, p.update_item) for sql, _ in calls):

@@ -56,7 +56,7 @@ from ledger.views import VerifyReport
 
 from .checksums import diff_rows, table_checksum, tables_equal
 from .rebuild import (
-    BATCH_SIZE,
+    REPLAY_PAGE,
     Replayer,
     count_events,
     create_tables,
@@ -69,6 +69,7 @@ from .schema import PROJECTION_TABLES, TABLE_KEYS
 from .verify_rules import Problems, RuleChecker
 
 PAGE = 2000
+BATCH_SIZE = REPLAY_PAGE  # events replayed per transaction
 
 
 Progress = Callable[[str, int, int], None]
