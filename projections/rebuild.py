@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 from eventsourcing.domain import DomainEvent
+from eventsourcing.persistence import StoredEvent
 
 from ledger.stores.base import Store, Tx
 
@@ -132,42 +133,59 @@ def settle_ddl(tx: Tx) -> None:
 
 
 def replay_batch(tx: Tx, replayer: Replayer, after: int, batch_size: int) -> tuple[int, int]:
-    """Apply the next `batch_size` events after `after`, in pages of `REPLAY_PAGE`; returns
-    (new position, events applied).
+    """Apply the next `batch_size` events after `after`, in pages (`replay_pages`); returns
+    (new position, events applied). The replayer keeps its aggregates from page to page
+    (`committed`): a failure anywhere rolls the whole batch back and ends the rebuild,
+    the replayer with it."""
+    decode = tx.store.mapper.to_domain_event
 
-    Each page after the first is read once the page before has made its rows and before
-    it sends them (`Replayer.apply`'s `before_write`), and decoded after: on PostgreSQL,
-    whose write transactions are pipelined, the server writes one page's rows while the
-    client decodes and projects the next, instead of each waiting for the other. The
-    replayer keeps its aggregates from page to page (`committed`): a failure anywhere
-    rolls the whole batch back and ends the rebuild, the replayer with it."""
-    store = tx.store
-    decode = store.mapper.to_domain_event
-    page = max(1, min(REPLAY_PAGE, batch_size))
-    rows = store.read_stored_rows(tx, after, page)
-    applied = 0
-    while rows:
+    def apply_page(rows: list[tuple[int, StoredEvent]], after: int, ahead: ReadAhead) -> None:
         events = [(pos, cast(DomainEvent, decode(se))) for pos, se in rows]
-        applied += len(rows)
-        ahead = _ReadAhead(tx, rows[-1][0], min(page, batch_size - applied), len(rows) == page)
         replayer.apply(tx, events, after, before_write=ahead)
-        after = events[-1][0]
-        replayer.committed(after)
-        rows = ahead.rows
-    return after, applied
+        replayer.committed(events[-1][0])
+
+    return replay_pages(tx, after, batch_size, apply_page)
 
 
-class _ReadAhead:
-    """The next page's stored rows, read when called (`replay_batch`): `limit` rows after
-    position `after`, none when `more` is false (the page before was short: the end)."""
+class ReadAhead:
+    """The next page's stored rows (`replay_pages`), read on the first call: `limit` rows
+    after position `after`, none when `more` is false (the page before was short)."""
 
     def __init__(self, tx: Tx, after: int, limit: int, more: bool) -> None:
         self.tx, self.after, self.limit, self.more = tx, after, limit, more
-        self.rows: list[tuple[int, Any]] = []
+        self.rows: list[tuple[int, StoredEvent]] = []
+        self.done = False
 
     def __call__(self) -> None:
-        if self.more and self.limit > 0:
-            self.rows = self.tx.store.read_stored_rows(self.tx, self.after, self.limit)
+        if not self.done:
+            self.done = True
+            if self.more and self.limit > 0:
+                self.rows = self.tx.store.read_stored_rows(self.tx, self.after, self.limit)
+
+
+PageApply = Callable[[list[tuple[int, StoredEvent]], int, ReadAhead], None]
+
+
+def replay_pages(tx: Tx, after: int, batch_size: int, apply_page: PageApply) -> tuple[int, int]:
+    """Hand `apply_page(rows, after, ahead)` the stored rows of the next `batch_size` events
+    after `after`, a page of `REPLAY_PAGE` at a time; returns (new position, rows handed).
+
+    `ahead()` reads the next page. The page's apply calls it once its rows are made and
+    before it sends them (`Replayer.apply`'s `before_write`); it is called after the apply
+    otherwise. On PostgreSQL, whose write transactions are pipelined, that read waits only
+    for the rows sent before it, and the server writes one page's rows while the client
+    decodes and projects the next, instead of each waiting for the other."""
+    page = max(1, min(REPLAY_PAGE, batch_size))
+    rows = tx.store.read_stored_rows(tx, after, page)
+    handed = 0
+    while rows:
+        handed += len(rows)
+        ahead = ReadAhead(tx, rows[-1][0], min(page, batch_size - handed), len(rows) == page)
+        apply_page(rows, after, ahead)
+        ahead()
+        after = rows[-1][0]
+        rows = ahead.rows
+    return after, handed
 
 
 # --------------------------------------------------------------------------

@@ -56,20 +56,21 @@ from ledger.views import VerifyReport
 
 from .checksums import diff_rows, table_checksum, tables_equal
 from .rebuild import (
-    REPLAY_PAGE,
+    ReadAhead,
     Replayer,
     count_events,
     create_tables,
     drop_tables,
     fewer_collections,
     position_column,
+    replay_pages,
     settle_ddl,
 )
 from .schema import PROJECTION_TABLES, TABLE_KEYS
 from .verify_rules import Problems, RuleChecker
 
 PAGE = 2000
-BATCH_SIZE = REPLAY_PAGE  # events replayed per transaction
+BATCH_SIZE = 10_000  # events replayed per transaction, in pages (rebuild.REPLAY_PAGE)
 
 
 Progress = Callable[[str, int, int], None]
@@ -150,24 +151,31 @@ def _consistent(store: Store) -> Any:
 # replay (position order)
 # --------------------------------------------------------------------------
 def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple[int, int]:
+    """Replay the next `BATCH_SIZE` events in pages (`replay_pages`: the next page is read
+    while the server writes this one's rows); returns (new position, events read)."""
     store: Store = tx.store
-    rows = store.read_stored_rows(tx, after, BATCH_SIZE)
-    events: list[tuple[int, DomainEvent]] = []
-    for pos, stored in rows:
-        _check_strict_json(store, pos, stored, problems)
-        try:
-            events.append((pos, cast(DomainEvent, store.mapper.to_domain_event(stored))))
-        except Exception as exc:
-            problems.add(
-                "undecodable",
-                _run_id_of_stored(store, stored),
-                pos,
-                f"event v{stored.originator_version} of stream {stored.originator_id} does not "
-                f"decode: {type(exc).__name__}: {exc}",
-            )
-    if events:
-        _apply(tx, replayer, events, after, problems)
-    return (rows[-1][0] if rows else after), len(rows)
+
+    def apply_page(rows: list[tuple[int, StoredEvent]], after: int, ahead: ReadAhead) -> None:
+        events: list[tuple[int, DomainEvent]] = []
+        for pos, stored in rows:
+            _check_strict_json(store, pos, stored, problems)
+            try:
+                events.append((pos, cast(DomainEvent, store.mapper.to_domain_event(stored))))
+            except Exception as exc:
+                problems.add(
+                    "undecodable",
+                    _run_id_of_stored(store, stored),
+                    pos,
+                    f"event v{stored.originator_version} of stream {stored.originator_id} does "
+                    f"not decode: {type(exc).__name__}: {exc}",
+                )
+        if events:
+            _apply(tx, replayer, events, after, problems, ahead)
+        replayer.committed(
+            rows[-1][0]
+        )  # within the transaction: its aggregates serve the next page
+
+    return replay_pages(tx, after, BATCH_SIZE, apply_page)
 
 
 _SAVEPOINT = "lg_verify_batch"
@@ -179,6 +187,7 @@ def _apply(
     events: list[tuple[int, DomainEvent]],
     after: int,
     problems: Problems,
+    before_write: Callable[[], None] | None = None,
 ) -> None:
     """Replay a batch as a rebuild does (events grouped), inside a savepoint. If an event
     does not apply (a damaged history: a missing or reordered event), the batch is rolled
@@ -188,7 +197,7 @@ def _apply(
     tx.execute(f"SAVEPOINT {_SAVEPOINT}")
     try:
         replayer.tolerant = False
-        replayer.apply(tx, events, after)
+        replayer.apply(tx, events, after, before_write=before_write)
     except Exception:
         tx.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
         # psycopg forgets its prepared statements on a ROLLBACK: processed late (PostgreSQL's
@@ -198,7 +207,7 @@ def _apply(
         problems.dropped = dropped
         replayer.forget()
         replayer.tolerant = True
-        replayer.apply(tx, events)
+        replayer.apply(tx, events, before_write=before_write)
     finally:
         replayer.tolerant = False
     tx.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")

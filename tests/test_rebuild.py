@@ -293,13 +293,21 @@ def test_replayer_holds_only_one_batch_of_aggregates(lg: Ledger) -> None:
     assert max(sizes) <= 11  # a batch of 10 events touches at most 10 items and their run
 
 
-def test_replayer_cache_is_bounded_and_never_serves_rows_another_replayer_moved(lg: Ledger) -> None:
+@pytest.mark.parametrize("replay_page", [None, 4], ids=["one page a batch", "pages of 4"])
+def test_replayer_cache_is_bounded_and_never_serves_rows_another_replayer_moved(
+    lg: Ledger, replay_page: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two replayers take turns on one set of tables (two rebuild processes): each may keep
     the aggregates of the batch it committed, but must not use them once the other has
-    moved the tables on; and the cache stays within its bounds."""
+    moved the tables on; and the cache stays within its bounds. With pages smaller than
+    the batch, each keeps them from page to page within its transaction as well."""
     import random
 
+    import projections.rebuild as rebuild_module
     from projections.rebuild import create_tables, drop_tables, replay_batch
+
+    if replay_page is not None:
+        monkeypatch.setattr(rebuild_module, "REPLAY_PAGE", replay_page)
 
     for r in range(2):
         run = lg.submit(manifest(30), SUBMITTER).run_id
