@@ -171,9 +171,8 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
                 )
         if events:
             _apply(tx, replayer, events, after, problems, ahead)
-        replayer.committed(
-            rows[-1][0]
-        )  # within the transaction: its aggregates serve the next page
+        # within the transaction: its aggregates serve the next page
+        replayer.committed(rows[-1][0])
 
     return replay_pages(tx, after, BATCH_SIZE, apply_page)
 
