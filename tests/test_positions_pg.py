@@ -119,6 +119,21 @@ def test_a_repeatable_read_snapshot_reads_what_it_holds(
 # --------------------------------------------------------------------------
 # several processes at full speed, one reader
 # --------------------------------------------------------------------------
+def _accepted_run(lg: Ledger, worker: Actor, item_ids: list[str], limit: int) -> str:
+    """Submit and start a run of these items, then claim (`limit` at a time) and accept
+    every one; its run id."""
+    manifest = {
+        "source_version": "s",
+        "config_version": "c",
+        "items": [{"item_id": i} for i in item_ids],
+    }
+    run_id = lg.submit(manifest, SUBMITTER).run_id
+    lg.start(run_id, CONTROLLER)
+    while leases := lg.claim(run_id, worker, limit=limit):
+        lg.record([Outcome(le, "accept") for le in leases])
+    return run_id
+
+
 def _writer(dsn: str, name: str, runs: int, items: int, go: Any, out: Any) -> None:
     """Submits, starts and works through its own runs (claims of 10, one record each)."""
     try:
@@ -126,15 +141,7 @@ def _writer(dsn: str, name: str, runs: int, items: int, go: Any, out: Any) -> No
         with Ledger.open(dsn) as lg:
             go.wait(WAIT)
             for r in range(runs):
-                manifest = {
-                    "source_version": "s",
-                    "config_version": "c",
-                    "items": [{"item_id": f"{name}-{r}-{k}"} for k in range(items)],
-                }
-                run_id = lg.submit(manifest, SUBMITTER).run_id
-                lg.start(run_id, CONTROLLER)
-                while leases := lg.claim(run_id, worker, limit=10):
-                    lg.record([Outcome(le, "accept") for le in leases])
+                _accepted_run(lg, worker, [f"{name}-{r}-{k}" for k in range(items)], 10)
         out.put((name, "ok", None))
     except BaseException:
         out.put((name, "error", traceback.format_exc()))
@@ -293,28 +300,9 @@ def test_an_import_whose_position_claim_loses_to_live_writers_lands_every_event_
     source = f"sqlite:///{tmp_path}/source.db"
     worker = Actor("src-worker", "worker")
     with Ledger.open(source) as src:
-        big = {
-            "source_version": "s",
-            "config_version": "c",
-            "items": [{"item_id": f"b{k}"} for k in range(150)],
-        }
         # a run the export leaves out: the file's positions start high
-        big_run = src.submit(big, SUBMITTER).run_id
-        src.start(big_run, CONTROLLER)
-        while leases := src.claim(big_run, worker, limit=50):
-            src.record([Outcome(le, "accept") for le in leases])
-        runs = []
-        for r in range(3):
-            m = {
-                "source_version": "s",
-                "config_version": "c",
-                "items": [{"item_id": f"i{r}-{k}"} for k in range(6)],
-            }
-            run_id = src.submit(m, SUBMITTER).run_id
-            src.start(run_id, CONTROLLER)
-            while leases := src.claim(run_id, worker, limit=4):
-                src.record([Outcome(le, "accept") for le in leases])
-            runs.append(run_id)
+        _accepted_run(src, worker, [f"b{k}" for k in range(150)], 50)
+        runs = [_accepted_run(src, worker, [f"i{r}-{k}" for k in range(6)], 4) for r in range(3)]
         out_file = io.StringIO()
         src.export(out_file, runs=runs)
     text = out_file.getvalue()
