@@ -52,6 +52,7 @@ from .stores.raw import (
     reserve_positions,
     stream_heads,
 )
+from .validation import stored_payload_problem
 
 # events an import appends and projects at a time. PostgreSQL writes a page while the
 # client reads, checks and projects the next (the transaction is pipelined), so the last
@@ -324,7 +325,6 @@ def _append_file(
     total: int = 0,
     last_position: int | None = None,
 ) -> TransferSummary:
-    from eventsourcing.persistence import StoredEvent
 
     from projections.rebuild import Replayer
 
@@ -366,14 +366,7 @@ def _append_file(
                 # every page is projected in this one transaction, right after the last:
                 # the replayer keeps the aggregates it wrote (its cache) from page to page
                 # instead of reading their rows back; a rollback drops the replayer too
-                replayer.apply(
-                    tx,
-                    [
-                        (pos, decode(StoredEvent(e.stream, e.version, e.topic, e.state)))
-                        for pos, e in zip(positions, events, strict=True)
-                    ],
-                    projected,
-                )
+                _project(tx, replayer, decode, positions, events, projected)
                 projected = positions[-1]
                 replayer.committed(projected)
             for e in events:
@@ -402,6 +395,54 @@ def _append_file(
         skipped=skipped,
         runs=list(touched),
     )
+
+
+def _project(
+    tx: Any,
+    replayer: Any,
+    decode: Callable[[Any], Any],
+    positions: list[int],
+    events: list[RawEvent],
+    after: int,
+) -> None:
+    """Project a page of appended events (the replayer's `apply`). ImportRefused, and the
+    whole import rolls back, for events whose hashes check out but whose bytes the ledger
+    cannot take: a state that is not strict JSON (`stored_payload_problem`, what `verify`
+    reports), one that does not decode as its topic's event, or events that do not replay
+    through the aggregates (a field missing, a transition out of order)."""
+    from eventsourcing.domain import EventSourcingError
+    from eventsourcing.persistence import PersistenceError, StoredEvent
+
+    page = []
+    for pos, e in zip(positions, events, strict=True):
+        problem = stored_payload_problem(e.state)
+        if problem is None:
+            try:
+                page.append((pos, decode(StoredEvent(e.stream, e.version, e.topic, e.state))))
+                continue
+            except Exception as exc:  # a pure decode: whatever it raises is the bytes' fault
+                problem = f"does not decode as {e.topic}: {type(exc).__name__}: {exc}"
+        raise ImportRefused(
+            f"position {e.position}: version {e.version} of stream {e.stream} {problem}: "
+            "nothing imported",
+            position=e.position,
+        )
+    try:
+        replayer.apply(tx, page, after)
+    except PersistenceError:
+        raise  # the store's, not the file's
+    except (
+        AttributeError,
+        KeyError,
+        TypeError,
+        ValueError,
+        LookupError,
+        EventSourcingError,
+    ) as exc:
+        raise ImportRefused(
+            f"positions {events[0].position}-{events[-1].position}: the events do not replay "
+            f"({type(exc).__name__}: {exc}): nothing imported",
+        ) from None
 
 
 def _new_events(

@@ -283,6 +283,23 @@ def strict_loads(
     return value
 
 
+def stored_payload_problem(raw: bytes) -> str | None:
+    """Why a stored event's payload is not strict JSON (SPEC rule 17), or None: NaN or
+    Infinity (which older versions stored from a float evidence value), a duplicate key
+    or a lone surrogate escape, any of which breaks every strict JSON reader of its
+    history. Only payloads holding `NaN`/`Infinity` or a `\\u` escape are parsed again
+    (the ledger writes its payloads from dicts, as UTF-8: nothing else can hide a
+    violation). `verify` reports such an event; an import refuses it."""
+    if b"NaN" not in raw and b"Infinity" not in raw and b"\\u" not in raw:
+        return None
+    try:
+        # (the ledger's own wrapping adds a few levels around a caller's evidence)
+        strict_loads(raw, "payload", max_bytes=len(raw), max_depth=MAX_JSON_DEPTH + 16)
+    except InvalidInput as e:
+        return e.message
+    return None
+
+
 def canonical_json(value: Any) -> str:
     """Deterministic JSON used for digests and size limits."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -41,7 +41,6 @@ from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import StoredEvent
 
 from ledger.archived import archived_record
-from ledger.errors import InvalidInput
 from ledger.stores.base import SCRATCH_MARK, Store, Tx
 from ledger.stores.hashchain import (
     GENESIS,
@@ -51,7 +50,7 @@ from ledger.stores.hashchain import (
     as_uuid,
     event_hash,
 )
-from ledger.validation import MAX_JSON_DEPTH, strict_loads
+from ledger.validation import stored_payload_problem
 from ledger.views import VerifyReport
 
 from .checksums import diff_rows, table_checksum, tables_equal
@@ -213,23 +212,14 @@ def _apply(
 
 
 def _check_strict_json(store: Store, pos: int, stored: StoredEvent, problems: Problems) -> None:
-    """Report an event whose payload is not strict JSON (SPEC rule 17): NaN or Infinity
-    (which older versions stored from a float evidence value), a duplicate key or a lone
-    surrogate escape. Such an event breaks every strict JSON reader of its history. Only
-    payloads holding `NaN`/`Infinity` or a `\\u` escape are parsed again (the ledger
-    writes its payloads from dicts, as UTF-8: nothing else can hide a violation)."""
-    raw = bytes(stored.state)
-    if b"NaN" not in raw and b"Infinity" not in raw and b"\\u" not in raw:
-        return
-    try:
-        # (the ledger's own wrapping adds a few levels around a caller's evidence)
-        strict_loads(raw, "payload", max_bytes=len(raw), max_depth=MAX_JSON_DEPTH + 16)
-    except InvalidInput as e:
+    """Report an event whose payload is not strict JSON (`stored_payload_problem`)."""
+    problem = stored_payload_problem(bytes(stored.state))
+    if problem is not None:
         problems.add(
             "not_strict_json",
             _run_id_of_stored(store, stored),
             pos,
-            f"event v{stored.originator_version} of stream {stored.originator_id}: {e.message}",
+            f"event v{stored.originator_version} of stream {stored.originator_id}: {problem}",
         )
 
 

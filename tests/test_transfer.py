@@ -223,6 +223,80 @@ def test_a_damaged_file_is_refused_with_its_position_and_nothing_is_written(
             target.status(run)
 
 
+def _rehashed(lines: list[str], k: int, topic: str | None, state: bytes) -> list[str]:
+    """The file with event line k given another topic and state, every hash chain and the
+    closing line computed again over the new bytes: a file that checks out, as one made
+    by a faulty or hostile exporter would."""
+    from ledger.history_file import Chains, event_line, parse_event
+
+    chains = Chains()
+    out = []
+    for n, line in enumerate(lines[:-1]):
+        e = parse_event(json.loads(line), n + 1)
+        if n == k:
+            e = e._replace(topic=topic or e.topic, state=state)
+        e = e._replace(hash=None)  # the chain computes it
+        assert chains.add(e) is None
+        out.append(event_line(e._replace(hash=chains.heads[e.stream][1])) + "\n")
+    return [*out, json.dumps(chains.closing(complete=True)) + "\n"]
+
+
+def _claim_state(doc: dict[str, Any]) -> str:
+    assert '"command":"claim"' in doc["state"]
+    return str(doc["state"])
+
+
+_UNREADABLE: dict[str, Any] = {
+    "not JSON": lambda doc: (None, b'{"timestamp": 5, not json'),
+    "NaN in the evidence": lambda doc: (
+        None,
+        _claim_state(doc).replace('"attempt":1', '"attempt":NaN').encode(),
+    ),
+    "a duplicate key behind an escape": lambda doc: (
+        None,
+        _claim_state(doc).replace('"role":"worker"', '"role":"worker","role":"\\u0077"').encode(),
+    ),
+    "not UTF-8": lambda doc: (None, b'{"timestamp": "\xff\xfe"}'),
+    "an unknown topic": lambda doc: ("ledger.domain:Item.Vanished", doc["state"].encode()),
+    "a field missing": lambda doc: (
+        None,
+        _claim_state(doc).replace('"to_state":"in_progress",', "").encode(),
+    ),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(_UNREADABLE))
+def test_a_file_that_checks_out_over_bytes_the_ledger_cannot_read_is_refused(
+    tmp_path: Path, store_dsn: str, bad: str
+) -> None:
+    """The hashes and the closing line are right, but an event's bytes are not an event
+    the ledger can take: a typed refusal naming it where one event is at fault, and
+    nothing written."""
+    source = f"sqlite:///{tmp_path}/source.db"
+    with Ledger.open(source) as lg:
+        run = lg.submit(manifest(3), SUBMITTER).run_id
+        lg.start(run, CONTROLLER)
+        for lease in lg.claim(run, WORKER, limit=3):
+            lg.accept(lease)
+    lines = _lines(_export(source))
+    k = next(n for n, line in enumerate(lines) if '\\"command\\":\\"claim\\"' in line)
+    doc = json.loads(lines[k])
+    topic, state = _UNREADABLE[bad](doc)
+    forged = _rehashed(lines, k, topic, state)
+    with Ledger.open(store_dsn) as target:
+        with pytest.raises(ImportRefused) as info:
+            target.import_file(io.StringIO("".join(forged)))
+        if bad != "a field missing":  # found by the replay, which names the page
+            assert info.value.position == doc["position"]
+            assert f"position {doc['position']}" in str(info.value)
+        assert "nothing imported" in str(info.value)
+        with target.store.read() as tx:
+            assert max_position(tx) == 0
+        assert target.runs() == []
+        with pytest.raises(RunNotFound):
+            target.status(run)
+
+
 def test_a_run_held_with_other_events_is_refused_and_nothing_is_written(
     tmp_path: Path,
 ) -> None:
