@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from ledger.core.errors import (
     AlreadyTerminal,
     Conflict,
     FollowerBusy,
@@ -27,7 +27,7 @@ from .errors import (
     StaleReview,
     WebhookNotFound,
 )
-from .views import (
+from ledger.core.views import (
     Actor,
     Attempt,
     CancelOutcome,
@@ -42,26 +42,26 @@ from .views import (
 
 if TYPE_CHECKING:
     __version__: str  # the installed distribution's version (`ledger --version`)
-    from .board import BoardPage, BoardRow
-    from .follower import Follower
-    from .manifest import Manifest, Policy
-    from .overview import Overview, StuckRun
-    from .service import Ledger
-    from .worker import Accepted, Quarantine, Rejected, Worker
+    from ledger.core.manifest import Manifest, Policy
+    from ledger.feed.follower import Follower
+    from ledger.reads.board import BoardPage, BoardRow
+    from ledger.reads.overview import Overview, StuckRun
+    from ledger.service.ledger import Ledger
+    from ledger.worker.worker import Accepted, Quarantine, Rejected, Worker
 
 _LAZY = {
-    "Ledger": "service",
-    "Overview": "overview",
-    "StuckRun": "overview",
-    "BoardPage": "board",
-    "BoardRow": "board",
-    "Follower": "follower",
-    "Manifest": "manifest",
-    "Policy": "manifest",
-    "Worker": "worker",
-    "Accepted": "worker",
-    "Rejected": "worker",
-    "Quarantine": "worker",
+    "Ledger": "service.ledger",
+    "Overview": "reads.overview",
+    "StuckRun": "reads.overview",
+    "BoardPage": "reads.board",
+    "BoardRow": "reads.board",
+    "Follower": "feed.follower",
+    "Manifest": "core.manifest",
+    "Policy": "core.manifest",
+    "Worker": "worker.worker",
+    "Accepted": "worker.worker",
+    "Rejected": "worker.worker",
+    "Quarantine": "worker.worker",
 }
 
 
@@ -82,7 +82,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'ledger' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+    return getattr(importlib.import_module(f"ledger.{module}"), name)
 
 
 __all__ = [

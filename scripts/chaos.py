@@ -46,8 +46,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [p for p in (str(HERE.parent),) if p not in sys.path]
 
 from ledger import Accepted, Actor, Lease, Ledger, LedgerError, Worker
-from ledger.domain import Item
-from projections.rows import iso
+from ledger.core.domain import Item
+from ledger.core.rows import iso
 from tests.pgserver import DURABLE_SETTINGS, PgServer, create_database, with_dbname
 
 SUBMITTER = Actor("chaos-submitter", "submitter")

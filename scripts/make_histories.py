@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ledger import Actor, Ledger
-from ledger.service import Outcome
+from ledger.service.ledger import Outcome
 from tests.clock import ManualClock
 from tests.histories.load import stored_events, to_json
 

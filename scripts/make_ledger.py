@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ledger import Actor, Ledger
-from ledger.service import MAX_CLAIM, Outcome
+from ledger.service.ledger import MAX_CLAIM, Outcome
 
 SUBMITTER = Actor("ingest", "submitter")
 CONTROLLER = Actor("scheduler", "controller")

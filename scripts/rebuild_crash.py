@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ledger import Actor, Ledger
-from ledger.service import Outcome
-from projections.checksums import checksums
-from projections.rebuild import TRACKING_NAME, rebuild, tracked_position
+from ledger.projections.checksums import checksums
+from ledger.projections.rebuild import TRACKING_NAME, rebuild, tracked_position
+from ledger.service.ledger import Outcome
 from tests.clock import ManualClock
 from tests.histories.load import import_stored, stored_events
 

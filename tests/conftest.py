@@ -87,3 +87,13 @@ def finished_run(lg: Ledger, n: int = 3) -> str:
         lg.accept(lease)
     lg.complete(run_id, CONTROLLER)
     return run_id
+
+
+@pytest.fixture
+def hold(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`hold()`: a `HeldInTransaction` (tests/test_postgres.py) for this test: the next
+    command it starts stops inside its transaction once its run is loaded. The hook on
+    the run's load is undone after the test."""
+    from tests.test_postgres import HeldInTransaction
+
+    return lambda: HeldInTransaction(monkeypatch)

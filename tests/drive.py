@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledger import Actor, Lease, Ledger
-from ledger import states as S
+from ledger.core import states as S
 from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 
 ALL_ACTORS: dict[str, Actor] = {

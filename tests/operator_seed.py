@@ -104,7 +104,7 @@ def seed(dsn: str, finished: int = 595, big_items: int = 0) -> dict[str, str]:
 
 
 def _accepted(lease: Any) -> Any:
-    from ledger.service import Outcome
+    from ledger.service.ledger import Outcome
 
     return Outcome(lease, "accept")
 

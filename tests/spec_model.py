@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from ledger import states as S
+from ledger.core import states as S
 
 EDITABLE = frozenset({S.PENDING, S.RETRYABLE, S.QUARANTINED})
 OPEN_ITEM = frozenset({S.PENDING, S.IN_PROGRESS, S.RETRYABLE})

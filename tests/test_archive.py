@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from ledger import Actor, Ledger
-from ledger.errors import IllegalTransition, InvalidInput, NotAuthorized
+from ledger.core.errors import IllegalTransition, InvalidInput, NotAuthorized
+from ledger.projections.checksums import checksums
 from ledger.stores.raw import max_position, read_raw
-from projections.checksums import checksums
 from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +125,7 @@ def test_restore_refuses_a_file_that_is_not_the_archive(
     edited = tmp_path / "edited.jsonl"
     edited.write_text("".join([*lines[:k], json.dumps(doc) + "\n", *lines[k + 1 :]]))
     top = _all_events(lg)
-    from ledger.transfer import ImportRefused
+    from ledger.transfer.imports import ImportRefused
 
     with pytest.raises(ImportRefused, match=f"position {doc['position']}"):
         lg.restore(OPERATOR, edited)
@@ -249,7 +249,7 @@ def _file_events(path: Path) -> set[tuple[Any, int, str | None]]:
 
 
 def test_cli_archive_and_restore(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ledger.cli import main
+    from ledger.cli.entry import main
 
     dsn = f"sqlite:///{tmp_path}/l.db"
     with Ledger.open(dsn) as lg:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger import Ledger, Transition
-from ledger.service import Outcome
+from ledger.service.ledger import Outcome
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.test_rebuild import PROGRAM, Program

@@ -30,7 +30,7 @@ from ledger import (
     NotAuthorized,
     NotComplete,
 )
-from ledger import states as S
+from ledger.core import states as S
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.drive import event_count, run_in
@@ -121,7 +121,7 @@ def test_bug1_reconciler_leaves_rejected_run_alone(lg: Ledger, clock: ManualCloc
 def test_bug1_cli_review_reject_fences_live_leases(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from ledger.cli import app
+    from ledger.cli.entry import app
 
     dsn = f"sqlite:///{tmp_path}/ledger.db"
     with Ledger.open(dsn) as lg:

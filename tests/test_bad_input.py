@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
-from ledger import Actor, Lease, Ledger, LedgerError, errors
-from ledger.errors import MAX_MESSAGE_BYTES
-from ledger.redact import MAX_ERROR_BYTES
+from ledger import Actor, Lease, Ledger, LedgerError
+from ledger.core import errors
+from ledger.core.errors import MAX_MESSAGE_BYTES
+from ledger.core.redact import MAX_ERROR_BYTES
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, STORES, SUBMITTER, WORKER, manifest
 

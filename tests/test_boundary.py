@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from ledger import Actor, InvalidInput, Ledger, ManifestInvalid, RunNotFound
-from ledger.validation import check_identifier, plain_json, safe_text, strict_loads
-from ledger.worker import Accepted, Quarantine, Worker
+from ledger.core.validation import check_identifier, plain_json, safe_text, strict_loads
+from ledger.worker.worker import Accepted, Quarantine, Worker
 from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 
 

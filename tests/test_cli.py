@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from ledger import Ledger
-from ledger.cli import app
+from ledger.cli.entry import app
 from tests.conftest import CONTROLLER, WORKER, manifest
 
 runner = CliRunner()
@@ -484,7 +484,7 @@ def _core_has(module: str) -> bool:
 def test_verify_and_rebuild(dsn: str, tmp_path: Path) -> None:
     run = submitted(dsn, tmp_path)
     ok(dsn, "start", run)
-    if not _core_has("projections.verify"):
+    if not _core_has("ledger.projections.verify"):
         assert_refused(cli(dsn, "verify"), "NotImplementedError", "verify")
     else:
         report = doc(dsn, "verify")
@@ -495,7 +495,7 @@ def test_verify_and_rebuild(dsn: str, tmp_path: Path) -> None:
         assert "verify:" not in ok(dsn, "verify", "--no-progress").stderr
         assert f"heads {report['heads']}" in ok(dsn, "verify", "--heads").stdout.splitlines()
     before = snapshot(dsn)
-    if not _core_has("projections.rebuild"):
+    if not _core_has("ledger.projections.rebuild"):
         assert_refused(cli(dsn, "projections", "rebuild"), "NotImplementedError", "rebuild")
     else:
         sums = doc(dsn, "projections", "checksums")
@@ -520,7 +520,7 @@ def test_verify_and_rebuild(dsn: str, tmp_path: Path) -> None:
 
 
 def test_rebuild_progress_lines_show_done_total_rate_and_eta() -> None:
-    from ledger.cli import RebuildProgress
+    from ledger.cli.entry import RebuildProgress
 
     now = [100.0]
     lines: list[str] = []
@@ -541,7 +541,7 @@ def test_rebuild_progress_lines_show_done_total_rate_and_eta() -> None:
 
 
 def test_verify_progress_lines_name_each_stage() -> None:
-    from ledger.cli import VerifyProgress
+    from ledger.cli.entry import VerifyProgress
 
     now = [0.0]
     lines: list[str] = []
@@ -567,7 +567,7 @@ def test_status_at_a_past_time(dsn: str, tmp_path: Path) -> None:
     run = submitted(dsn, tmp_path)
     ok(dsn, "start", run)
     submit, start = doc(dsn, "history", run)[:2]
-    if not _core_has("projections.timetravel"):
+    if not _core_has("ledger.reads.timetravel"):
         assert_refused(
             cli(dsn, "status", run, "--at", submit["at"]), "NotImplementedError", "status --at"
         )
@@ -581,7 +581,7 @@ def test_status_at_a_past_time(dsn: str, tmp_path: Path) -> None:
 
 def test_the_process_entry_point(dsn: str, tmp_path: Path) -> None:
     run = submitted(dsn, tmp_path)
-    command = [sys.executable, "-m", "ledger.cli"]
+    command = [sys.executable, "-m", "ledger.cli.entry"]
     if shutil.which("ledger"):
         command = [shutil.which("ledger") or "ledger"]
     done = subprocess.run(
@@ -613,7 +613,7 @@ def test_status_json_imports_only_what_it_needs(dsn: str, tmp_path: Path) -> Non
     code = (
         "import sys\n"
         "from ledger.cli import main\n"
-        "heavy = ('rich', 'fastapi', 'uvicorn', 'ledger.worker', 'ledger.demo')\n"
+        "heavy = ('rich', 'fastapi', 'uvicorn', 'ledger.worker.worker', 'ledger.cli.demo')\n"
         "assert not [m for m in sys.modules if m.startswith(heavy)], 'at import'\n"
         f"rc = main(['--dsn', {dsn!r}, 'status', {run!r}, '--json'])\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy)\n"

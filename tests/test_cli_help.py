@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from ledger.cli import DEFAULT_ROLES, app
+from ledger.cli.entry import DEFAULT_ROLES, app
 from ledger.commands.registry import COMMANDS, CommandSpec
 from tests.test_rulebook_table import SPEC_ITEM, SPEC_RUN
 
@@ -98,7 +98,7 @@ def test_the_default_roles_are_read_from_the_registry() -> None:
 
 
 def test_a_cli_default_the_rule_book_does_not_allow_is_refused() -> None:
-    from ledger import states as S
+    from ledger.core import states as S
 
     decide = COMMANDS["decide"]
     with pytest.raises(ValueError, match="cli_role 'operator' is not one of the rule's roles"):

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from ledger import Ledger, paging
+from ledger import Ledger
+from ledger.reads import paging
 from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 from tests.test_cli import cli, dsn, lg, ok  # noqa: F401  (fixtures)
 

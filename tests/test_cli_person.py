@@ -25,8 +25,8 @@ import pytest
 
 import ledger
 from ledger import Ledger
-from ledger.errors import StoreUnavailable
-from ledger.render import short_ids
+from ledger.cli.render import short_ids
+from ledger.core.errors import StoreUnavailable
 from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 
 LEDGER = Path(sys.executable).parent / "ledger"  # the console script pip installed

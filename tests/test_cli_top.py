@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.cli import main
+from ledger.cli.entry import main
 from tests.operator_seed import seed
 
 

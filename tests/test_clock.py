@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from ledger import InvalidInput, LeaseLost, Ledger
-from ledger import states as S
+from ledger.core import states as S
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 from tests.drive import event_count, submit

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ledger import Ledger
-from ledger.cli import app
+from ledger.cli.entry import app
 
 runner = CliRunner()
 ITEMS, WORKERS = 8, 3
@@ -138,7 +138,7 @@ def test_human_output_names_real_runs_and_next_commands(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "ledger.cli",
+            "ledger.cli.entry",
             "--dsn",
             dsn,
             "demo",

@@ -30,7 +30,7 @@ from ledger import (
     RunNotFound,
     StaleReview,
 )
-from ledger import states as S
+from ledger.core import states as S
 from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.drive import DECISION, event_count, item_zoo, run_in, submit
 
@@ -98,7 +98,7 @@ def test_every_error_type_is_raised(lg: Ledger, tmp_path: Any) -> None:
         """A command that forgot every check (see test_invariants): the commit refuses it."""
         from ledger.commands.uow import UnitOfWork
 
-        uow = UnitOfWork(lg)
+        uow = UnitOfWork(lg.store, lg._projector)
         with uow.write() as tx:
             run = uow.load_run(tx, rid)
             run.trigger_event(
@@ -116,16 +116,16 @@ def test_every_error_type_is_raised(lg: Ledger, tmp_path: Any) -> None:
 
     e = check(ledger.InvariantViolated, forged_restart)
     assert e.to_dict()["kind"] == "terminal_changed"
-    # the change feed's (ledger/follower.py, ledger/webhooks.py)
-    from ledger.follower import Follower, reset
-    from ledger.webhooks import remove_webhook
+    # the change feed's (ledger/feed/follower.py, ledger/feed/webhooks.py)
+    from ledger.feed.follower import Follower, reset
+    from ledger.feed.webhooks import remove_webhook
 
     check(ledger.FollowerNotFound, lambda: reset(lg, "nobody"))
     with Follower(lg, "busy", lambda ts: None) as running:
         running.run_once()
         check(ledger.FollowerBusy, lambda: Follower(lg, "busy", lambda ts: None).run_once())
     check(ledger.WebhookNotFound, lambda: remove_webhook(lg, "wh_none"))
-    # an archived run's items left with its events (ledger/archive.py)
+    # an archived run's items left with its events (ledger/transfer/archive.py)
     lg.archive(OPERATOR, tmp_path / "archive.jsonl", runs=[rid])
     e = check(ledger.RunArchived, lambda: lg.compensate(rid, OPERATOR, "undo", items=["i0"]))
     assert isinstance(e, ledger.RunArchived) and e.to_dict()["archive"].endswith("archive.jsonl")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ledger import Ledger
-from ledger.follower import followers
+from ledger.feed.follower import followers
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "accepted_per_customer.py"
@@ -27,7 +27,7 @@ def _env(dsn: str) -> dict[str, str]:
 
 def _demo(dsn: str, seed: int) -> None:
     subprocess.run(
-        [sys.executable, "-m", "ledger.cli", "demo", "--items", "12", "--seed", str(seed)],
+        [sys.executable, "-m", "ledger.cli.entry", "demo", "--items", "12", "--seed", str(seed)],
         env=_env(dsn),
         check=True,
         capture_output=True,

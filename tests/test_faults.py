@@ -27,9 +27,9 @@ import psycopg
 import pytest
 
 from ledger import Actor, InvalidInput, Ledger, NotComplete
-from ledger.errors import CommitUncertain, StoreUnavailable
-from ledger.idempotency import decode, encode
-from ledger.service import Outcome
+from ledger.commands.idempotency import decode, encode
+from ledger.core.errors import CommitUncertain, StoreUnavailable
+from ledger.service.ledger import Outcome
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 from tests.pgserver import TEST_SETTINGS, PgServer, create_database, memory_tmp_parent, with_dbname
@@ -194,7 +194,7 @@ def test_concurrent_repeats_of_one_key_write_once(lg: Ledger) -> None:
 
 
 def test_responses_round_trip() -> None:
-    from ledger.errors import ItemNotFound, LeaseLost
+    from ledger.core.errors import ItemNotFound, LeaseLost
 
     with Ledger.open("memory://") as lg:
         run_id = running(lg, 2)
@@ -688,7 +688,7 @@ def test_a_follower_rides_out_a_server_restart_and_handles_each_transition_once(
 def test_unreachable_server_surfaces_store_unavailable(
     own_server: PgServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ledger import idempotency
+    from ledger.commands import idempotency
 
     monkeypatch.setattr(idempotency, "RETRY_DELAYS", (0.01, 0.01))
     create_database(own_server.admin_dsn, "unreachable_test")
@@ -710,7 +710,7 @@ def test_pruning_forgets_only_keys_older_than_asked(
 ) -> None:
     from datetime import timedelta
 
-    from ledger import idempotency
+    from ledger.commands import idempotency
 
     monkeypatch.setattr(idempotency, "PRUNE_PAGE", 2)  # several pages
     old = [lg.submit(manifest(1), SUBMITTER, idempotency_key=f"old-{k}") for k in range(3)]

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from ledger import InvalidInput, Ledger, RunNotFound, Transition
-from ledger import feed as feed_module
-from ledger.errors import FollowerBusy, FollowerNotFound
-from ledger.follower import Follower, followers, reset
+from ledger.core.errors import FollowerBusy, FollowerNotFound
+from ledger.feed.follower import Follower, followers, reset
+from ledger.reads import feed as feed_module
 from tests.conftest import CONTROLLER, SUBMITTER, finished_run, manifest
 
 WAIT = 30.0  # a bound on waiting, never a timing assertion
@@ -305,7 +305,7 @@ def test_an_eventsourcing_projection_runs_over_the_feed(lg: Ledger) -> None:
     from eventsourcing.popo import POPOTrackingRecorder
     from eventsourcing.projection import Projection
 
-    from ledger.follower import TRACKING_NAME, projection_handler
+    from ledger.feed.follower import TRACKING_NAME, projection_handler
 
     class AcceptedPerRun(Projection[POPOTrackingRecorder]):
         def __init__(self, view: POPOTrackingRecorder) -> None:
@@ -447,7 +447,7 @@ def test_a_statement_that_fails_in_a_write_is_its_own_error_never_an_uncertain_c
     # and the skipped COMMIT's after: psycopg then raised "pipeline aborted" for the
     # COMMIT, read as a connection failure while committing (CI, once in ~2,400 tests;
     # here 19 of 20 tries with a 2 ms pause before the fix). The server never committed.
-    from ledger.errors import CommitUncertain
+    from ledger.core.errors import CommitUncertain
 
     with Ledger.open(pg_dsn) as lg:
         store = lg.store

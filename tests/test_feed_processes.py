@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from ledger import Actor, FollowerBusy, Ledger, Transition
-from ledger.follower import Follower, followers
+from ledger.feed.follower import Follower, followers
 
 SPAWN = multiprocessing.get_context("spawn")
 WAIT = 120.0  # a bound on waiting for a process, never a timing assertion

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ledger import Actor, Lease, LeaseLost, Ledger
-from ledger.service import Outcome
+from ledger.service.ledger import Outcome
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, SUBMITTER, manifest
 

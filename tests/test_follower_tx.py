@@ -18,7 +18,7 @@ import pytest
 from psycopg._pipeline_base import BasePipeline
 
 from ledger import Ledger, Transition
-from ledger.follower import Follower
+from ledger.feed.follower import Follower
 from tests.conftest import finished_run
 
 

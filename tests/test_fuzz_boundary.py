@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger import Actor, Lease, Ledger, LedgerError
-from ledger.service import Outcome
-from ledger.states import ITEM_STATES, ROLES, RUN_STATES
-from ledger.validation import strict_loads
+from ledger.core.states import ITEM_STATES, ROLES, RUN_STATES
+from ledger.core.validation import strict_loads
+from ledger.service.ledger import Outcome
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 

@@ -22,10 +22,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 
 from ledger import Actor, Ledger, NotAuthorized
-from ledger.errors import InvalidInput
+from ledger.core.errors import InvalidInput
+from ledger.core.states import ROLES, RUN_COMMAND_ROLES, item_rule, run_rule
 from ledger.http import add_token, create_app
 from ledger.http.tokens import hash_token, parse_tokens
-from ledger.states import ROLES, RUN_COMMAND_ROLES, item_rule, run_rule
 from tests.clock import ManualClock
 from tests.conftest import manifest
 

@@ -14,10 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from ledger import InvalidInput
-from ledger.cli import app as cli_app
+from ledger.cli.entry import app as cli_app
+from ledger.core.validation import RESERVED_ACTOR_IDS
 from ledger.http.tokens import add_token, parse_tokens
 from ledger.http.visibility import FINGERPRINT_PREFIX, fingerprint
-from ledger.validation import RESERVED_ACTOR_IDS
 from tests.test_http import (  # noqa: F401  (fixtures)
     Api,
     api,

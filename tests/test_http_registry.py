@@ -20,12 +20,12 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from ledger import Ledger
+from ledger.commands import bodies as B
 from ledger.commands.registry import COMMANDS, CommandSpec, Http, NotOverHttp
+from ledger.core.views import RunStatus
 from ledger.http import add_token, create_app
-from ledger.http import bodies as B
 from ledger.http.commands import command_router, response_model
 from ledger.http.commands import router as commands_router
-from ledger.views import RunStatus
 from tests.conftest import manifest
 
 ROUTED = {name: spec for name, spec in COMMANDS.items() if isinstance(spec.http, Http)}

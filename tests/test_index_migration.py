@@ -1,6 +1,6 @@
 """Schema v9 (issue 15, fewer bytes per item): on PostgreSQL the role, target-state and
 lease indexes become partial and lg_items and lg_attempts get fillfactor 50
-(projections/schema.py); SQLite's v9 changes nothing. A database written at v8 upgrades
+(ledger/projections/schema.py); SQLite's v9 changes nothing. A database written at v8 upgrades
 with its data: the same statuses and audits, it verifies, its runs go on, and on
 PostgreSQL the updates the item path makes after the upgrade stay on the row's page."""
 
@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from ledger import Ledger
-from ledger.service import Outcome
+from ledger.service.ledger import Outcome
 from ledger.stores import postgres as pg_store
 from ledger.stores import sqlite as sqlite_store
 from ledger.stores.base import SCHEMA_VERSION

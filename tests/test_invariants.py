@@ -1,7 +1,7 @@
 """SPEC rule 12: the ledger cannot commit what `verify` would reject.
 
 Every commit's events pass the rules `verify` applies to the history before they are
-appended (ledger/invariants.py). These tests take away a command's own checks (the
+appended (ledger/commands/invariants.py). These tests take away a command's own checks (the
 handler's and the aggregate's guard, patched to do nothing) or write the events a
 careless handler would, and see the commit refused with `InvariantViolated`, nothing
 written, and `verify` clean: on memory, SQLite and PostgreSQL.
@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from ledger import InvariantViolated, Ledger, LedgerError, domain
-from ledger import states as S
+from ledger import InvariantViolated, Ledger, LedgerError
 from ledger.commands import leases
 from ledger.commands.uow import UnitOfWork
-from ledger.domain import Item, Run
+from ledger.core import domain
+from ledger.core import states as S
+from ledger.core.domain import Item, Run
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 from tests.drive import event_count
@@ -75,7 +76,7 @@ def test_a_run_transition_out_of_a_terminal_state_is_refused(
 def forged(lg: Ledger, run_id: str, build: Callable[[UnitOfWork, Any, Run], list[Item]]) -> None:
     """A handler that forgot every check: `build` triggers events on the loaded run (and
     returns the items it changed), which the unit of work then commits."""
-    uow = UnitOfWork(lg)
+    uow = UnitOfWork(lg.store, lg._projector)
     with uow.write() as tx:
         run = uow.load_run(tx, run_id)
         items = build(uow, tx, run)

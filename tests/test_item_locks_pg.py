@@ -12,14 +12,15 @@ and watch the others in pg_stat_activity; no timing assertions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 from ledger import Ledger
-from ledger.service import Outcome
-from ledger.views import Actor
+from ledger.core.views import Actor
+from ledger.service.ledger import Outcome
 from tests.conftest import OPERATOR, SUBMITTER, WORKER
 from tests.test_postgres import (
     STOPS,
@@ -36,13 +37,15 @@ pytestmark = pytest.mark.postgres
 OTHER = Actor("w2", "worker")
 
 
-def test_item_commands_of_one_run_go_on_while_a_claim_holds_the_run(pg_dsn: str) -> None:
+def test_item_commands_of_one_run_go_on_while_a_claim_holds_the_run(
+    pg_dsn: str, hold: Callable[[], HeldInTransaction]
+) -> None:
     with Ledger.open(pg_dsn) as held_lg, Ledger.open(pg_dsn) as lg:
         run_id = running_run(lg, 10)
         [first, second, third] = lg.claim(run_id, OTHER, limit=3)
         before = lg.status(run_id).revision
 
-        held = HeldInTransaction(held_lg)
+        held = hold()
         held.start(lambda: held_lg.claim(run_id, WORKER, limit=3))  # inside, run locked
         # while that claim holds the run, the other worker claims, accepts, heartbeats,
         # fails and records: each returns (none waits for the held transaction)
@@ -88,14 +91,14 @@ def test_a_claim_passes_over_items_another_transaction_holds(pg_dsn: str) -> Non
 @pytest.mark.parametrize("keyed", [False, True], ids=["plain", "idempotency_key"])
 @pytest.mark.parametrize("stop", sorted(STOPS))
 def test_the_last_lease_ending_behind_a_stop_ends_the_run_in_its_transaction(
-    stop: str, keyed: bool, pg_dsn: str
+    stop: str, keyed: bool, pg_dsn: str, hold: Callable[[], HeldInTransaction]
 ) -> None:
     command, draining = STOPS[stop]
     finished = {"cancel": ("cancel_finished", "canceled"), "pause": ("pause_finished", "paused")}
     with Ledger.open(pg_dsn) as stopper, Ledger.open(pg_dsn) as worker:
         run_id = running_run(worker, 3)
         [lease] = worker.claim(run_id, WORKER, limit=1)
-        held = HeldInTransaction(stopper)
+        held = hold()
         held.start(lambda: command(stopper, run_id))  # the stop has the run, not committed
 
         accepted: list[Any] = []

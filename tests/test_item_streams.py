@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger import Ledger
-from ledger.domain import item_stream_id
+from ledger.core.domain import item_stream_id
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 from tests.histories.load import from_json, import_stored, stored_events

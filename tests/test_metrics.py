@@ -112,7 +112,7 @@ def test_overview_and_metrics_are_reads(
 def test_follower_lag_appears_once_followers_exist(
     served: tuple[Ledger, ManualClock, TestClient, str],
 ) -> None:
-    from ledger.follower import Follower
+    from ledger.feed.follower import Follower
 
     lg, clock, client, token = served
     run_id = lg.submit(manifest(3), SUBMITTER).run_id

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from ledger import Actor, Conflict, IllegalTransition, Ledger, Transition
-from ledger.service import Outcome
+from ledger.service.ledger import Outcome
 
 pytestmark = pytest.mark.postgres
 

@@ -45,7 +45,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         [
             sys.executable,
             "-m",
-            "ledger.cli",
+            "ledger.cli.entry",
             "--dsn",
             dsn,
             "serve",

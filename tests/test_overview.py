@@ -129,7 +129,7 @@ def test_board_pages_open_runs_first_and_filters_by_owner(lg: Ledger, clock: Man
 
 
 def test_run_page_reads_one_page_and_mark_expired_leases(lg: Ledger, clock: ManualClock) -> None:
-    from ledger import runpage
+    from ledger.reads import runpage
 
     run_id = started(lg, 5, lease_seconds=30)
     leases = lg.claim(run_id, WORKER, limit=3)
@@ -158,7 +158,7 @@ def test_run_page_reads_one_page_and_mark_expired_leases(lg: Ledger, clock: Manu
 def test_run_page_counts_attempts_up_to_a_cap(lg: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
     """The run page's attempt count reads at most ATTEMPT_COUNT_CAP + 1 index entries
     (a refresh never counts every attempt of a large run) and says when there are more."""
-    from ledger import runpage
+    from ledger.reads import runpage
 
     monkeypatch.setattr(runpage, "ATTEMPT_COUNT_CAP", 3)
     run_id = started(lg, 5)

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from ledger import InvalidInput, Ledger, paging
+from ledger import InvalidInput, Ledger
+from ledger.reads import paging
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 

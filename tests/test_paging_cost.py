@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
-from ledger import Ledger, runpage
-from projections.rows import iso
+from ledger import Ledger
+from ledger.core.rows import iso
+from ledger.reads import runpage
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 
@@ -186,7 +187,7 @@ def test_a_page_costs_the_same_on_a_run_ten_times_larger(
     built: tuple[str, Ledger, dict[int, str]], name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kind, lg, runs = built
-    # the run page counts attempts up to a cap (ledger/runpage.py): below both runs' sizes
+    # the run page counts attempts up to a cap (ledger/reads/runpage.py): below both runs' sizes
     # here, so what is compared is the count's cost, not the cap's (before the cap, the
     # count read every attempt of the run)
     monkeypatch.setattr(runpage, "ATTEMPT_COUNT_CAP", SMALL // 4, raising=False)

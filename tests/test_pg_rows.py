@@ -9,11 +9,11 @@ from uuid import UUID
 import pytest
 
 from ledger import Ledger
+from ledger.projections.checksums import iter_rows
+from ledger.projections.rebuild import create_tables, drop_tables
+from ledger.projections.schema import TABLE_KEYS
+from ledger.projections.writer import Projector
 from ledger.stores.pg_rows import ArrayRows
-from projections.checksums import iter_rows
-from projections.rebuild import create_tables, drop_tables
-from projections.schema import TABLE_KEYS
-from projections.writer import Projector
 
 pytestmark = pytest.mark.postgres
 

@@ -26,7 +26,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from ledger import Actor, Ledger
-from ledger.service import Outcome
+from ledger.service.ledger import Outcome
 from ledger.stores import pg_positions
 from ledger.stores.postgres import EVENTS_TABLE
 
@@ -294,8 +294,8 @@ def test_an_import_whose_position_claim_loses_to_live_writers_lands_every_event_
     one has drawn past a page's claim, the import numbers the rest as any append. Every
     event of the file lands once with its stream version and hash, the first page at
     its file positions, and the ledger verifies clean, the writers' runs too."""
-    from ledger import transfer
     from ledger.stores.raw import RawEvent, read_raw
+    from ledger.transfer import imports as transfer
 
     source = f"sqlite:///{tmp_path}/source.db"
     worker = Actor("src-worker", "worker")

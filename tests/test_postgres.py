@@ -29,6 +29,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from ledger import IllegalTransition, InvalidInput, LeaseLost, Ledger
+from ledger.reads import queries
 from ledger.stores.postgres import PostgresStore, _events_json
 from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 from tests.pgserver import create_database, drop_database, free_port
@@ -227,24 +228,25 @@ def test_a_command_waiting_for_the_run_lock_reads_the_clock_after_the_wait(
 # the run row lock: claims and a cancel or pause never interleave
 # --------------------------------------------------------------------------
 class HeldInTransaction:
-    """Makes one ledger's next command stop inside its transaction, right after it
-    has loaded (and locked) the run, until `release()`."""
+    """Makes the next command started by `start` stop inside its transaction, right after
+    it has loaded (and locked) its run, until `release()`. Commands of other threads
+    load their runs as usual."""
 
-    def __init__(self, lg: Ledger) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.loaded = threading.Event()
         self.go = threading.Event()
         self.thread: threading.Thread | None = None
         self.result: list[Any] = []
-        original = lg._load_run
+        original = queries.load_run
 
-        def load_and_hold(tx: Any, run_id: str, lock: bool = True) -> Any:
+        def load_and_hold(tx: Any, run_id: str, lock: bool | str = True) -> Any:
             run = original(tx, run_id, lock)
             if threading.current_thread() is self.thread:
                 self.loaded.set()
                 assert self.go.wait(WAIT)
             return run
 
-        lg._load_run = load_and_hold  # type: ignore[method-assign]
+        monkeypatch.setattr(queries, "load_run", load_and_hold)
 
     def start(self, command: Callable[[], Any]) -> None:
         def run() -> None:
@@ -285,12 +287,12 @@ STOPS: dict[str, tuple[Callable[[Ledger, str], Any], str]] = {
 
 @pytest.mark.parametrize("stop", sorted(STOPS))
 def test_a_stop_waits_for_a_claim_holding_the_run_and_then_sees_its_leases(
-    stop: str, pg_dsn: str
+    stop: str, pg_dsn: str, hold: Callable[[], HeldInTransaction]
 ) -> None:
     command, state_with_leases = STOPS[stop]
     with Ledger.open(pg_dsn) as claimer, Ledger.open(pg_dsn) as stopper:
         run_id = running_run(claimer, 5)
-        held = HeldInTransaction(claimer)
+        held = hold()
         held.start(lambda: claimer.claim(run_id, WORKER, limit=3))
 
         stopped: list[Any] = []
@@ -315,11 +317,13 @@ def test_a_stop_waits_for_a_claim_holding_the_run_and_then_sees_its_leases(
 
 
 @pytest.mark.parametrize("stop", sorted(STOPS))
-def test_a_claim_that_began_before_a_stop_committed_claims_nothing(stop: str, pg_dsn: str) -> None:
+def test_a_claim_that_began_before_a_stop_committed_claims_nothing(
+    stop: str, pg_dsn: str, hold: Callable[[], HeldInTransaction]
+) -> None:
     command, _ = STOPS[stop]
     with Ledger.open(pg_dsn) as claimer, Ledger.open(pg_dsn) as stopper:
         run_id = running_run(claimer, 5)
-        held = HeldInTransaction(stopper)
+        held = hold()
         held.start(lambda: command(stopper, run_id))  # the stop has read the run, not committed
 
         claimed: list[Any] = []
@@ -617,8 +621,8 @@ def test_the_recorder_stores_every_state_byte_for_byte(pg_dsn: str) -> None:
 def test_a_lock_timeout_is_named_as_such_and_writes_nothing(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ledger import idempotency
-    from ledger.errors import StoreUnavailable
+    from ledger.commands import idempotency
+    from ledger.core.errors import StoreUnavailable
 
     monkeypatch.setattr(idempotency, "RETRY_DELAYS", (0.01, 0.01))
     with Ledger.open(pg_dsn) as lg:

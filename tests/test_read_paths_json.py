@@ -17,12 +17,12 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from ledger import Actor, Ledger
-from ledger import states as S
-from ledger.cli import app as cli_app
-from ledger.commands import args as A
+from ledger.cli.entry import app as cli_app
+from ledger.core import args as A
+from ledger.core import states as S
+from ledger.core.validation import strict_loads
 from ledger.http import create_app
 from ledger.http.tokens import add_token
-from ledger.validation import strict_loads
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 

@@ -13,9 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger import Actor, Ledger, LedgerError
-from ledger.service import Outcome
-from projections.checksums import checksums
-from projections.rebuild import REBUILD_SUFFIX, TRACKING_NAME, Replayer, rebuild, tracked_position
+from ledger.projections.checksums import checksums
+from ledger.projections.rebuild import (
+    REBUILD_SUFFIX,
+    TRACKING_NAME,
+    Replayer,
+    rebuild,
+    tracked_position,
+)
+from ledger.service.ledger import Outcome
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.histories.load import import_stored, stored_events
@@ -276,7 +282,7 @@ def test_replayer_holds_only_one_batch_of_aggregates(lg: Ledger) -> None:
     for lease in lg.claim(st_.run_id, WORKER, limit=40):
         lg.accept(lease)
     rp = Replayer("_bounded")
-    from projections.rebuild import create_tables, drop_tables, replay_batch
+    from ledger.projections.rebuild import create_tables, drop_tables, replay_batch
 
     position, sizes = 0, []
     while True:
@@ -303,8 +309,8 @@ def test_replayer_cache_is_bounded_and_never_serves_rows_another_replayer_moved(
     the batch, each keeps them from page to page within its transaction as well."""
     import random
 
-    import projections.rebuild as rebuild_module
-    from projections.rebuild import create_tables, drop_tables, replay_batch
+    import ledger.projections.rebuild as rebuild_module
+    from ledger.projections.rebuild import create_tables, drop_tables, replay_batch
 
     if replay_page is not None:
         monkeypatch.setattr(rebuild_module, "REPLAY_PAGE", replay_page)
@@ -540,7 +546,7 @@ def test_the_switch_gives_way_to_a_transaction_holding_the_tables(
     completes once it ends; that transaction is never aborted."""
     import psycopg
 
-    import projections.rebuild as rb
+    import ledger.projections.rebuild as rb
 
     run_id = lg.submit(manifest(3), SUBMITTER).run_id
     before = live_checksums(lg)

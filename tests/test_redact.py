@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ledger import Ledger
-from ledger.redact import MASK, clean_error, is_secret_key, redact, redact_evidence
+from ledger.core.redact import MASK, clean_error, is_secret_key, redact, redact_evidence
 from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 
 LEDGER_TOKEN = "ledger_" + "Q3x9" * 10 + "abc"

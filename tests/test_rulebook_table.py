@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from ledger import Actor, AlreadyTerminal, IllegalTransition, Lease, Ledger
-from ledger import states as S
+from ledger.core import states as S
 from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER
 from tests.findings import refused, verify_clean
 

@@ -28,7 +28,7 @@ from ledger import (
     NotComplete,
     StaleReview,
 )
-from ledger import states as S
+from ledger.core import states as S
 from tests.clock import ManualClock
 from tests.conftest import (
     CONTROLLER,

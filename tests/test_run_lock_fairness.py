@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from ledger import IllegalTransition, Ledger
-from ledger.queries import load_run
+from ledger.reads.queries import load_run
 from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 
 pytestmark = pytest.mark.postgres

@@ -45,9 +45,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-import ledger.errors as E
+import ledger.core.errors as E
 from ledger import Actor, Lease, Ledger
-from ledger.states import ROLES, TERMINAL_RUN_STATES
+from ledger.core.states import ROLES, TERMINAL_RUN_STATES
 from tests.clock import ManualClock
 
 settings.register_profile(

@@ -50,7 +50,7 @@ from ledger import (
     NotComplete,
     StaleReview,
 )
-from ledger import states as S
+from ledger.core import states as S
 from tests.clock import ManualClock
 from tests.drive import event_count
 from tests.spec_model import (

@@ -9,7 +9,7 @@ matter reads its indexes.
 
 Two runs are built alike, one ten times the other, each with the same few items claimed,
 one optional item and the rest pending. Before the required items still open were
-counted from the counts (ledger/signals.py), the status read walked every open item of
+counted from the counts (ledger/reads/signals.py), the status read walked every open item of
 the run to count them.
 """
 
@@ -19,7 +19,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ledger import Ledger, runpage
+from ledger import Ledger
+from ledger.reads import runpage
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 from tests.test_paging_cost import GROWTH, cost, ledger_with_runs

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from ledger import InvalidInput, Ledger
-from ledger.cli import main
+from ledger.cli.entry import main
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
 

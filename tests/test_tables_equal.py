@@ -4,9 +4,9 @@ two tables are equal exactly when they hold the same rows, on every store."""
 from __future__ import annotations
 
 from ledger import Ledger
-from projections.checksums import table_checksum, tables_equal
-from projections.rebuild import create_tables, drop_tables
-from projections.writer import Projector
+from ledger.projections.checksums import table_checksum, tables_equal
+from ledger.projections.rebuild import create_tables, drop_tables
+from ledger.projections.writer import Projector
 
 RUN = "0b6f64b2-6c1f-4a3e-9d67-3b8f1e2f4c11"
 ROWS = [(RUN, f"doc-{k}", k, 1, '{"n":1}') for k in range(5)]

@@ -38,7 +38,7 @@ from ledger import (
     Ledger,
     NotAuthorized,
 )
-from ledger import states as S
+from ledger.core import states as S
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER
 from tests.drive import actor

@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
-from ledger import Ledger, transfer
-from ledger.errors import RunNotFound
+from ledger import Ledger
+from ledger.core.errors import RunNotFound
+from ledger.projections.checksums import checksums
+from ledger.service.copy import copy_ledger
 from ledger.stores.raw import append_raw, max_position
-from ledger.transfer import ImportRefused, copy_ledger
-from projections.checksums import checksums
+from ledger.transfer import imports as transfer
+from ledger.transfer.history_file import ImportRefused
 from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -42,7 +44,7 @@ def _export(dsn: str, **kw: Any) -> str:
 
 
 def _demo(dsn: str) -> None:
-    from ledger.demo import run_demo
+    from ledger.cli.demo import run_demo
 
     run_demo(dsn, items=6, workers=2, seed=3, as_json=True)
 
@@ -227,7 +229,7 @@ def _rehashed(lines: list[str], k: int, topic: str | None, state: bytes) -> list
     """The file with event line k given another topic and state, every hash chain and the
     closing line computed again over the new bytes: a file that checks out, as one made
     by a faulty or hostile exporter would."""
-    from ledger.history_file import Chains, event_line, parse_event
+    from ledger.transfer.history_file import Chains, event_line, parse_event
 
     chains = Chains()
     out = []
@@ -321,7 +323,7 @@ def test_a_run_held_with_other_events_is_refused_and_nothing_is_written(
 
 
 def test_the_cli_exports_imports_and_copies(tmp_path: Path, pg_dsn: str) -> None:
-    from ledger.cli import main
+    from ledger.cli.entry import main
 
     first = f"sqlite:///{tmp_path}/first.db"
     with Ledger.open(first) as lg:
@@ -370,7 +372,7 @@ def test_an_export_since_a_time_continues_a_copy_that_holds_the_earlier_events(
 
 
 def test_the_cli_imports_from_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ledger.cli import main
+    from ledger.cli.entry import main
 
     a = f"sqlite:///{tmp_path}/a.db"
     with Ledger.open(a) as lg:
@@ -401,7 +403,7 @@ def test_an_export_reads_past_gaps_in_the_positions(
     out = io.StringIO()
     with Ledger.open(store_dsn) as target:
         target.import_file(io.StringIO(text))  # an empty target keeps the file's positions
-        monkeypatch.setattr("ledger.transfer.PAGE", 3)  # gaps wider than a page
+        monkeypatch.setattr("ledger.transfer.exports.PAGE", 3)  # gaps wider than a page
         target.export(out)
     again = [json.loads(x) for x in out.getvalue().splitlines()]
     assert [d["position"] for d in again[:-1]] == [d["position"] for d in events]

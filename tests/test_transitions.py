@@ -30,7 +30,7 @@ from ledger import (
     NotComplete,
     RunStatus,
 )
-from ledger import states as S
+from ledger.core import states as S
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, SUBMITTER, WORKER, manifest
 from tests.drive import (

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from ledger import InvalidInput, Ledger
-from ledger.domain import Item, Run
+from ledger.core.domain import Item, Run
+from ledger.core.rows import iso, item_from_row, run_from_row
+from ledger.projections.rebuild import position_column
 from ledger.stores.hashchain import HASH_COLUMN, event_hash, oid_param
-from projections.rebuild import position_column
-from projections.rows import iso, item_from_row, run_from_row
 from tests.clock import ManualClock
 from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.histories.load import import_stored, stored_events
@@ -361,8 +361,8 @@ def test_small_pages_and_batches_give_the_same_report(
     """Verify pages through the hash chains and replays in batches (with the aggregates of
     one batch kept for the next, and a damaged batch replayed event by event): the sizes
     must not change what it finds."""
-    import projections.rebuild as rebuild_module
-    import projections.verify as v
+    import ledger.projections.rebuild as rebuild_module
+    import ledger.projections.verify as v
 
     runs = scenario(lg, clock)
     claim = event_at(lg, runs["ok"], "claim", "i1")

@@ -18,7 +18,7 @@ import pytest
 import standardwebhooks
 
 from ledger import InvalidInput, Ledger, RunNotFound, WebhookNotFound
-from ledger.webhooks import (
+from ledger.feed.webhooks import (
     Dispatcher,
     add_webhook,
     deliveries,

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ledger import Accepted, Lease, Ledger, Worker
-from ledger.worker import MAX_ADAPTIVE_PREFETCH
+from ledger.worker.worker import MAX_ADAPTIVE_PREFETCH
 from tests.test_worker import running_run
 
 

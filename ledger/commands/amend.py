@@ -6,17 +6,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import queries
-from .. import states as S
-from ..domain import Run
-from ..errors import IllegalTransition, InvalidInput, ItemNotFound, ManifestInvalid, NotAuthorized
-from ..stores.base import Tx
-from ..validation import input_version_of
-from ..views import Actor, RunStatus
-from . import args as A
-from .lineage import manifest_of, parse_items
-from .runs import _policy
-from .uow import UnitOfWork, check_revision, require_role, require_run_state, stamp
+from ledger.commands.lineage import manifest_of, parse_items
+from ledger.commands.runs import _policy
+from ledger.commands.uow import UnitOfWork, check_revision, require_role, require_run_state, stamp
+from ledger.core import args as A
+from ledger.core import states as S
+from ledger.core.domain import Run
+from ledger.core.errors import (
+    IllegalTransition,
+    InvalidInput,
+    ItemNotFound,
+    ManifestInvalid,
+    NotAuthorized,
+)
+from ledger.core.validation import input_version_of
+from ledger.core.views import Actor, RunStatus
+from ledger.reads import queries
+from ledger.stores.base import Tx
 
 EDITABLE = frozenset({S.PENDING, S.RETRYABLE, S.QUARANTINED})
 

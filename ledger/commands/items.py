@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from projections.rows import iso
-
-from .. import queries
-from .. import states as S
-from ..validation import check_identifier
-from ..views import Actor, ItemStatus
-from . import args as A
-from .uow import (
+from ledger.commands.uow import (
     UnitOfWork,
     check_revision,
     require_item_run_state,
@@ -19,6 +12,12 @@ from .uow import (
     require_role,
     stamp,
 )
+from ledger.core import args as A
+from ledger.core import states as S
+from ledger.core.rows import iso
+from ledger.core.validation import check_identifier
+from ledger.core.views import Actor, ItemStatus
+from ledger.reads import queries
 
 
 def item_command(

@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from projections.rows import iso, item_from_row
-
-from .. import queries
-from .. import states as S
-from ..domain import Item, Run
-from ..errors import (
+from ledger.commands.runs import finish_if_drained
+from ledger.commands.uow import UnitOfWork, require_item_run_state, stamp
+from ledger.core import args as A
+from ledger.core import states as S
+from ledger.core.args import Outcome
+from ledger.core.domain import Item, Run
+from ledger.core.errors import (
     IllegalTransition,
     InvalidInput,
     ItemNotFound,
@@ -23,14 +24,12 @@ from ..errors import (
     LedgerError,
     RunNotFound,
 )
-from ..redact import clean_error
-from ..stores.base import Tx
-from ..validation import check_identifier
-from ..views import Actor, ItemStatus, Lease
-from . import args as A
-from .args import Outcome
-from .runs import finish_if_drained
-from .uow import UnitOfWork, require_item_run_state, stamp
+from ledger.core.redact import clean_error
+from ledger.core.rows import iso, item_from_row
+from ledger.core.validation import check_identifier
+from ledger.core.views import Actor, ItemStatus, Lease
+from ledger.reads import queries
+from ledger.stores.base import Tx
 
 MAX_CLAIM = 1000
 

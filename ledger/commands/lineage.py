@@ -7,25 +7,31 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import queries
-from .. import states as S
-from ..archived import refuse_if_archived
-from ..domain import Run, run_stream_id
-from ..errors import Conflict, IllegalTransition, InvalidInput, ItemNotFound, ManifestInvalid
-from ..stores.base import Tx
-from ..validation import check_identifier, input_version_of, input_version_of_text
-from ..views import Actor, RunStatus
-from . import args as A
-from .runs import _policy
-from .uow import UnitOfWork, require_role
+from ledger.commands.runs import _policy
+from ledger.commands.uow import UnitOfWork, require_role
+from ledger.core import args as A
+from ledger.core import states as S
+from ledger.core.domain import Run, run_stream_id
+from ledger.core.errors import (
+    Conflict,
+    IllegalTransition,
+    InvalidInput,
+    ItemNotFound,
+    ManifestInvalid,
+)
+from ledger.core.validation import check_identifier, input_version_of, input_version_of_text
+from ledger.core.views import Actor, RunStatus
+from ledger.reads import queries
+from ledger.stores.base import Tx
+from ledger.stores.raw import refuse_if_archived
 
 if TYPE_CHECKING:
-    from ..manifest import Manifest, ManifestItem
+    from ledger.core.manifest import Manifest, ManifestItem
 
 
 def parse_items(data: Any, field: str = "items") -> list[ManifestItem]:
     """Manifest items (pydantic loads on first use)."""
-    from ..manifest import parse_items as parse
+    from ledger.core.manifest import parse_items as parse
 
     return parse(data, field)
 
@@ -93,7 +99,7 @@ def submit(
     uow: UnitOfWork, manifest: Manifest | dict[str, Any] | str | bytes, actor: Actor
 ) -> RunStatus:
     """Record a new run, `queued`."""
-    from ..manifest import parse_manifest_json
+    from ledger.core.manifest import parse_manifest_json
 
     _m, plain, text = parse_manifest_json(manifest)
     actor = A.actor(actor)

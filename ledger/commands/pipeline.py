@@ -1,7 +1,7 @@
 """How every command runs: transient-fault retry, then the idempotency key, then the
 handler with its unit of work. Explicit steps, no thread-local state.
 
-`execute(ledger, name, handler, key, arguments)`:
+`execute(store, projector, name, handler, key, arguments)`:
 
 1. **retry** (`idempotency.with_retry`): `StoreUnavailable` means nothing was written,
    so the whole command runs again; `CommitUncertain` is repeated only with a key
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..idempotency import (
+from ledger.commands.idempotency import (
     check_key,
     fingerprint,
     lookup,
@@ -29,16 +29,18 @@ from ..idempotency import (
     run_id_of,
     with_retry,
 )
-from .uow import UnitOfWork
+from ledger.commands.uow import UnitOfWork
 
 if TYPE_CHECKING:
-    from ..service import Ledger
+    from ledger.projections.writer import Projector
+    from ledger.stores.base import Store
 
 T = TypeVar("T")
 
 
 def execute(
-    ledger: Ledger,
+    store: Store,
+    projector: Projector,
     name: str,
     handler: Callable[..., T],
     key: str | None,
@@ -48,20 +50,22 @@ def execute(
     `arguments` are the command's public arguments by name (they make the key's
     fingerprint)."""
     if key is None:
-        return with_retry(lambda: handler(UnitOfWork(ledger), **arguments), keyed=False)
+        return with_retry(lambda: handler(UnitOfWork(store, projector), **arguments), keyed=False)
     checked = check_key(key)
     fp = fingerprint(name, arguments)
 
     def once() -> T:
-        with ledger.store.write() as tx:
+        with store.write() as tx:
             row = lookup(tx, checked)
             if row is not None:
                 if not matches(row, name, fp):
                     # the command's own checks answer first (a 403 stays a 403); the
                     # refusal rolls this transaction back, so nothing is written
-                    refuse_reuse(lambda: handler(UnitOfWork(ledger, tx), **arguments), checked)
+                    refuse_reuse(
+                        lambda: handler(UnitOfWork(store, projector, tx), **arguments), checked
+                    )
                 return replay(row, checked, name, fp)  # type: ignore[no-any-return]
-            result = handler(UnitOfWork(ledger, tx), **arguments)
+            result = handler(UnitOfWork(store, projector, tx), **arguments)
             record(tx, checked, name, fp, run_id_of(result, arguments), result)
             return result
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from projections.rows import iso
-
-from .. import states as S
-from ..errors import InvalidInput
-from ..views import Actor, ReconcileReport
-from . import args as A
-from .runs import finish_if_drained
-from .uow import UnitOfWork, require_role, stamp
+from ledger.commands.runs import finish_if_drained
+from ledger.commands.uow import UnitOfWork, require_role, stamp
+from ledger.core import args as A
+from ledger.core import states as S
+from ledger.core.errors import InvalidInput
+from ledger.core.rows import iso
+from ledger.core.views import Actor, ReconcileReport
 
 
 def reconcile(

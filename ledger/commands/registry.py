@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .. import states as S
-from ..http import bodies as B
-from . import amend, items, leases, lineage, reconcile, review, runs
+from ledger.commands import amend, items, leases, lineage, reconcile, review, runs
+from ledger.commands import bodies as B
+from ledger.core import states as S
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Http:
 
     `path`: by default derived from the command's first arguments (`http_path`):
     `/runs/{run_id}/NAME`, `/runs/{run_id}/items/{item_id}/NAME` or `/leases/NAME`.
-    `body`: the request body model (ledger/http/bodies.py), None for no body. Its
+    `body`: the request body model (ledger/commands/bodies.py), None for no body. Its
     fields are the command's keyword arguments by name; for a lease command
     (`lease` first) the lease's fields make the `Lease` and the lease must be the
     caller's. The caller's token is the actor argument (`actor`, or `worker`).

@@ -6,15 +6,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from .. import states as S
-from ..domain import Run
-from ..errors import InvalidInput, NotAuthorized, StaleReview
-from ..stores.base import Tx
-from ..validation import check_identifier
-from ..views import Actor, RunStatus
-from . import args as A
-from .runs import fence, run_transition
-from .uow import UnitOfWork
+from ledger.commands.runs import fence, run_transition
+from ledger.commands.uow import UnitOfWork
+from ledger.core import args as A
+from ledger.core import states as S
+from ledger.core.domain import Run
+from ledger.core.errors import InvalidInput, NotAuthorized, StaleReview
+from ledger.core.validation import check_identifier
+from ledger.core.views import Actor, RunStatus
+from ledger.stores.base import Tx
 
 
 def request_review(

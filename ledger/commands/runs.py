@@ -7,14 +7,14 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .. import queries
-from .. import states as S
-from ..domain import Run
-from ..errors import AlreadyTerminal, Conflict, InvalidInput, NotAuthorized, NotComplete
-from ..stores.base import Tx
-from ..views import Actor, CancelOutcome, RunStatus
-from . import args as A
-from .uow import LEDGER, UnitOfWork, require_run_state, stamp
+from ledger.commands.uow import LEDGER, UnitOfWork, require_run_state, stamp
+from ledger.core import args as A
+from ledger.core import states as S
+from ledger.core.domain import Run
+from ledger.core.errors import AlreadyTerminal, Conflict, InvalidInput, NotAuthorized, NotComplete
+from ledger.core.views import Actor, CancelOutcome, RunStatus
+from ledger.reads import queries
+from ledger.stores.base import Tx
 
 CANCEL_RETRIES = 5
 
@@ -24,7 +24,7 @@ Decision = Callable[[Tx, Run, datetime], tuple[str, str | None, dict[str, Any]]]
 def _policy(data: Any, change: Any = None) -> Any:
     """The run's policy as a model; with `change`, the policy after applying it.
     (pydantic loads on first use: read-only commands start faster without it.)"""
-    from ..manifest import Policy, parse_policy
+    from ledger.core.manifest import Policy, parse_policy
 
     base = Policy.model_validate(data)
     return base if change is None else parse_policy(change, base)
@@ -325,7 +325,7 @@ def fence(uow: UnitOfWork, tx: Tx, run: Run, now: datetime, why: str) -> None:
 def finish_if_drained(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> str | None:
     """A pausing or canceling run ends in the transaction that ends its last live lease.
     (Its counts are exact: an item command holds a draining run FOR UPDATE, see
-    ledger/queries.py `load_run`; on a running run, held FOR SHARE, they are not read.)"""
+    ledger/reads/queries.py `load_run`; on a running run, held FOR SHARE, they are not read.)"""
     if run.state not in (S.CANCELING, S.PAUSING) or run.counts[S.IN_PROGRESS] != 0:
         return None
     if run.state == S.CANCELING:

@@ -19,26 +19,26 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from uuid import UUID
 
-from projections.rows import item_from_row
-
-from .. import invariants, queries
-from .. import states as S
-from ..domain import (
+from ledger.commands import invariants
+from ledger.commands.idempotency import retry_transient
+from ledger.core import states as S
+from ledger.core.domain import (
     Item,
     Run,
     check_item_run_state,
     check_item_state,
     refuse_run_state,
 )
-from ..errors import Conflict, NotAuthorized
-from ..idempotency import retry_transient
-from ..stores.base import StreamConflict, Tx
-from ..views import Actor
+from ledger.core.errors import Conflict, NotAuthorized
+from ledger.core.rows import item_from_row
+from ledger.core.views import Actor
+from ledger.reads import queries
+from ledger.stores.base import Store, StreamConflict, Tx
 
 if TYPE_CHECKING:
     from eventsourcing.domain import DomainEvent
 
-    from ..service import Ledger
+    from ledger.projections.writer import Projector
 
 T = TypeVar("T")
 A = TypeVar("A", bound=Run | Item | None)
@@ -90,13 +90,12 @@ def stamp(now: datetime, agg: Any) -> datetime:
 class UnitOfWork:
     """One command invocation over the ledger's store."""
 
-    def __init__(self, ledger: Ledger, tx: Tx | None = None) -> None:
-        self.ledger = ledger
-        self.store = ledger.store
-        self._projector = ledger._projector
+    def __init__(self, store: Store, projector: Projector, tx: Tx | None = None) -> None:
+        self.store = store
+        self._projector = projector
         self._joined = tx  # the keyed command's transaction, shared by every step
         # the time of the last committed event of every stream loaded: where the pre-commit
-        # rule check (ledger/invariants.py) starts each stream's clock
+        # rule check (ledger/commands/invariants.py) starts each stream's clock
         self._stamps: dict[UUID, datetime] = {}
         self._exclusive = False  # item commands lock their run FOR UPDATE (item_write)
 
@@ -129,12 +128,11 @@ class UnitOfWork:
     # -- loading ---------------------------------------------------------
     def load_run(self, tx: Tx, run_id: str, lock: bool | str = True) -> Run:
         """The run's aggregate from its snapshot row (locked on PostgreSQL); RunNotFound.
-        `lock="item"`: an item command's lock (ledger/queries.py `load_run`), FOR UPDATE
+        `lock="item"`: an item command's lock (ledger/reads/queries.py `load_run`), FOR UPDATE
         instead while `item_write` repeats a transaction that found the run draining."""
         if lock == "item" and self._exclusive:
             lock = "update"
-        # through the facade: the one place every command loads its run (tests hook it)
-        return self.track(self.ledger._load_run(tx, run_id, lock))
+        return self.track(queries.load_run(tx, run_id, lock))
 
     def item_write(self, body: Callable[[Tx], T]) -> T:
         """An item command's write transaction: `body(tx)`, which loads its run with

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .app import create_app
-    from .tokens import add_token
+    from ledger.http.app import create_app
+    from ledger.http.tokens import add_token
 
 _LAZY = {"create_app": "app", "add_token": "tokens"}
 

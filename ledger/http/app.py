@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from ..manifest import Manifest
-from . import commands, docs, feed, operator, page, reads
-from .auth import Gate
-from .errors import install_error_handlers
-from .guard import SUBMIT_BODY_BYTES, ReadDeadline, RequestGuard
-from .tokens import TokenFile
+from ledger.core.manifest import Manifest
+from ledger.http import commands, docs, feed, operator, page, reads
+from ledger.http.auth import Gate
+from ledger.http.errors import install_error_handlers
+from ledger.http.guard import SUBMIT_BODY_BYTES, ReadDeadline, RequestGuard
+from ledger.http.tokens import TokenFile
 
 if TYPE_CHECKING:
-    from ..service import Ledger
+    from ledger.service.ledger import Ledger
 
 TITLE = "run-ledger"
 API_VERSION = "1"

@@ -15,9 +15,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ..views import Actor
-from .errors import Unauthenticated
-from .tokens import TokenFile
+from ledger.core.views import Actor
+from ledger.http.errors import Unauthenticated
+from ledger.http.tokens import TokenFile
 
 SESSION_COOKIE = "ledger_session"
 

@@ -1,5 +1,5 @@
 """The operator page's reads of one run: its board row, and its items and attempts one
-keyset page at a time (`ledger/runpage.py`), so a big run costs one page per refresh."""
+keyset page at a time (`ledger/reads/runpage.py`), so a big run costs one page per refresh."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse
 
-from .. import runpage
-from ..board import BoardRow
-from ..states import ITEM_STATES
-from .auth import Reader
-from .deps import LedgerDep, view_response
-from .errors import error_responses
+from ledger.core.states import ITEM_STATES
+from ledger.http.auth import Reader
+from ledger.http.deps import LedgerDep, view_response
+from ledger.http.errors import error_responses
+from ledger.reads import runpage
+from ledger.reads.board import BoardRow
 
 router = APIRouter(tags=["operator"], responses=error_responses(401, 404, 422))
 

@@ -27,20 +27,20 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from ..commands.registry import COMMANDS, CommandSpec, Http
-from ..errors import NotAuthorized
-from ..states import describe_roles
-from ..validation import MAX_MANIFEST_BYTES
-from ..views import Actor, Lease
-from . import bodies as B
-from .auth import CommandActor
-from .deps import CommandLedgerDep, aware, view_response
-from .errors import error_responses
-from .reads import RunId
-from .strict import StrictJSONRoute, strict_body
+from ledger.commands import bodies as B
+from ledger.commands.registry import COMMANDS, CommandSpec, Http
+from ledger.core.errors import NotAuthorized
+from ledger.core.states import describe_roles
+from ledger.core.validation import MAX_MANIFEST_BYTES
+from ledger.core.views import Actor, Lease
+from ledger.http.auth import CommandActor
+from ledger.http.deps import CommandLedgerDep, aware, view_response
+from ledger.http.errors import error_responses
+from ledger.http.reads import RunId
+from ledger.http.strict import StrictJSONRoute, strict_body
 
 if typing.TYPE_CHECKING:
-    from ..service import Ledger
+    from ledger.service.ledger import Ledger
 
 RUN_ERRORS = error_responses(404, 409)
 # the arguments the caller's token fills (claim's actor is the worker)
@@ -82,7 +82,7 @@ def _lease_holder(lg: Ledger, actor: Actor, body: B.LeaseBody, spec: CommandSpec
 
 
 def _facade(spec: CommandSpec) -> Callable[..., Any]:
-    from ..service import Ledger
+    from ledger.service.ledger import Ledger
 
     method: Callable[..., Any] = getattr(Ledger, spec.name)
     return method

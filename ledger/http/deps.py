@@ -9,7 +9,7 @@ from fastapi import Depends, Header, Request
 from fastapi.responses import JSONResponse
 
 if TYPE_CHECKING:
-    from ..service import Ledger
+    from ledger.service.ledger import Ledger
 
 
 def ledger_of(request: Request) -> Ledger:

@@ -9,9 +9,9 @@ from importlib import resources
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from .auth import bearer, read_actor
-from .errors import Unauthenticated
-from .page import PAGE_HEADERS, STATIC_PACKAGE
+from ledger.http.auth import bearer, read_actor
+from ledger.http.errors import Unauthenticated
+from ledger.http.page import PAGE_HEADERS, STATIC_PACKAGE
 
 router = APIRouter(tags=["operator page"])
 

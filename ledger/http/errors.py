@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import (
+from ledger.core.errors import (
     CommitUncertain,
     Conflict,
     IllegalTransition,

@@ -13,14 +13,14 @@ from fastapi import Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRouter
 
-from .. import feed
-from ..views import Actor, Transition
-from .auth import Reader
-from .deps import LedgerDep
-from .errors import error_responses
-from .paged import EventsPage, page_response
-from .reads import MAX_PAGE
-from .visibility import for_reader
+from ledger.core.views import Actor, Transition
+from ledger.http.auth import Reader
+from ledger.http.deps import LedgerDep
+from ledger.http.errors import error_responses
+from ledger.http.paged import EventsPage, page_response
+from ledger.http.reads import MAX_PAGE
+from ledger.http.visibility import for_reader
+from ledger.reads import feed
 
 router = APIRouter(tags=["feed"], responses=error_responses(401, 422))
 

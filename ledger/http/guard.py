@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..validation import MAX_MANIFEST_BYTES
+from ledger.core.validation import MAX_MANIFEST_BYTES
 
 if TYPE_CHECKING:
-    from ..commands.registry import CommandSpec
+    from ledger.commands.registry import CommandSpec
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -54,7 +54,7 @@ ITEM_FIELDS = frozenset({"items", "corrections"})
 def item_routes(commands: Mapping[str, CommandSpec]) -> tuple[str, ...]:
     """The last path segments (`/amend`, `/repair`, `/compensate`) of the run commands
     whose body model (in the command registry) carries manifest items."""
-    from ..commands.registry import Http
+    from ledger.commands.registry import Http
 
     return tuple(
         "/" + str(spec.http_path).rsplit("/", 1)[1]
@@ -67,7 +67,7 @@ def item_routes(commands: Mapping[str, CommandSpec]) -> tuple[str, ...]:
 
 @cache
 def _item_routes() -> tuple[str, ...]:
-    from ..commands.registry import COMMANDS
+    from ledger.commands.registry import COMMANDS
 
     return item_routes(COMMANDS)
 

@@ -18,15 +18,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.exposition import generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..board import MAX_LIMIT, BoardPage
-from ..metrics import LedgerCollector
-from ..overview import Overview
-from ..signals import OWNERS
-from ..states import RUN_STATES
-from . import board
-from .auth import Reader
-from .deps import LedgerDep, view_response
-from .errors import error_responses
+from ledger.core.states import RUN_STATES
+from ledger.http import board
+from ledger.http.auth import Reader
+from ledger.http.deps import LedgerDep, view_response
+from ledger.http.errors import error_responses
+from ledger.http.metrics import LedgerCollector
+from ledger.reads.board import MAX_LIMIT, BoardPage
+from ledger.reads.overview import Overview
+from ledger.reads.signals import OWNERS
 
 router = APIRouter(tags=["operator"], responses=error_responses(401))
 

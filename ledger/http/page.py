@@ -16,9 +16,9 @@ from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from starlette.staticfiles import StaticFiles
 
-from .auth import SESSION_COOKIE, Reader, bearer, gate_of, read_actor
-from .bodies import TokenBody
-from .errors import Unauthenticated, error_responses
+from ledger.commands.bodies import TokenBody
+from ledger.http.auth import SESSION_COOKIE, Reader, bearer, gate_of, read_actor
+from ledger.http.errors import Unauthenticated, error_responses
 
 router = APIRouter(tags=["operator page"])
 

@@ -23,8 +23,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from ..views import Actor, Attempt, ItemStatus, Transition
-from .visibility import for_reader
+from ledger.core.views import Actor, Attempt, ItemStatus, Transition
+from ledger.http.visibility import for_reader
 
 NEXT_AFTER_HEADER = "X-Next-After"
 

@@ -10,12 +10,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from ..states import ITEM_STATES, ROLES, RUN_STATES
-from ..views import RunStatus, Transition
-from .auth import Reader
-from .deps import LedgerDep, aware, view_response
-from .errors import error_responses
-from .paged import AttemptsPage, ItemsPage, TransitionsPage, page_response
+from ledger.core.states import ITEM_STATES, ROLES, RUN_STATES
+from ledger.core.views import RunStatus, Transition
+from ledger.http.auth import Reader
+from ledger.http.deps import LedgerDep, aware, view_response
+from ledger.http.errors import error_responses
+from ledger.http.paged import AttemptsPage, ItemsPage, TransitionsPage, page_response
 
 router = APIRouter(tags=["reads"], responses=error_responses(401, 422))
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import uvicorn
 
-    from ..service import Ledger
+    from ledger.service.ledger import Ledger
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -45,8 +45,8 @@ def make_server(
     """
     import uvicorn
 
-    from .app import create_app
-    from .protocol import protocol_with
+    from ledger.http.app import create_app
+    from ledger.http.protocol import protocol_with
 
     app = create_app(lg, tokens_path=tokens_path, public_reads=public_reads)
     app.state.read_deadline.idle_seconds = read_idle_seconds
@@ -76,8 +76,8 @@ def serve(
 ) -> None:
     """Open the ledger at `dsn` (None: `LEDGER_DSN`, else `sqlite:///./ledger.db`), serve it
     on `host:port` until interrupted (Ctrl-C / SIGTERM), then close it."""
-    from ..service import Ledger
-    from ..webhooks import Dispatcher
+    from ledger.feed.webhooks import Dispatcher
+    from ledger.service.ledger import Ledger
 
     lg = Ledger.open(dsn) if dsn else Ledger.open()
     webhooks = Dispatcher(lg)  # delivers to the ledger's webhooks while the API serves

@@ -12,8 +12,8 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-from ..errors import InvalidInput
-from ..validation import MAX_MANIFEST_BYTES, strict_loads
+from ledger.core.errors import InvalidInput
+from ledger.core.validation import MAX_MANIFEST_BYTES, strict_loads
 
 
 def strict_body(raw: bytes, max_bytes: int = MAX_MANIFEST_BYTES) -> Any:

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..errors import InvalidInput
-from ..states import ROLES
-from ..validation import check_identifier, check_not_reserved
-from ..views import Actor
+from ledger.core.errors import InvalidInput
+from ledger.core.states import ROLES
+from ledger.core.validation import check_identifier, check_not_reserved
+from ledger.core.views import Actor
 
 ENV_TOKENS = "LEDGER_TOKENS"
 DEFAULT_TOKENS_FILE = "ledger.tokens"

@@ -16,8 +16,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from ..states import OPERATOR, WORKER
-from ..views import Actor
+from ledger.core.states import OPERATOR, WORKER
+from ledger.core.views import Actor
 
 FINGERPRINT_PREFIX = "fp:"
 

@@ -6,9 +6,9 @@ import os
 from collections.abc import Callable
 from datetime import datetime
 
-from ..errors import InvalidInput, StoreUnavailable
-from ..extras import missing_extra
-from .base import Store
+from ledger.core.errors import InvalidInput, StoreUnavailable
+from ledger.core.extras import missing_extra
+from ledger.stores.base import Store
 
 DEFAULT_DSN = "sqlite:///./ledger.db"
 
@@ -26,11 +26,11 @@ def open_store(
     A `postgresql://` DSN needs the `postgres` extra: without psycopg this raises
     `MissingExtra` naming the pip command."""
     if dsn.startswith("memory://"):
-        from .sqlite import SqliteStore
+        from ledger.stores.sqlite import SqliteStore
 
         return SqliteStore(None, clock=clock)
     if dsn.startswith("sqlite://"):
-        from .sqlite import SqliteStore
+        from ledger.stores.sqlite import SqliteStore
 
         path = dsn[len("sqlite://") :]
         path = path.removeprefix("/")  # sqlite:///rel.db -> rel.db ; sqlite:////abs.db -> /abs.db
@@ -46,7 +46,7 @@ def open_store(
         return SqliteStore(path, clock=clock)
     if dsn.startswith(("postgresql://", "postgres://")):
         try:
-            from .postgres import PostgresStore
+            from ledger.stores.postgres import PostgresStore
         except ModuleNotFoundError as e:
             raise missing_extra(e) or e from None
 

@@ -19,15 +19,15 @@ from eventsourcing.persistence import (
     UUIDAsHex,
 )
 
-from .hashchain import chain_hashes
+from ledger.stores.hashchain import chain_hashes
 
 # 2: ledger_event_hashes (hash chain); 3: ledger_idempotency (keys); 4: lg_followers,
 # lg_webhooks, lg_webhook_deliveries (the change feed); 5: positions without the events
 # table lock (PostgreSQL functions, see pg_positions.py; SQLite: a meta row); 6: indexes
 # of the paged reads; 7: lg_run_counts (an open run's item counts off its row, see
-# projections/counts.py); 8: single positions drawn under the block mutex (PostgreSQL);
+# ledger/projections/counts.py); 8: single positions drawn under the block mutex (PostgreSQL);
 # 9: narrower transition and item indexes, fillfactor 50 on lg_items and lg_attempts
-# (PostgreSQL; projections/schema.py); 10: lg_items_optional (the open items not required);
+# (PostgreSQL; ledger/projections/schema.py); 10: lg_items_optional (the open items not required);
 # 11: each event's hash on its row, ledger_event_hashes folded in and dropped (hashchain.py)
 SCHEMA_VERSION = 11
 
@@ -69,7 +69,13 @@ class StreamConflict(Exception):
 
 
 def make_mapper() -> Mapper[Any]:
-    """The event mapper: JSON with UUIDs and datetimes."""
+    """The event mapper: JSON with UUIDs and datetimes.
+
+    Importing the event classes registers their stored topics (`ledger.domain:...`,
+    `ledger.archived:Archived`), so any event this mapper reads resolves."""
+    import ledger.core.archived
+    import ledger.core.domain  # noqa: F401
+
     transcoder = JSONTranscoder()
     transcoder.register(UUIDAsHex())
     transcoder.register(DatetimeAsISO())
@@ -187,7 +193,7 @@ class Tx(ABC):
         """The query loading one lg_runs row by run_id (one `?`), with the database clock as
         `db_now` where it has one. `lock`: False (none), True or "update" (locked for the
         rest of the transaction), "item" (an item command's lock: see
-        ledger/queries.py `load_run`; the row then has a `lock_mode` column where the
+        ledger/reads/queries.py `load_run`; the row then has a `lock_mode` column where the
         store takes row locks)."""
         return f"SELECT *{self.now_column()} FROM lg_runs WHERE run_id = ?" + (  # noqa: S608 (our own table/column names; values are bound parameters)
             self.lock_suffix() if lock else ""

@@ -23,7 +23,7 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 
 if TYPE_CHECKING:
-    from .base import Tx
+    from ledger.stores.base import Tx
 
 HASH_COLUMN = "hash"  # on the events table (schema version 11)
 LEGACY_HASH_TABLE = "ledger_event_hashes"  # schema versions 2-10

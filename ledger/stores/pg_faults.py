@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import psycopg
 
-from ..errors import CommitUncertain, StoreUnavailable
-from ..redact import redact, truncate_bytes
+from ledger.core.errors import CommitUncertain, StoreUnavailable
+from ledger.core.redact import redact, truncate_bytes
 
 # What a server-reported error (SQLSTATE, by class or code) means to the caller.
 _REFUSALS = (
@@ -24,7 +24,7 @@ def fault(error: Exception, uncertain: bool) -> StoreUnavailable | CommitUncerta
     unknown (CommitUncertain). An error the server itself reported (it has a SQLSTATE) means
     the transaction was rolled back, even at COMMIT, except when the server was going away
     (57P: operator intervention). The message says which it was: an unreachable server, a
-    lock or statement timeout, a deadlock, a full disk. See ledger/idempotency.py for who
+    lock or statement timeout, a deadlock, a full disk. See ledger/commands/idempotency.py for who
     retries what."""
     detail = truncate_bytes(redact(" ".join(str(error).split())), 500)
     cause = error.__cause__

@@ -23,7 +23,7 @@ from eventsourcing.persistence import Notification, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from psycopg import sql
 
-from . import pg_positions
+from ledger.stores import pg_positions
 
 WAKE_INTERVAL_S = 0.05
 

@@ -20,8 +20,8 @@ from itertools import chain
 from typing import Any
 from uuid import UUID
 
-from .base import Tx
-from .statements import RowsSql
+from ledger.stores.base import Tx
+from ledger.stores.statements import RowsSql
 
 _EXACT = frozenset((int, str, type(None), UUID))
 

@@ -29,12 +29,19 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import send
 from psycopg.rows import dict_row, tuple_row
 
-from . import pg_positions
-from .base import SCRATCH_MARK, Store, StreamConflict, Tx, apply_migrations, refuse_newer
-from .pg_faults import fault as _fault
-from .pg_migrations import EVENTS_TABLE, migrations, schema_version
-from .pg_recorder import WAKE_INTERVAL_S, LedgerPostgresRecorder, Waker, _events_json
-from .statements import RowsSql
+from ledger.stores import pg_positions
+from ledger.stores.base import (
+    SCRATCH_MARK,
+    Store,
+    StreamConflict,
+    Tx,
+    apply_migrations,
+    refuse_newer,
+)
+from ledger.stores.pg_faults import fault as _fault
+from ledger.stores.pg_migrations import EVENTS_TABLE, migrations, schema_version
+from ledger.stores.pg_recorder import WAKE_INTERVAL_S, LedgerPostgresRecorder, Waker, _events_json
+from ledger.stores.statements import RowsSql
 
 __all__ = ["EVENTS_TABLE", "LedgerPostgresRecorder", "PostgresStore", "_events_json"]
 
@@ -43,7 +50,7 @@ _SCHEMA_LOCK = zlib.crc32(b"run-ledger schema") & 0x7FFFFFFF
 CONNECT_TIMEOUT_S = 10
 
 
-# An item command's run lock (ledger/queries.py load_run): FOR SHARE, so item commands
+# An item command's run lock (ledger/reads/queries.py load_run): FOR SHARE, so item commands
 # of one run run side by side while every run command (FOR UPDATE) waits for them and
 # they for it; FOR UPDATE when the row, as the statement's snapshot saw it, is pausing or
 # canceling (ending a lease may then end the run). A share lock granted after a run
@@ -191,7 +198,7 @@ def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
 # ROLLBACK TO SAVEPOINT before its tolerant replay; test_verify's small-pages case on
 # PostgreSQL). Shown on 2026-12-02 by switching the defences off one at a time: that case
 # fails only when both are off. The defences: verify settles the pipeline right after the
-# ROLLBACK (projections/rebuild.py `settle_ddl`), and the statements on verify's scratch
+# ROLLBACK (ledger/projections/rebuild.py `settle_ddl`), and the statements on verify's scratch
 # tables, whose names are new on every verify, are never prepared (nothing of theirs to
 # remove, and a long-lived process does not keep them; tests/test_pg_prepared.py).
 # The cache size plays no part in it (the case passes at psycopg's 100): it is 2,000 so
@@ -475,7 +482,7 @@ class PostgresStore(Store):
         with psycopg.connect(
             self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=timeout
         ) as conn:
-            steps = migrations(self.datastore)
+            steps = migrations()
             current = schema_version(conn)
             refuse_newer(current, len(steps))
             if current < len(steps):

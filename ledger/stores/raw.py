@@ -1,7 +1,7 @@
 """Stored events as they are: read with their recorded hashes, appended with the hashes they
 already carry, and deleted stream by stream in short transactions.
 
-Export, import, copy and archival (`ledger/transfer.py`, `ledger/archive.py`) move events
+Export, import, copy and archival (`ledger/transfer/imports.py`, `ledger/transfer/archive.py`) move events
 between stores without decoding them: the bytes and hashes a store holds are the ones
 another store gets. These functions are the only SQL they need; the commands' write path
 (`Tx.append`) is untouched by them.
@@ -15,8 +15,10 @@ from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
 
-from .base import Tx
-from .hashchain import HASH_COLUMN, as_uuid, oid_param
+from ledger.core.archived import archived_record
+from ledger.core.errors import RunArchived
+from ledger.stores.base import Tx
+from ledger.stores.hashchain import HASH_COLUMN, as_uuid, oid_param
 
 _CHUNK = 300  # stream ids per IN list
 
@@ -206,7 +208,7 @@ def _pg_reserve_at(tx: Tx, first: int, last: int) -> bool:
     block from the sequence's value up to `last`; the positions below `first` stay a gap,
     as a rolled-back transaction's do. False (nothing claimed that matters) when the
     sequence is already at `first`, or another writer drew in between."""
-    from .pg_positions import RESERVE_FUNCTION, sequence_name
+    from ledger.stores.pg_positions import RESERVE_FUNCTION, sequence_name
 
     seq = sequence_name(tx.store.events_table())
     row = tx.fetchone(f"SELECT last_value AS v, is_called AS c FROM {seq}")  # noqa: S608 (our own sequence name)
@@ -278,3 +280,17 @@ def occupied_positions(tx: Tx, positions: Sequence[int]) -> bool:
         if tx.fetchone(f"SELECT 1 AS x FROM {ev} WHERE {pos} IN ({marks}) LIMIT 1", chunk):  # noqa: S608 (our own table/column names; values are bound parameters)
             return True
     return False
+
+
+def refuse_if_archived(tx: Any, run_id: str, state: str) -> None:
+    """RunArchived when the run's stream ends with an `Archived` event: its items, attempts
+    and manifest are in the archive, not in the store."""
+    last = last_event(tx, UUID(run_id))
+    record = archived_record(last.topic, last.state) if last is not None else None
+    if record is not None:
+        raise RunArchived(
+            f"run {run_id} is archived (its events are in {record['archive']!r}); "
+            f"`ledger restore {record['archive']}` brings them back first",
+            state,
+            str(record["archive"]),
+        )

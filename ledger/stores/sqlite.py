@@ -19,17 +19,9 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
 
-from projections import counts as run_counts
-from projections.schema import (
-    narrowed_index_migration,
-    optional_index_migration,
-    paging_index_ddl,
-    projection_ddl,
-)
-
-from ..idempotency import ddl as idempotency_ddl
-from . import feed_schema, hashchain
-from .base import SCHEMA_VERSION, Store, StreamConflict, Tx, apply_migrations
+from ledger.stores import hashchain
+from ledger.stores.base import Store, StreamConflict, Tx, apply_migrations
+from ledger.stores.migrations import steps as schema_steps
 
 BUSY_TIMEOUT_S = 60.0
 
@@ -251,46 +243,7 @@ def _use_wal(conn: sqlite3.Connection) -> None:
 
 def migrations() -> list[list[str]]:
     """Versioned schema changes, in order; version N is the Nth entry."""
-    events = LedgerSQLiteRecorder(SQLiteDatastore(":memory:"))
-    try:
-        base = list(events.create_table_statements)
-    finally:
-        events.datastore.close()
-    v1 = (
-        base
-        + projection_ddl("sqlite")
-        + [
-            "CREATE TABLE IF NOT EXISTS lg_tracking (name TEXT PRIMARY KEY, position INTEGER NOT NULL)",
-        ]
-    )
-    v2 = [
-        *hashchain.ddl("sqlite"),
-        # events written before the hash chain existed are not chained (see hashchain.py)
-        (
-            "INSERT INTO ledger_meta (key, value) SELECT 'hash_chain_from', "
-            "CAST(COALESCE(MAX(rowid), 0) AS TEXT) FROM stored_events"
-        ),
-    ]
-    v3 = idempotency_ddl("sqlite")  # idempotency keys of commands (ledger/idempotency.py)
-    v4 = feed_schema.ddl("sqlite")  # follower checkpoints and webhooks (ledger/follower.py)
-    v5 = [
-        # one writer at a time: position (rowid) order is commit order (the PostgreSQL
-        # store needs functions for that at this version)
-        "INSERT INTO ledger_meta (key, value) VALUES ('positions', 'commit order') "
-        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-    ]
-    v6: list[Any] = list(paging_index_ddl())  # indexes of the paged reads (ledger/paging.py)
-    v7: list[Any] = run_counts.migration("sqlite")  # counts off the run row (issue 15)
-    # v8 changed PostgreSQL's position reservation only (pg_positions.py): nothing here
-    v8: list[Any] = ["SELECT 1"]
-    # v9 narrowed PostgreSQL's indexes (projections/schema.py): nothing here
-    v9: list[Any] = narrowed_index_migration("sqlite")
-    # v10: the index of optional open items (the status read's required count)
-    v10: list[Any] = optional_index_migration()
-    v11: list[Any] = hashchain.migration("sqlite", "stored_events")  # hashes on the event rows
-    out = [v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11]
-    assert len(out) == SCHEMA_VERSION
-    return out
+    return schema_steps("sqlite")
 
 
 @contextmanager

@@ -242,7 +242,7 @@ def accept_all(
     lg: Any, run_id: str, worker: Any, batch: int, limit_items: int | None = None
 ) -> int:
     """claim(limit=batch) + record(accepts) until nothing is claimable; items done."""
-    from ledger.service import Outcome
+    from ledger.service.ledger import Outcome
 
     done = 0
     while limit_items is None or done < limit_items:

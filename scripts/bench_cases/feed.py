@@ -94,7 +94,7 @@ def _follow(lg: Any, name: str, in_database: bool, reads_all: bool = False) -> t
 
 def _wake_ms(lg: Any, samples: int) -> list[float]:
     from ledger import Actor
-    from ledger.feed import head as feed_head
+    from ledger.reads.feed import head as feed_head
 
     sub = Actor("bench", "submitter")
     out: list[float] = []
@@ -168,7 +168,7 @@ def run(pg: PgTarget, sizes: Sizes, say: Any) -> list[Row]:
     with pg.database("feed") as dsn, Ledger.open(dsn) as lg:
         say(f"case 10: filling a PostgreSQL ledger to {sizes.feed_events:,} events")
         fill_events(lg, sizes.feed_events, sizes.fill_batch, prefix="feed")
-        from ledger.follower import reset
+        from ledger.feed.follower import reset
 
         # ROUNDS alternating rounds (raw read, external, in-database), the best time of
         # each side: the same statistic for the baseline and the ledger, and neither

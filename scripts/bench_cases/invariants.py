@@ -1,4 +1,4 @@
-"""Case 11: the cost of the pre-commit rule checks (ledger/invariants.py, SPEC rule 12).
+"""Case 11: the cost of the pre-commit rule checks (ledger/commands/invariants.py, SPEC rule 12).
 
 Case 1's work in one process: claim(limit=B) + record(B accepts) until a run is drained,
 on PostgreSQL when a server is given, and on SQLite. The same work runs with the checks
@@ -30,7 +30,8 @@ def _measure(lg: Any, n: int, batch: int, checks: bool, inside: list[float]) -> 
     inside[0]."""
     import time
 
-    from ledger import Actor, invariants
+    from ledger import Actor
+    from ledger.commands import invariants
 
     real = invariants.check
 

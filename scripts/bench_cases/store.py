@@ -58,7 +58,7 @@ REBUILD_CHILD = (
 import importlib.util, json, sys, time
 from ledger import Ledger
 lg = Ledger.open(sys.argv[1])
-if not hasattr(lg, "rebuild_projections") or importlib.util.find_spec("projections.rebuild") is None:
+if not hasattr(lg, "rebuild_projections") or importlib.util.find_spec("ledger.projections.rebuild") is None:
     print(json.dumps({"na": "rebuild_projections not implemented yet (no projections.rebuild)"}))
     raise SystemExit(0)
 start = time.perf_counter()

@@ -1,0 +1,211 @@
+"""The feed's commands: `ledger events`, `ledger followers`, `ledger webhooks`.
+
+Registered on the `ledger` app (ledger/cli/app.py) when ledger/cli/entry.py imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from ledger.cli.app import JsonOpt, _emit_json, _ledger, app
+
+if TYPE_CHECKING:
+    from ledger.core.views import Transition
+
+followers_app = typer.Typer(
+    cls=TyperGroup,
+    invoke_without_command=True,
+    help="Follower checkpoints: name, position, lag; reset one.",
+)
+webhooks_app = typer.Typer(cls=TyperGroup, no_args_is_help=True, help="Webhooks (signed POSTs).")
+app.add_typer(followers_app, name="followers")
+app.add_typer(webhooks_app, name="webhooks")
+
+KindOpt = Annotated[
+    list[str] | None,
+    typer.Option("--kind", metavar="KIND", help="A command or a state entered (repeatable)"),
+]
+RunOpt = Annotated[str | None, typer.Option("--run", metavar="RUN")]
+JsonlOpt = Annotated[bool, typer.Option("--jsonl", help="One JSON object per line")]
+
+
+def _line(t: Transition) -> str:
+    item = t.item_id if t.item_id is not None else "(run)"
+    reason = f"  {t.reason}" if t.reason else ""
+    return (
+        f"{t.position:>8}  {t.at.isoformat(timespec='seconds')}  {t.run_id}  {item}  "
+        f"{t.command}: {t.from_state} -> {t.to_state}  {t.actor_id}:{t.role}{reason}"
+    )
+
+
+@app.command()
+def events(
+    ctx: typer.Context,
+    after: Annotated[
+        int, typer.Option("--after", metavar="POSITION", help="Start after this position")
+    ] = 0,
+    run: RunOpt = None,
+    kind: KindOpt = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Print new transitions as they commit")
+    ] = False,
+    as_jsonl: JsonlOpt = False,
+) -> None:
+    """The change feed: every transition after a position, in position order; with
+    --follow, new ones as they commit, until Ctrl-C."""
+    from ledger.reads.feed import FeedFilter, Waiter, check_position, page
+
+    with _ledger(ctx) as lg:
+        cursor = check_position(after)
+        flt = FeedFilter.of(run, kind)
+        lg.events(after=cursor, run_id=run, kinds=kind, limit=1)  # validates, RunNotFound
+        waiter = Waiter(lg.store)
+        try:
+            while True:
+                with lg.store.read() as tx:
+                    found, cursor = page(tx, cursor, flt, 1000)
+                for t in found:
+                    text = json.dumps(t.to_dict(), ensure_ascii=False) if as_jsonl else _line(t)
+                    typer.echo(text)
+                sys.stdout.flush()
+                if len(found) == 1000:
+                    continue
+                if not follow:
+                    return
+                waiter.wait(cursor, 5.0)
+        except KeyboardInterrupt:
+            return
+        finally:
+            waiter.close()
+
+
+@followers_app.callback()
+def followers_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Every follower: name, position, lag in transitions and seconds."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from ledger.feed.follower import followers
+
+    with _ledger(ctx) as lg:
+        found = followers(lg)
+    if as_json:
+        _emit_json(found)
+        return
+    if not found:
+        typer.echo("no followers")
+        return
+    typer.echo(f"{'name':<30} {'position':>10} {'lag':>8} {'lag s':>8}  filter")
+    for f in found:
+        what = " ".join(
+            ([f"run={f.run_id}"] if f.run_id else [])
+            + ([f"kinds={','.join(f.kinds)}"] if f.kinds else [])
+        )
+        typer.echo(f"{f.name:<30} {f.position:>10} {f.lag:>8} {f.lag_seconds:>8.1f}  {what}")
+
+
+@followers_app.command("reset")
+def followers_reset(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(metavar="NAME")],
+    to: Annotated[int, typer.Option("--to", metavar="POSITION", help="New checkpoint")] = 0,
+) -> None:
+    """Set a (stopped) follower's checkpoint: it is handed everything after it again."""
+    from ledger.feed.follower import reset
+
+    with _ledger(ctx) as lg:
+        position = reset(lg, name, to)
+    typer.echo(f"follower {name} reset to position {position}")
+
+
+def _show(rows: list[Any], as_json: bool) -> None:
+    if as_json:
+        _emit_json(rows)
+        return
+    for row in rows:
+        typer.echo("  ".join("" if v is None else str(v) for v in row.to_dict().values()))
+
+
+@webhooks_app.command("add")
+def webhooks_add(
+    ctx: typer.Context,
+    url: Annotated[str, typer.Argument(metavar="URL")],
+    secret_file: Annotated[
+        Path,
+        typer.Option(
+            "--secret-file",
+            metavar="F",
+            help="The signing secret (whsec_<base64>, as Standard Webhooks)",
+        ),
+    ],
+    run: RunOpt = None,
+    kind: KindOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Deliver every (matching) transition to URL as a signed POST."""
+    from ledger.core.errors import InvalidInput
+    from ledger.feed.webhooks import add_webhook
+
+    try:
+        secret = secret_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"cannot read the secret file {str(secret_file)!r}: {e}") from e
+    with _ledger(ctx) as lg:
+        hook = add_webhook(lg, url, secret, run_id=run, kinds=kind)
+    if as_json:
+        _emit_json(hook)
+    else:
+        typer.echo(f"webhook {hook.webhook_id} -> {hook.url}")
+
+
+@webhooks_app.command("list")
+def webhooks_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Every webhook, with its follower's position."""
+    from ledger.feed.webhooks import list_webhooks
+
+    with _ledger(ctx) as lg:
+        _show(list_webhooks(lg), as_json)
+
+
+@webhooks_app.command("remove")
+def webhooks_remove(
+    ctx: typer.Context, webhook_id: Annotated[str, typer.Argument(metavar="WEBHOOK_ID")]
+) -> None:
+    """Stop delivering to a webhook (its delivery records are kept)."""
+    from ledger.feed.webhooks import remove_webhook
+
+    with _ledger(ctx) as lg:
+        remove_webhook(lg, webhook_id)
+    typer.echo(f"webhook {webhook_id} removed")
+
+
+@webhooks_app.command("deliveries")
+def webhooks_deliveries(
+    ctx: typer.Context,
+    webhook_id: Annotated[str | None, typer.Option("--webhook", metavar="WEBHOOK_ID")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10000)] = 100,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delivery attempts, newest first: status, time, error."""
+    from ledger.feed.webhooks import deliveries
+
+    with _ledger(ctx) as lg:
+        _show(deliveries(lg, webhook_id=webhook_id, limit=limit), as_json)
+
+
+@webhooks_app.command("run")
+def webhooks_run(ctx: typer.Context) -> None:
+    """Deliver to every webhook until Ctrl-C (`ledger serve` does this too)."""
+    from ledger.feed.webhooks import Dispatcher
+
+    with _ledger(ctx) as lg:
+        dispatcher = Dispatcher(lg)
+        try:
+            dispatcher.run()
+        except KeyboardInterrupt:
+            dispatcher.stop()

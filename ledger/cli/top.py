@@ -1,0 +1,110 @@
+"""`ledger top` (registered on the app by `ledger/cli/entry.py`): the overview in the terminal,
+refreshing, with the stuck runs (stalled, expired leases) first and then the longest waits."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+
+from ledger.cli.app import _ledger, _refuse_key, app
+
+
+def _ago(now: datetime, then: datetime | None) -> str:
+    if then is None:
+        return ""
+    s = max(0, int((now - then).total_seconds()))
+    if s < 60:
+        return f"{s}s"
+    m = s // 60
+    if m < 60:
+        return f"{m}m {s % 60:02d}s"
+    h = m // 60
+    if h < 48:
+        return f"{h}h {m % 60:02d}m"
+    return f"{h // 24}d {h % 24}h"
+
+
+def render_overview(ov: Any) -> Any:
+    """The overview as one rich renderable: the tallies, then the runs needing attention."""
+    from rich.console import Group
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    from ledger.reads.signals import OWNERS
+
+    head = Text()
+    head.append(f"{ov.open_runs} open runs", style="bold")
+    head.append(f"  at {ov.at:%Y-%m-%d %H:%M:%SZ}\n")
+    head.append("by state: ")
+    head.append(", ".join(f"{s.replace('_', ' ')} {n}" for s, n in ov.by_state.items() if n) or "-")
+    head.append("\nwaiting on: ")
+    parts = []
+    for who in OWNERS:
+        n = ov.by_waiting_on.get(who, 0)
+        if not n:
+            continue
+        oldest = ov.oldest_wait.get(who)
+        parts.append(f"{who} {n}" + (f" (oldest {_ago(ov.at, oldest.since)})" if oldest else ""))
+    head.append(", ".join(parts) or "-")
+    head.append("\n")
+    head.append(f"stalled {ov.stalled}", style="bold red" if ov.stalled else "")
+    head.append("   ")
+    head.append(
+        f"expired leases {ov.expired_leases} in {ov.runs_with_expired_leases} runs",
+        style="bold red" if ov.expired_leases else "",
+    )
+    table = Table(title="needs attention first, then the longest waits", title_justify="left")
+    for col in ("run", "state", "waiting on", "for", "last activity", "flags", "scope"):
+        table.add_column(col)
+    seen: set[str] = set()
+    for run in [*ov.stuck, *ov.longest_waiting]:
+        if run.run_id in seen:
+            continue
+        seen.add(run.run_id)
+        flags = []
+        if run.stalled:
+            flags.append("[bold red]STALLED[/]")
+        if run.expired_leases:
+            flags.append(f"[bold red]{run.expired_leases} EXPIRED[/]")
+        table.add_row(
+            escape(run.run_id),
+            run.state,
+            run.waiting_on,
+            _ago(ov.at, run.waiting_since),
+            _ago(ov.at, run.last_activity_at) + " ago" if run.last_activity_at else "",
+            " ".join(flags),
+            escape(run.scope),
+        )
+    return Group(head, table)
+
+
+@app.command()
+def top(
+    ctx: typer.Context,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.5, help="Seconds between refreshes")
+    ] = 2.0,
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit")] = False,
+) -> None:
+    """What is stuck, on whom: the overview of every open run, refreshing until Ctrl-C."""
+    from rich.live import Live
+
+    from ledger.cli.render import console
+
+    _refuse_key(ctx, "--idempotency-key names a command; top only reads")
+    out = console()
+    with _ledger(ctx) as lg:
+        if once:
+            out.print(render_overview(lg.overview()))
+            return
+        with Live(render_overview(lg.overview()), console=out, screen=False) as live:
+            try:
+                while True:
+                    time.sleep(interval)
+                    live.update(render_overview(lg.overview()))
+            except KeyboardInterrupt:
+                pass

@@ -1,0 +1,138 @@
+"""A run's item counts per state, kept off its `lg_runs` row while the run is open (issue 15).
+
+On PostgreSQL the item commands (claim, heartbeat, accept, reject, fail_attempt, record)
+hold the run's row `FOR SHARE` while the run is running, so many workers write at once:
+none of them may rewrite that row (an UPDATE needs a lock that conflicts with every other
+holder's share lock). The counts of a run that is not terminal therefore live in
+`lg_run_counts(run_id, slot, state, n)`: signed deltas, one row per slot and state. Each
+item transition adds -1 to its from-state and +1 to its to-state in the slot of its own
+event time (`slot_of`: the microseconds of the event's stamp, mod 64), a submit or an
+amend's added items add to `pending` in theirs. One transaction's events share one stamp,
+so a commit touches one slot, and workers committing at once touch different rows (a
+per-worker slot was the other candidate; several processes of one worker id would then
+share a row). A slot's count may go negative; the sum per state is the count. When the
+run ends (or is archived) its totals move into the `counts` column of its row, written by
+that run event anyway, and its slot rows are deleted; while it is open that column is
+`{}`. The slot is a function of the event alone, and every touched (slot, state) keeps
+its row even at zero, so a rebuild, in whatever batches it replays the events, writes the
+same rows (SPEC rule 10), and schema v7 can compute them from `lg_transitions` in SQL.
+
+Deriving the counts at read time from `lg_items` (`SELECT state, count(*) ... GROUP BY
+state`) needs no table, but costs every status read a pass over all of the run's items
+and their dead versions. Measured on PostgreSQL 15 (a 20,000-item run, 8 workers'
+claims and accepts, no vacuum since): 8.4 ms median per read from lg_items (37,180
+tuples visited) against 0.22 ms for the slot rows (97 rows) read with the run's row;
+the slot rows stay at most 64 per state however large the run. Whatever an item command decides from counts (the last live
+lease of a pausing or canceling run ending) it decides holding the run row FOR UPDATE,
+so no concurrent writer can move them meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ledger.core.states import ITEM_STATES, PENDING, TERMINAL_RUN_STATES
+from ledger.stores.base import Tx
+
+SLOTS = 64
+_CHUNK = 500
+
+
+class Reader(Protocol):
+    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]: ...
+
+
+def slot_of(at: str) -> int:
+    """The slot of an event stamped `at` (projections.rows.iso text: its microseconds)."""
+    return int(at[20:26]) % SLOTS
+
+
+def slot_sql(column: str) -> str:
+    """`slot_of` in SQL (SQLite and PostgreSQL), over an iso text column."""
+    return f"(CAST(substr({column}, 21, 6) AS INTEGER) % {SLOTS})"
+
+
+def total(column: Any, delta: Counter[str] | None) -> dict[str, int]:
+    """Every item state's count: the row's `counts` column plus the slot deltas."""
+    base = json.loads(column) if isinstance(column, str) else dict(column or {})
+    delta = delta or Counter()
+    return {s: int(base.get(s, 0)) + delta.get(s, 0) for s in ITEM_STATES}
+
+
+def attach(tx: Reader, rows: Sequence[dict[str, Any]], suffix: str = "") -> None:
+    """Replace the `counts` of each lg_runs row (JSON text) by the run's true counts.
+
+    The row's column and the slot rows are read again together, in one statement (one
+    snapshot): a run that ended between the row's read and this one has moved its slot
+    rows into its column, and reading them apart could see neither."""
+    runs_t, counts_t = f"lg_runs{suffix}", f"lg_run_counts{suffix}"
+    ids = list(dict.fromkeys(r["run_id"] for r in rows))
+    base: dict[str, Any] = {}
+    found: dict[str, Counter[str]] = {}
+    for k in range(0, len(ids), _CHUNK):
+        chunk = ids[k : k + _CHUNK]
+        marks = ", ".join("?" for _ in chunk)
+        for r in tx.fetchall(
+            f"SELECT r.run_id, r.counts, c.state, SUM(c.n) AS n FROM {runs_t} r "  # noqa: S608 (our own table/column names; values are bound parameters)
+            f"LEFT JOIN {counts_t} c ON c.run_id = r.run_id WHERE r.run_id IN ({marks}) "
+            "GROUP BY r.run_id, r.counts, c.state",
+            chunk,
+        ):
+            base[r["run_id"]] = r["counts"]
+            if r["state"] is not None:
+                found.setdefault(r["run_id"], Counter())[r["state"]] += int(r["n"])
+    for r in rows:
+        r["counts"] = json.dumps(
+            total(base.get(r["run_id"], r["counts"]), found.get(r["run_id"])),
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+
+def migration(dialect: str) -> list[str]:
+    """Schema v7: the slot rows of every open run computed from its transitions (what the
+    projector would have written), and the open runs' `counts` columns emptied."""
+    from ledger.projections.schema import run_counts_table_ddl
+
+    terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_RUN_STATES))
+    slot = slot_sql("t.at")
+    if dialect == "postgres":
+        items = "CAST(t.evidence::json->>'items' AS INTEGER)"
+        added = "json_array_length(t.evidence::json->'added')"
+    else:
+        items = "CAST(json_extract(t.evidence, '$.items') AS INTEGER)"
+        added = "json_array_length(t.evidence, '$.added')"
+    return [
+        run_counts_table_ddl(dialect),
+        "DELETE FROM lg_run_counts",
+        "INSERT INTO lg_run_counts (run_id, slot, state, n) "  # noqa: S608 (our own table/column names)
+        "SELECT d.run_id, d.slot, d.state, SUM(d.n) FROM ("
+        f"SELECT t.run_id, {slot} AS slot, t.from_state AS state, -1 AS n "
+        "FROM lg_transitions t WHERE t.item_id IS NOT NULL "
+        f"UNION ALL SELECT t.run_id, {slot}, t.to_state, 1 "
+        "FROM lg_transitions t WHERE t.item_id IS NOT NULL "
+        f"UNION ALL SELECT t.run_id, {slot}, '{PENDING}', {items} "
+        "FROM lg_transitions t WHERE t.item_id IS NULL AND t.from_state = '-' "
+        f"UNION ALL SELECT t.run_id, {slot}, '{PENDING}', {added} "
+        f"FROM lg_transitions t WHERE t.item_id IS NULL AND t.command = 'amend' AND {added} > 0"
+        f") d JOIN lg_runs r ON r.run_id = d.run_id WHERE r.state NOT IN ({terminal}) "
+        "GROUP BY d.run_id, d.slot, d.state",
+        f"UPDATE lg_runs SET counts = '{{}}' WHERE state NOT IN ({terminal})",  # noqa: S608 (our own table/column names)
+    ]
+
+
+def required_not_accepted(
+    tx: Tx, run_id: str, limit: int, items_table: str = "lg_items"
+) -> list[dict[str, Any]]:
+    """The first `limit` required items of the run's manifest not accepted, in manifest
+    order (`item_id`, `state`): what a succeeded run must not have. Asked before commit
+    (`ledger.invariants`) and over history (`projections.verify_rules`, on its scratch
+    copy of the item rows: `items_table`)."""
+    return tx.fetchall(
+        f"SELECT item_id, state FROM {items_table} WHERE run_id = ? AND in_manifest = 1 "  # noqa: S608 (our own table names; values are bound parameters)
+        "AND required = 1 AND state <> 'accepted' ORDER BY seq LIMIT ?",
+        (run_id, limit),
+    )

@@ -1,0 +1,209 @@
+"""Projection tables. `suffix` lets a rebuild build a fresh set beside the live one.
+
+A new projection table goes into PROJECTION_TABLES and TABLE_KEYS (its primary
+key): rebuilds, verify and checksums walk those; its indexes follow the live
+table's through a rebuild.
+"""
+
+from __future__ import annotations
+
+PROJECTION_TABLES = ("lg_runs", "lg_items", "lg_attempts", "lg_transitions", "lg_run_counts")
+
+# Primary key of each projection table: the order checksums and diffs walk rows in.
+TABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "lg_runs": ("run_id",),
+    "lg_items": ("run_id", "item_id"),
+    "lg_attempts": ("run_id", "item_id", "attempt"),
+    "lg_transitions": ("position", "ord"),
+    "lg_run_counts": ("run_id", "slot", "state"),
+}
+
+
+def table_ddl(dialect: str, suffix: str = "") -> list[str]:
+    """CREATE TABLE statements only (a rebuild fills bare tables, then indexes them)."""
+    return [s for s in projection_ddl(dialect, suffix) if not s.startswith("CREATE INDEX")]
+
+
+def index_ddl(dialect: str, suffix: str = "") -> list[str]:
+    """CREATE INDEX statements only (names are the table's name plus a fixed tail)."""
+    return [s for s in projection_ddl(dialect, suffix) if s.startswith("CREATE INDEX")]
+
+
+def paging_index_ddl(suffix: str = "") -> list[str]:
+    """The indexes schema v6 added for paged reads (also part of projection_ddl)."""
+    return [
+        s
+        for s in index_ddl("sqlite", suffix)
+        if s.split()[5] in (f"lg_items{suffix}_seq", f"lg_attempts{suffix}_started")
+    ]
+
+
+# Schema v9 (issue 15, fewer bytes per item), PostgreSQL only (SQLite keeps the v1 indexes:
+# its planner cannot prove a query's `role = 'operator'` implies `role <> 'worker'`):
+#
+# - the role and target-state indexes of lg_transitions leave out the rows a filter on
+#   them is not selective for: a worker's transitions (most of a ledger's) and the
+#   in_progress and accepted ones (every claim, most outcomes). An audit of those values
+#   walks the primary key in position order and keeps most rows it reads; an audit of
+#   any other role or state reads the partial index (queries.audit writes the value as a
+#   literal, so the planner can prove it is covered). Every item transition used to
+#   write six index entries; these two no longer get one.
+# - lg_items_lease holds only the leased items (the one state its queries ask for).
+# - lg_items and lg_attempts leave room on each page (fillfactor 50 and 40), so the claim
+#   and the outcome rewrite an item, and the outcome its attempt, on the row's own page:
+#   the attempt's update is then a HOT update (no indexed column changes: no new index
+#   entries), and an item's is logged as the bytes that changed, not the whole row. A
+#   claim or outcome rewrites every row of a page in one transaction, each row growing
+#   (lease, outcome, times): an attempt page needs 60% free for all of its rows to stay
+#   (measured with bench case 8: 86% HOT at 50, 100% at 40). An item's update cannot be
+#   HOT: its state is indexed (lg_items_state), and the claim, the status and the paged
+#   reads find items by state.
+PG_FILLFACTOR = {"lg_items": 50, "lg_attempts": 40}
+NARROWED_INDEXES = ("lg_transitions_role", "lg_transitions_state", "lg_items_lease")
+
+
+def narrowed_index_migration(dialect: str) -> list[str]:
+    """Schema v9: the narrowed indexes and the fillfactors (PostgreSQL; see above)."""
+    if dialect != "postgres":
+        return ["SELECT 1"]
+    create = [s for s in index_ddl(dialect) if s.split()[5] in NARROWED_INDEXES]
+    assert len(create) == len(NARROWED_INDEXES)
+    return [
+        *(f"DROP INDEX IF EXISTS {name}" for name in NARROWED_INDEXES),
+        *create,
+        *(f"ALTER TABLE {t} SET (fillfactor = {ff})" for t, ff in PG_FILLFACTOR.items()),
+    ]
+
+
+def optional_index_migration(suffix: str = "") -> list[str]:
+    """Schema v10: `lg_items_optional`, the open items that are not required (both stores).
+    A status read counts the required items still open as the run's open counts less
+    these (ledger/reads/signals.py), where it counted every open item of the run; a required
+    item never has an entry, so the index costs nothing to the items most runs hold."""
+    return [s for s in index_ddl("sqlite", suffix) if s.split()[5] == f"lg_items{suffix}_optional"]
+
+
+def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
+    """CREATE statements for every projection table and index."""
+    pg = dialect == "postgres"
+    big = "BIGINT" if pg else "INTEGER"
+    t = {name: name + suffix for name in PROJECTION_TABLES}
+    ff = {
+        name: f" WITH (fillfactor = {PG_FILLFACTOR[name]})" if pg and name in PG_FILLFACTOR else ""
+        for name in PROJECTION_TABLES
+    }
+    role_where = " WHERE role <> 'worker'" if pg else ""
+    state_where = " WHERE to_state NOT IN ('in_progress', 'accepted')" if pg else ""
+    lease = "(lease_expires_at) WHERE state = 'in_progress'" if pg else "(state, lease_expires_at)"
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {t["lg_runs"]} (
+            run_id TEXT PRIMARY KEY,
+            seq {big} NOT NULL,
+            state TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            source_version TEXT NOT NULL,
+            config_version TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            created_by TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            started_at TEXT,
+            stopped_at TEXT,
+            updated_at TEXT NOT NULL,
+            failure_kind TEXT,
+            failure_reason TEXT,
+            stop_reason TEXT,
+            summary TEXT NOT NULL,
+            input_version TEXT NOT NULL,
+            policy TEXT NOT NULL,
+            review TEXT,
+            cancel_requested INTEGER NOT NULL,
+            links TEXT NOT NULL,
+            root_run_id TEXT NOT NULL,
+            counts TEXT NOT NULL,
+            item_count INTEGER NOT NULL
+        )""",
+        f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_state ON {t['lg_runs']} (state, seq)",
+        f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_seq ON {t['lg_runs']} (seq)",
+        f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_root ON {t['lg_runs']} (root_run_id, seq)",
+        f"""CREATE TABLE IF NOT EXISTS {t["lg_items"]} (
+            run_id TEXT NOT NULL,
+            item_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            required INTEGER NOT NULL,
+            payload TEXT NOT NULL,
+            in_manifest INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            attempts INTEGER NOT NULL,
+            lease_token TEXT,
+            lease_worker TEXT,
+            lease_expires_at TEXT,
+            eligible_at TEXT,
+            last_error TEXT,
+            reason TEXT,
+            updated_at TEXT,
+            PRIMARY KEY (run_id, item_id)
+        )"""
+        + ff["lg_items"],
+        f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_state ON {t['lg_items']} (run_id, state, seq)",
+        f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_lease ON {t['lg_items']} {lease}",
+        # keyset pages of a run's items in manifest order (ledger/reads/paging.py; schema v6)
+        f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_seq ON {t['lg_items']} (run_id, seq)",
+        # the optional items still open, for the required ones' count (schema v10)
+        f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_optional ON {t['lg_items']} (run_id, state) "
+        "WHERE required = 0",
+        f"""CREATE TABLE IF NOT EXISTS {t["lg_attempts"]} (
+            run_id TEXT NOT NULL,
+            item_id TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            worker_id TEXT NOT NULL,
+            lease_token TEXT NOT NULL,
+            started_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            finished_at TEXT,
+            stage TEXT,
+            outcome TEXT,
+            error TEXT,
+            PRIMARY KEY (run_id, item_id, attempt)
+        )"""
+        + ff["lg_attempts"],
+        # keyset pages of a run's attempts, oldest first (ledger/reads/paging.py; schema v6)
+        f"CREATE INDEX IF NOT EXISTS {t['lg_attempts']}_started ON {t['lg_attempts']} (run_id, started_at)",
+        f"""CREATE TABLE IF NOT EXISTS {t["lg_transitions"]} (
+            position {big} NOT NULL,
+            ord INTEGER NOT NULL,
+            run_id TEXT NOT NULL,
+            item_id TEXT,
+            command TEXT NOT NULL,
+            from_state TEXT NOT NULL,
+            to_state TEXT NOT NULL,
+            actor_id TEXT NOT NULL,
+            role TEXT NOT NULL,
+            reason TEXT,
+            evidence TEXT NOT NULL,
+            at TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            PRIMARY KEY (position, ord)
+        )""",
+        f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_run ON {t['lg_transitions']} (run_id, position, ord)",
+        f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_actor ON {t['lg_transitions']} (actor_id, position, ord)",
+        f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_role ON {t['lg_transitions']} "
+        f"(role, position, ord){role_where}",
+        f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_state ON {t['lg_transitions']} "
+        f"(to_state, position, ord){state_where}",
+        f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_at ON {t['lg_transitions']} (at, position, ord)",
+        # per-state item counts of open runs, in slots (ledger/projections/counts.py; schema v7)
+        run_counts_table_ddl(dialect, t["lg_run_counts"]),
+    ]
+
+
+def run_counts_table_ddl(dialect: str, table: str = "lg_run_counts") -> str:
+    """The slotted item counts of the runs not yet terminal (ledger/projections/counts.py)."""
+    big = "BIGINT" if dialect == "postgres" else "INTEGER"
+    return f"""CREATE TABLE IF NOT EXISTS {table} (
+            run_id TEXT NOT NULL,
+            slot INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            n {big} NOT NULL,
+            PRIMARY KEY (run_id, slot, state)
+        )"""

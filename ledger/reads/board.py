@@ -1,0 +1,158 @@
+"""`board(store, ...)`: one keyset page of runs with their delay signals, for operators.
+
+Open runs by default (terminal ones only when asked), newest first, filtered by state,
+by who the run waits on and by whether it is stalled. The owner is computed (see
+`ledger.signals`), so an owner filter reads candidate runs a batch at a time until
+the page is full: the cost is bounded by the open runs, never by the whole ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ledger.core import states as S
+from ledger.core.errors import InvalidInput
+from ledger.core.rows import parse_dt
+from ledger.core.views import Link, _View
+from ledger.projections.counts import attach as attach_counts
+from ledger.reads.signals import OWNERS, signals_for
+
+MAX_LIMIT = 500
+_BATCH = 200
+_MAX_BATCHES = 25  # at most 5,000 runs read per filtered page
+_COLUMNS = (
+    "seq, run_id, state, counts, policy, review, created_at, updated_at, started_at, "
+    "stopped_at, stop_reason, scope, summary, failure_kind, failure_reason, "
+    "cancel_requested, links, item_count"
+)
+
+
+@dataclass(frozen=True)
+class BoardRow(_View):
+    """A run as an operator scans it: its state, counts and who owns its delay since when."""
+
+    run_id: str
+    seq: int
+    state: str
+    scope: str
+    summary: str
+    counts: dict[str, int]
+    item_count: int
+    failure_kind: str | None
+    failure_reason: str | None
+    cancel_requested: bool
+    links: list[Link]
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    stopped_at: datetime | None
+    stop_reason: str | None
+    waiting_on: str
+    waiting_on_actors: list[str]
+    waiting_since: datetime | None
+    last_activity_at: datetime | None
+    stalled: bool
+    rate: float
+    eta: datetime | None
+    expired_leases: int
+    remaining_required: int
+
+
+@dataclass(frozen=True)
+class BoardPage(_View):
+    """A page of runs; `next_after` is the cursor of the next page (None on the last)."""
+
+    runs: list[BoardRow] = field(default_factory=list)
+    next_after: int | None = None
+
+
+def board(
+    store: Any,
+    state: str | None = None,
+    waiting_on: str | None = None,
+    stalled: bool = False,
+    terminal: bool = False,
+    after: int | None = None,
+    limit: int = 50,
+) -> BoardPage:
+    """Runs newest first after cursor `after`: open ones, or terminal ones with `terminal`
+    (a `state` picks one state of either kind)."""
+    if state is not None and state not in S.RUN_STATES:
+        raise InvalidInput(f"state {state!r} is not a run state; states: {', '.join(S.RUN_STATES)}")
+    if waiting_on is not None and waiting_on not in OWNERS:
+        raise InvalidInput(f"waiting_on {waiting_on!r} is not one of {', '.join(OWNERS)}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInput(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+    if after is not None and (
+        isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63
+    ):
+        raise InvalidInput("after must be a non-negative cursor")
+    if state is not None:
+        states: tuple[str, ...] = (state,)
+    elif terminal:
+        states = tuple(s for s in S.RUN_STATES if s in S.TERMINAL_RUN_STATES)
+    else:
+        states = tuple(s for s in S.RUN_STATES if s not in S.TERMINAL_RUN_STATES)
+    filtered = waiting_on is not None or stalled
+    marks = ", ".join("?" * len(states))
+    out: list[BoardRow] = []
+    cursor = after
+    next_after: int | None = None
+    with store.read() as tx:
+        now = tx.now()
+        for _ in range(_MAX_BATCHES):
+            want = _BATCH if filtered else limit - len(out) + 1
+            rows = tx.fetchall(
+                f"SELECT {_COLUMNS} FROM lg_runs WHERE state IN ({marks})"  # noqa: S608 (our own table/column names; values are bound parameters)
+                + ("" if cursor is None else " AND seq < ?")
+                + " ORDER BY seq DESC LIMIT ?",
+                (*states, *(() if cursor is None else (cursor,)), want),
+            )
+            attach_counts(tx, rows)
+            signals = signals_for(tx, rows, now)
+            for row in rows:
+                sig = signals[row["run_id"]]
+                if (waiting_on is None or sig.waiting_on == waiting_on) and (
+                    not stalled or sig.stalled
+                ):
+                    if len(out) == limit:  # one more match exists: the page is full
+                        return BoardPage(out, out[-1].seq)
+                    out.append(_row(row, sig))
+                cursor = int(row["seq"])
+            if len(rows) < want:
+                return BoardPage(out, None)
+        # scanned enough for one request: the client goes on from the last run read
+        next_after = cursor
+    return BoardPage(out, next_after)
+
+
+def _row(row: dict[str, Any], sig: Any) -> BoardRow:
+    return BoardRow(
+        run_id=row["run_id"],
+        seq=int(row["seq"]),
+        state=row["state"],
+        scope=row["scope"],
+        summary=row["summary"] or f"run {row['state']}",
+        counts=json.loads(row["counts"]),
+        item_count=int(row["item_count"]),
+        failure_kind=row["failure_kind"],
+        failure_reason=row["failure_reason"],
+        cancel_requested=bool(row["cancel_requested"]),
+        links=[Link(x["relation"], x["run_id"]) for x in json.loads(row["links"])],
+        created_at=_dt(row["created_at"]),
+        updated_at=_dt(row["updated_at"]),
+        started_at=parse_dt(row["started_at"]),
+        stopped_at=parse_dt(row["stopped_at"]),
+        stop_reason=row["stop_reason"],
+        remaining_required=sig.remaining_required,
+        **sig.status_fields(),
+    )
+
+
+def _dt(text: str) -> datetime:
+    value = parse_dt(text)
+    assert value is not None
+    return value

@@ -1,0 +1,160 @@
+"""`overview(store)`: what is stuck, on whom, across every open run of the ledger.
+
+The counts by state are one SQL aggregate over the run state index; expired leases
+one aggregate over the item lease index. Who each open run waits on is the rule of
+`ledger.signals` (a rule in Python, not copied into SQL), applied to every open run in
+keyset pages: terminal runs (the bulk of a ledger) are never read, and no run is left
+out because newer ones exist.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ledger.core import states as S
+from ledger.core.rows import iso
+from ledger.core.views import _View
+from ledger.projections.counts import attach as attach_counts
+from ledger.reads.signals import OWNERS, signals_for
+
+PAGE = 500
+MAX_LISTED = 20
+OPEN_STATES: tuple[str, ...] = tuple(s for s in S.RUN_STATES if s not in S.TERMINAL_RUN_STATES)
+_COLUMNS = "seq, run_id, state, counts, policy, review, created_at, updated_at, stopped_at, scope"
+
+
+@dataclass(frozen=True)
+class OldestWait(_View):
+    """The open run that has waited longest on one owner."""
+
+    run_id: str
+    since: datetime
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StuckRun(_View):
+    """An open run that needs someone's attention: stalled, or with expired leases."""
+
+    run_id: str
+    state: str
+    waiting_on: str
+    waiting_since: datetime | None
+    last_activity_at: datetime | None
+    expired_leases: int
+    stalled: bool
+    scope: str
+
+
+@dataclass(frozen=True)
+class Overview(_View):
+    """Open runs by state and by owner, the oldest wait per owner, stalled runs and expired
+    leases, over every run in the store at time `at` (the store's clock)."""
+
+    at: datetime
+    open_runs: int
+    by_state: dict[str, int]
+    by_waiting_on: dict[str, int]
+    oldest_wait: dict[str, OldestWait]
+    stalled: int
+    expired_leases: int
+    runs_with_expired_leases: int
+    items_by_state: dict[str, int]
+    stuck: list[StuckRun] = field(default_factory=list)
+    longest_waiting: list[StuckRun] = field(default_factory=list)
+
+
+def overview(store: Any) -> Overview:
+    """The overview, read in one consistent read transaction of `store`."""
+    with store.read() as tx:
+        now: datetime = tx.now()
+        by_state = {s: 0 for s in OPEN_STATES}
+        marks = ", ".join("?" * len(OPEN_STATES))
+        for r in tx.fetchall(
+            f"SELECT state, COUNT(*) AS n FROM lg_runs WHERE state IN ({marks}) GROUP BY state",  # noqa: S608 (our own table/column names; values are bound parameters)
+            OPEN_STATES,
+        ):
+            by_state[r["state"]] = int(r["n"])
+        lease = tx.fetchone(
+            # the state as a literal: PostgreSQL's lg_items_lease holds only leased items
+            "SELECT COUNT(*) AS n, COUNT(DISTINCT run_id) AS runs FROM lg_items "
+            "WHERE state = 'in_progress' AND lease_expires_at < ?",
+            (iso(now),),
+        )
+        by_owner = {o: 0 for o in OWNERS if o != "nobody"}
+        oldest: dict[str, OldestWait] = {}
+        items = {s: 0 for s in S.ITEM_STATES}
+        stuck: list[StuckRun] = []
+        waits: list[StuckRun] = []
+        stalled = 0
+        after = -1
+        while True:
+            rows = tx.fetchall(
+                f"SELECT {_COLUMNS} FROM lg_runs WHERE state IN ({marks}) AND seq > ? "  # noqa: S608 (our own table/column names; values are bound parameters)
+                "ORDER BY seq LIMIT ?",
+                (*OPEN_STATES, after, PAGE),
+            )
+            if not rows:
+                break
+            after = rows[-1]["seq"]
+            attach_counts(tx, rows)
+            signals = signals_for(tx, rows, now)
+            for row in rows:
+                sig = signals[row["run_id"]]
+                by_owner[sig.waiting_on] = by_owner.get(sig.waiting_on, 0) + 1
+                since = sig.waiting_since
+                best = oldest.get(sig.waiting_on)
+                if since is not None and (best is None or since < best.since):
+                    oldest[sig.waiting_on] = OldestWait(
+                        row["run_id"], since, max(0.0, (now - since).total_seconds())
+                    )
+                for state, n in _counts(row["counts"]).items():
+                    items[state] = items.get(state, 0) + int(n)
+                stalled += sig.stalled
+                entry = StuckRun(
+                    row["run_id"],
+                    row["state"],
+                    sig.waiting_on,
+                    sig.waiting_since,
+                    sig.last_activity_at,
+                    sig.expired_leases,
+                    sig.stalled,
+                    row["scope"],
+                )
+                if (sig.stalled or sig.expired_leases) and len(stuck) < MAX_LISTED:
+                    stuck.append(entry)
+                if since is not None:
+                    waits.append(entry)
+            # keep only the longest waits (bounded memory however many runs are open)
+            waits = heapq.nsmallest(MAX_LISTED, waits, key=_since)
+            if len(rows) < PAGE:
+                break
+    open_runs = sum(by_state[s] for s in OPEN_STATES)
+    return Overview(
+        at=now,
+        open_runs=open_runs,
+        by_state={s: by_state[s] for s in OPEN_STATES},
+        by_waiting_on=by_owner,
+        oldest_wait={o: oldest[o] for o in OWNERS if o in oldest},
+        stalled=stalled,
+        expired_leases=int(lease["n"]) if lease else 0,
+        runs_with_expired_leases=int(lease["runs"]) if lease else 0,
+        items_by_state=items,
+        stuck=stuck,
+        longest_waiting=waits,
+    )
+
+
+def _since(run: StuckRun) -> datetime:
+    assert run.waiting_since is not None
+    return run.waiting_since
+
+
+def _counts(value: Any) -> dict[str, int]:
+    import json
+
+    out: dict[str, int] = json.loads(value) if isinstance(value, str) else value
+    return out

@@ -1,0 +1,434 @@
+"""The reads: runs, items, attempts, history, lineage and audit, and the mapping of
+projection rows to the result values of `ledger.views`.
+
+Every function takes an open transaction (`tx`) or the store; the `Ledger` facade
+opens the read transaction and retries it on transient faults. The command handlers
+use the same mappings for their answers, and `projections.timetravel` for a replayed
+status.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from ledger.core import args as A
+from ledger.core import states as S
+from ledger.core.domain import Item, Run
+from ledger.core.errors import InvalidInput, ItemNotFound, RunNotFound, StoreUnavailable
+from ledger.core.rows import iso, parse_dt, run_from_row
+from ledger.core.validation import check_identifier, utc_time
+from ledger.core.views import (
+    Attempt,
+    ItemStatus,
+    Lease,
+    Link,
+    NotAcceptedItem,
+    RunStatus,
+    Transition,
+)
+from ledger.projections.counts import attach as attach_counts
+from ledger.stores.base import Store, Tx
+
+# --------------------------------------------------------------------------
+# rows
+# --------------------------------------------------------------------------
+# Run states in which ending a lease may move the run ("the last live lease ends"): an item
+# command on such a run holds its row FOR UPDATE, as run commands do.
+DRAINING = frozenset({S.PAUSING, S.CANCELING})
+
+
+class RunLockUpgrade(StoreUnavailable):
+    """An item command holds a share lock on a run that a run command has meanwhile moved
+    to a draining state: its transaction starts over (nothing was written)."""
+
+
+def load_run(tx: Tx, run_id: str, lock: bool | str = True) -> Run:
+    """The run's aggregate from its lg_runs row.
+
+    `lock`: True or "update" (the run commands): the row locked FOR UPDATE on PostgreSQL
+    for the transaction, and the run's counts exact. "item" (claim, heartbeat and the
+    outcomes): FOR SHARE while the run is not draining, so workers do not wait for each
+    other; the counts are then not read (another worker may move them; no decision of an
+    item command reads them) and left as the row's column. On a draining run FOR UPDATE
+    and exact counts. RunLockUpgrade when a share lock was granted on a draining run.
+    False: no lock and no counts (existence and identity only)."""
+    try:
+        UUID(run_id)
+    except ValueError:
+        raise RunNotFound(run_id) from None
+    row = tx.fetchone(tx.select_run_sql(lock), (run_id,))
+    if row is None:
+        raise RunNotFound(run_id)
+    if "db_now" in row:
+        tx.prime_now(row.pop("db_now"))
+    held = row.pop("lock_mode", None)
+    if lock == "item" and row["state"] in DRAINING and held == "share":
+        raise RunLockUpgrade(
+            f"run {run_id} became {row['state']} while this command waited for it; "
+            "nothing was written"
+        )
+    if lock is True or lock == "update" or (lock == "item" and row["state"] in DRAINING):
+        # a statement of its own, after the lock: it sees every writer that committed
+        attach_counts(tx, [row])
+    return run_from_row(row)
+
+
+def item_row(tx: Tx, run_id: str, item_id: str, lock: bool = False) -> dict[str, Any]:
+    """One item's row (locked for the transaction when `lock`, on PostgreSQL); ItemNotFound."""
+    row = tx.fetchone(
+        "SELECT * FROM lg_items WHERE run_id = ? AND item_id = ?"  # noqa: S608 (a lock clause of our own; values are bound)
+        + (tx.lock_suffix() if lock else ""),
+        (run_id, item_id),
+    )
+    if row is None:
+        raise ItemNotFound(run_id, item_id)
+    return row
+
+
+def waiting_on(state: str, counts: dict[str, int]) -> str:
+    """Who owns the next step (SPEC rule 9): the rule book's WAITING_ON table."""
+    return S.waiting_on(state, counts)
+
+
+def _dt(text: str) -> datetime:
+    dt = parse_dt(text)
+    assert dt is not None
+    return dt
+
+
+def status_tx(tx: Tx, run_id: str) -> RunStatus:
+    """The run's status inside an open transaction, with who owns its delay by the
+    transaction's clock (SPEC rule 19)."""
+    row = tx.fetchone("SELECT * FROM lg_runs WHERE run_id = ?", (run_id,))
+    if row is None:
+        raise RunNotFound(run_id)
+    attach_counts(tx, [row])
+    return with_signals(tx, [row], [status_of_row(tx, row)])[0]
+
+
+def status_of_row(tx: Tx, row: dict[str, Any]) -> RunStatus:
+    """A run row as RunStatus, with its first 20 items not accepted."""
+    # `seq + 0`: ordered by an expression, SQLite reads the few items in those states on
+    # the (run_id, state, seq) index and sorts them, instead of walking every item of the
+    # run in seq order on (run_id, seq) until it has found 20 (or none)
+    na = tx.fetchall(
+        "SELECT item_id, state, required, reason FROM lg_items WHERE run_id = ? AND "
+        "state IN ('rejected', 'skipped', 'quarantined') ORDER BY seq + 0 LIMIT 20",
+        (row["run_id"],),
+    )
+    return status_from_row(row, na)
+
+
+def with_signals(tx: Tx, rows: list[dict[str, Any]], statuses: list[RunStatus]) -> list[RunStatus]:
+    """The statuses of `rows` with their delay signals (ledger/reads/signals.py), read in `tx`:
+    `waiting_on` (reconciler when a lease expired unreconciled), the person, waiting since,
+    last activity, stalled, rate, ETA and expired leases."""
+    from ledger.reads.signals import signals_for
+
+    found = signals_for(tx, rows, tx.now())
+    return [replace(status, **found[status.run_id].status_fields()) for status in statuses]
+
+
+def status_from_row(row: dict[str, Any], na: list[dict[str, Any]]) -> RunStatus:
+    """A run row and its not-accepted item rows as RunStatus."""
+    counts = json.loads(row["counts"])
+    state = row["state"]
+    return RunStatus(
+        run_id=row["run_id"],
+        state=state,
+        revision=row["revision"],
+        failure_kind=row["failure_kind"],
+        failure_reason=row["failure_reason"],
+        input_version=row["input_version"],
+        counts=counts,
+        summary=row["summary"] or f"run {state}",
+        not_accepted=[
+            NotAcceptedItem(r["item_id"], r["state"], bool(r["required"]), r["reason"]) for r in na
+        ],
+        waiting_on=waiting_on(state, counts),
+        links=[Link(link["relation"], link["run_id"]) for link in json.loads(row["links"])],
+        cancel_requested=bool(row["cancel_requested"]),
+        created_at=_dt(row["created_at"]),
+        updated_at=_dt(row["updated_at"]),
+        source_version=row["source_version"],
+        config_version=row["config_version"],
+        scope=row["scope"],
+        created_by=row["created_by"],
+        started_at=parse_dt(row["started_at"]),
+        stopped_at=parse_dt(row["stopped_at"]),
+        stop_reason=row["stop_reason"],
+        review=None if row["review"] is None else json.loads(row["review"]),
+        policy=json.loads(row["policy"]),
+        root_run_id=row["root_run_id"],
+    )
+
+
+def item_status(r: dict[str, Any]) -> ItemStatus:
+    """An item row as ItemStatus."""
+    lease = None
+    if r["state"] == S.IN_PROGRESS and r["lease_token"]:
+        lease = Lease(
+            r["run_id"],
+            r["item_id"],
+            r["lease_token"],
+            r["lease_worker"],
+            r["attempts"],
+            _dt(r["lease_expires_at"]),
+            None,
+        )
+    return ItemStatus(
+        run_id=r["run_id"],
+        item_id=r["item_id"],
+        state=r["state"],
+        required=bool(r["required"]),
+        attempts=r["attempts"],
+        lease=lease,
+        last_error=r["last_error"],
+        revision=r["revision"],
+        reason=r["reason"],
+        payload=json.loads(r["payload"]),
+        updated_at=parse_dt(r["updated_at"]),
+    )
+
+
+def item_status_tx(tx: Tx, run_id: str, item_id: str) -> ItemStatus:
+    """One item's status inside an open transaction."""
+    return item_status(item_row(tx, run_id, item_id))
+
+
+def merged_row(row: dict[str, Any], item: Item) -> dict[str, Any]:
+    """An item row updated with its aggregate's current stream state (no re-read)."""
+    return {
+        **row,
+        "state": item.state,
+        "revision": item.version,
+        "attempts": item.attempts,
+        "lease_token": item.lease_token,
+        "lease_worker": item.lease_worker,
+        "lease_expires_at": item.lease_expires_at,
+        "eligible_at": item.eligible_at,
+        "last_error": item.last_error,
+        "reason": item.reason,
+        "updated_at": iso(item.modified_on),
+    }
+
+
+def transition(r: dict[str, Any]) -> Transition:
+    """An lg_transitions row as Transition."""
+    return Transition(
+        run_id=r["run_id"],
+        item_id=r["item_id"],
+        from_state=r["from_state"],
+        to_state=r["to_state"],
+        actor_id=r["actor_id"],
+        role=r["role"],
+        reason=r["reason"],
+        evidence=json.loads(r["evidence"]),
+        at=_dt(r["at"]),
+        revision=r["revision"],
+        position=r["position"],
+        command=r["command"],
+    )
+
+
+# --------------------------------------------------------------------------
+# the reads of the facade
+# --------------------------------------------------------------------------
+def status(store: Store, run_id: str) -> RunStatus:
+    """The run as accepted by the store."""
+    run_id = A.run_id(run_id)
+    with store.read() as tx:
+        try:
+            UUID(run_id)
+        except ValueError:
+            raise RunNotFound(run_id) from None
+        return status_tx(tx, run_id)
+
+
+def runs(store: Store, state: str | None = None, limit: int = 100) -> list[RunStatus]:
+    """Runs, newest first."""
+    if state is not None and state not in S.RUN_STATES:
+        raise InvalidInput(f"state {state!r} is not a run state; states: {', '.join(S.RUN_STATES)}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise InvalidInput(f"limit must be an integer from 1 to 10000, got {limit!r}")
+    with store.read() as tx:
+        if state is None:
+            rows = tx.fetchall("SELECT * FROM lg_runs ORDER BY seq DESC LIMIT ?", (limit,))
+        else:
+            rows = tx.fetchall(
+                "SELECT * FROM lg_runs WHERE state = ? ORDER BY seq DESC LIMIT ?",
+                (state, limit),
+            )
+        attach_counts(tx, rows)
+        return with_signals(tx, rows, [status_of_row(tx, row) for row in rows])
+
+
+def items(
+    store: Store,
+    run_id: str,
+    state: str | None = None,
+    limit: int | None = None,
+    after: str | None = None,
+) -> list[ItemStatus]:
+    """The run's items in manifest order (one page with `limit`; see ledger/reads/paging.py)."""
+    from ledger.reads import paging
+
+    return paging.collect(paging.iter_items(store, run_id, state, limit, after))
+
+
+def item(store: Store, run_id: str, item_id: str) -> ItemStatus:
+    """One item."""
+    run_id = A.run_id(run_id)
+    item_id = A.item_id(item_id)
+    with store.read() as tx:
+        load_run(tx, run_id, lock=False)
+        return item_status_tx(tx, run_id, item_id)
+
+
+def attempts(
+    store: Store,
+    run_id: str,
+    item_id: str | None = None,
+    limit: int | None = None,
+    after: Any = None,
+) -> list[Attempt]:
+    """Attempts of the run (or of one item), oldest first (one page with `limit`)."""
+    from ledger.reads import paging
+
+    return paging.collect(paging.iter_attempts(store, run_id, item_id, limit, after))
+
+
+def history(
+    store: Store, run_id: str, limit: int | None = None, after: int | None = None
+) -> list[Transition]:
+    """The run's transitions in position order, from its submit (one page with `limit`)."""
+    from ledger.reads import paging
+
+    return paging.collect(paging.iter_history(store, run_id, limit, after))
+
+
+def lineage(store: Store, run_id: str) -> list[RunStatus]:
+    """The runs linked to this one (same root), root first."""
+    run_id = A.run_id(run_id)
+    with store.read() as tx:
+        run = load_run(tx, run_id, lock=False)
+        rows = tx.fetchall(
+            "SELECT * FROM lg_runs WHERE root_run_id = ? ORDER BY seq", (run.root_run_id,)
+        )
+        attach_counts(tx, rows)
+        return with_signals(tx, rows, [status_of_row(tx, row) for row in rows])
+
+
+def audit(
+    store: Store,
+    run_id: str | None = None,
+    actor: str | None = None,
+    role: str | None = None,
+    state: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    newest_first: bool = False,
+    after: int | None = None,
+    limit: int | None = None,
+    page_size: int = 1000,
+) -> Iterator[Transition]:
+    """Transitions filtered by run, actor id, role, target state and time; keyset-paged by
+    position. The arguments are checked at once; the pages are read as the caller iterates."""
+    if run_id is not None:
+        run_id = A.run_id(run_id)
+    if actor is not None:
+        actor = check_identifier(actor, "actor")
+    if role is not None and role not in S.ROLES:
+        raise InvalidInput(f"role {role!r} is not a role; roles: {', '.join(S.ROLES)}")
+    if state is not None and state not in S.RUN_STATES and state not in S.ITEM_STATES:
+        raise InvalidInput(f"state {state!r} is neither a run nor an item state")
+    for name, value in (("since", since), ("until", until)):
+        if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
+            raise InvalidInput(f"{name} must be an aware datetime")
+    if after is not None and (
+        isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63
+    ):
+        raise InvalidInput("after must be a non-negative position")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidInput("limit must be a positive integer")
+    if (
+        isinstance(page_size, bool)
+        or not isinstance(page_size, int)
+        or not 1 <= page_size <= 10_000
+    ):
+        raise InvalidInput("page_size must be an integer from 1 to 10000")
+    where: list[str] = []
+    params: list[Any] = []
+    for col, val in (("run_id", run_id), ("actor_id", actor)):
+        if val is not None:
+            where.append(f"{col} = ?")
+            params.append(val)
+    # A role or state as a literal (each checked above against the fixed names), so the
+    # planner can tell whether PostgreSQL's partial index covers it (ledger/projections/schema.py,
+    # schema v9): a bound value would get a generic plan that never uses a partial index.
+    for col, val in (("role", role), ("to_state", state)):
+        if val is not None:
+            assert val.isidentifier() and val.islower(), val
+            where.append(f"{col} = '{val}'")
+    if since is not None:
+        where.append("at >= ?")
+        params.append(iso(utc_time(since, "since")))
+    if until is not None:
+        where.append("at <= ?")
+        params.append(iso(utc_time(until, "until")))
+    return _audit_pages(store, where, params, newest_first, after, limit, page_size)
+
+
+def _audit_pages(
+    store: Store,
+    where: list[str],
+    params: list[Any],
+    newest_first: bool,
+    after: int | None,
+    limit: int | None,
+    page_size: int,
+) -> Iterator[Transition]:
+    order = "DESC" if newest_first else "ASC"
+    cmp = "<" if newest_first else ">"
+    cursor = after
+    remaining = limit
+    while True:
+        w = list(where)
+        p = list(params)
+        if cursor is not None:
+            w.append(f"position {cmp} ?")
+            p.append(cursor)
+        n = page_size if remaining is None else min(page_size, remaining)
+        # SQLite keeps no statistics on `at`: ordered by the plain column it scans every
+        # row in position order; `+position` makes it search lg_transitions_at and sort
+        by = (
+            "+position"
+            if store.dialect == "sqlite" and where and all(c.startswith("at ") for c in where)
+            else "position"
+        )
+        with store.read() as tx:
+            # never past a position a slower writer may still fill in (rule 18)
+            bound = tx.readable_position()
+            if bound is not None:
+                w.append("position <= ?")
+                p.append(bound)
+            sql = (
+                "SELECT * FROM lg_transitions"  # noqa: S608 (our own columns; values bound)
+                + (" WHERE " + " AND ".join(w) if w else "")
+                + f" ORDER BY {by} {order}, ord {order} LIMIT ?"
+            )
+            rows = tx.fetchall(sql, (*p, n))
+        for r in rows:
+            yield transition(r)
+        if remaining is not None:
+            remaining -= len(rows)
+            if remaining <= 0:
+                return
+        if len(rows) < n:
+            return
+        cursor = rows[-1]["position"]

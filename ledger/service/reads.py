@@ -1,0 +1,171 @@
+"""The reads of `Ledger` (ledger/service/ledger.py): `LedgerReads`, a mixin the facade inherits,
+so every read stays a `Ledger` method while the commands' module stays short. Each read
+is retried on `StoreUnavailable` (`read_command`) and delegates to `ledger/reads/queries.py`
+or its own module (board, overview, feed, time travel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, cast
+
+from ledger.commands.idempotency import read_command, typed_refusals
+from ledger.core.errors import InvalidInput
+from ledger.core.validation import utc_time
+from ledger.core.views import Attempt, ItemStatus, RunStatus, Transition
+from ledger.reads import queries
+from ledger.stores.base import Store, Tx
+
+if TYPE_CHECKING:
+    from ledger.reads.board import BoardPage
+    from ledger.reads.overview import Overview
+    from ledger.service.ledger import Ledger
+
+
+class LedgerReads:
+    """`Ledger`'s reads: runs, items, attempts, history, lineage, audit, the board and
+    overview, the change feed and the status at a past time."""
+
+    store: Store
+
+    def _status_tx(self, tx: Tx, run_id: str) -> RunStatus:
+        return queries.status_tx(tx, run_id)
+
+    @read_command
+    def status(self, run_id: str) -> RunStatus:
+        """The run as accepted by the store."""
+        return queries.status(self.store, run_id)
+
+    @read_command
+    def runs(self, state: str | None = None, limit: int = 100) -> list[RunStatus]:
+        """Runs, newest first."""
+        return queries.runs(self.store, state, limit)
+
+    @read_command
+    def items(
+        self,
+        run_id: str,
+        state: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> list[ItemStatus]:
+        """The run's items in manifest order. With `limit` (1 to 10,000): one keyset page
+        after the item id `after`; without it every item (read page by page)."""
+        return queries.items(self.store, run_id, state, limit, after)
+
+    @read_command
+    def item(self, run_id: str, item_id: str) -> ItemStatus:
+        """One item."""
+        return queries.item(self.store, run_id, item_id)
+
+    @read_command
+    def attempts(
+        self,
+        run_id: str,
+        item_id: str | None = None,
+        limit: int | None = None,
+        after: str | tuple[str, int] | None = None,
+    ) -> list[Attempt]:
+        """Every attempt of the run (or of one item), oldest first. With `limit`: one
+        keyset page after the attempt key `after` (`"<item_id>:<attempt>"`)."""
+        return queries.attempts(self.store, run_id, item_id, limit, after)
+
+    @read_command
+    def history(
+        self, run_id: str, limit: int | None = None, after: int | None = None
+    ) -> list[Transition]:
+        """Every run and item transition of the run, in position order, starting with its
+        submit. With `limit`: one keyset page after the position `after`."""
+        return queries.history(self.store, run_id, limit, after)
+
+    @read_command
+    def lineage(self, run_id: str) -> list[RunStatus]:
+        """The runs linked to this one (same root), root first."""
+        return queries.lineage(self.store, run_id)
+
+    @read_command
+    def audit(
+        self,
+        run_id: str | None = None,
+        actor: str | None = None,
+        role: str | None = None,
+        state: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        newest_first: bool = False,
+        after: int | None = None,
+        limit: int | None = None,
+        page_size: int = 1000,
+    ) -> Iterator[Transition]:
+        """Transitions filtered by run, actor id, role, target state and time; keyset-paged by position."""
+        return queries.audit(
+            self.store,
+            run_id,
+            actor,
+            role,
+            state,
+            since,
+            until,
+            newest_first,
+            after,
+            limit,
+            page_size,
+        )
+
+    @read_command
+    def board(
+        self,
+        state: str | None = None,
+        waiting_on: str | None = None,
+        stalled: bool = False,
+        terminal: bool = False,
+        after: int | None = None,
+        limit: int = 50,
+    ) -> BoardPage:
+        """A keyset page of runs with who they wait on since when, newest first: open runs,
+        or terminal ones with `terminal` (ledger/reads/board.py)."""
+        from ledger.reads.board import board
+
+        return board(self.store, state, waiting_on, stalled, terminal, after, limit)
+
+    @read_command
+    def overview(self) -> Overview:
+        """Open runs by state and waiting_on, the oldest wait per owner, stalled runs and
+        expired leases, across every run (ledger/reads/overview.py)."""
+        from ledger.reads.overview import overview
+
+        return overview(self.store)
+
+    @read_command
+    def events(
+        self,
+        after: int | None = None,
+        run_id: str | None = None,
+        kinds: Sequence[str] | str | None = None,
+        limit: int = 1000,
+    ) -> list[Transition]:
+        """The change feed: transitions after position `after` in position order (one page of
+        at most `limit`), of one run or all, whose command or new state is one of `kinds`."""
+        from ledger.reads.feed import events
+
+        return events(self.store, after, run_id, kinds, limit)
+
+    @typed_refusals
+    def wait_for_events(self, after: int | None, timeout: float) -> bool:
+        """Block until a transition past `after` has committed (True) or `timeout` seconds
+        pass (False). LISTEN/NOTIFY on PostgreSQL, short polling elsewhere (ledger/reads/feed.py)."""
+        from ledger.reads.feed import wait_for_events
+
+        return wait_for_events(self.store, after, timeout)
+
+    @read_command
+    def status_at(self, run_id: str, at: datetime) -> RunStatus:
+        """The run's status as the store had accepted it at time `at`, replayed from its events."""
+        from ledger.core import args as A
+        from ledger.reads.timetravel import status_at
+
+        run_id = A.run_id(run_id)
+        if not isinstance(at, datetime) or at.tzinfo is None:
+            raise InvalidInput("at must be an aware datetime")
+        return status_at(cast("Ledger", self), run_id, utc_time(at, "at"))

@@ -1,0 +1,48 @@
+-- postgres schema version 5: positions. Released: never edit; add a new version.
+
+CREATE OR REPLACE FUNCTION "ledger_reserve_positions"(n integer) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $body$
+DECLARE
+  first bigint;
+BEGIN
+  -- announce first: every position drawn below is at least the value read here
+  PERFORM pg_advisory_xact_lock_shared(4611686018427387904 + (SELECT last_value FROM "ledger_events_notification_id_seq"));
+  BEGIN
+    -- a contiguous block: the mutex lives only in this block's savepoint. A single
+    -- position takes it too: a nextval between another block's nextval and setval
+    -- would land inside that block (schema version 8 fixed this)
+    PERFORM pg_advisory_xact_lock(4611686018427387903);
+    first := nextval('ledger_events_notification_id_seq');
+    PERFORM setval('ledger_events_notification_id_seq', first + n - 1);
+    RAISE SQLSTATE 'LGRSV';
+  EXCEPTION WHEN SQLSTATE 'LGRSV' THEN
+    NULL;  -- rolled back: the mutex is released, the sequence keeps its value
+  END;
+  RETURN first;
+END
+$body$;
+
+CREATE OR REPLACE FUNCTION "ledger_readable_position"() RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT AS $body$
+DECLARE
+  drawn bigint;
+  announced bigint;
+BEGIN
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RETURN NULL;  -- a fixed snapshot: read what it holds
+  END IF;
+  -- in this order: a writer announcing after the first read draws above it
+  drawn := (SELECT last_value FROM "ledger_events_notification_id_seq");
+  announced := (
+    SELECT min(((l.classid::bigint - 1073741824) << 32) + l.objid::bigint)
+    FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.objsubid = 1
+      AND l.classid::bigint >= 1073741824 AND l.classid::bigint < 2147483648
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.pid <> pg_backend_pid()
+  );
+  RETURN LEAST(drawn, announced - 1);
+END
+$body$;
+
+INSERT INTO ledger_meta (key, value) VALUES ('positions', 'announced') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -1,0 +1,3 @@
+-- sqlite schema version 8: single positions. Released: never edit; add a new version.
+
+SELECT 1;

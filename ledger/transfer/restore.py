@@ -1,0 +1,156 @@
+"""`restore`: archived runs come back from their verified archive file.
+
+It checks the file as an import does (every hash chain and the closing line,
+ledger/transfer/history_file.py), then checks each run against its `Archived` event (same file
+SHA-256, same number of events, the same head hash and digest of stream heads) and, in
+one transaction, puts the events back at their positions with their hashes, removes the
+`Archived` events and projects the restored runs: the ledger is again what it was before
+the archive, heads included. A run restored already is left as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ledger.core import states as S
+from ledger.core.errors import InvalidInput, NotAuthorized
+from ledger.core.views import Actor
+from ledger.stores.raw import (
+    RawEvent,
+    append_raw,
+    delete_stream_events,
+    occupied_positions,
+    stream_heads,
+)
+from ledger.transfer.archive_file import (
+    ArchiveSummary,
+    RunPart,
+    _archived_tx,
+    _file_arg,
+    file_sha256,
+    runs_of_file,
+)
+from ledger.transfer.history_file import EventReader, ImportRefused, check_file
+
+
+def restore(lg: Any, actor: Actor, source: str | Path) -> ArchiveSummary:
+    """Bring the archived runs of a verified archive file back (see the module's docstring)."""
+    from ledger.projections.rebuild import Replayer
+
+    if not isinstance(actor, Actor):
+        raise InvalidInput("actor must be an Actor")
+    if actor.role != S.OPERATOR:
+        raise NotAuthorized(f"role {actor.role!r} may not restore runs; allowed: operator")
+    path = _file_arg(source, "source")
+    if not path.is_file():
+        raise InvalidInput(f"cannot read archive file {str(path)!r}")
+    with open(path, encoding="utf-8") as f:
+        check = check_file(f)
+    sha = file_sha256(path)
+    parts = runs_of_file(path)
+    restoring: dict[str, dict[str, Any]] = {}
+    with lg.store.read() as tx:
+        for run_id, part in sorted(parts.items()):
+            record = _archived_tx(tx, part.stream)
+            if record is None:
+                held = stream_heads(tx, list(part.streams))
+                if all(held.get(o) == h for o, h in part.streams.items()):
+                    continue  # restored already: the store holds exactly these events
+                raise ImportRefused(
+                    f"run {run_id} is not archived in this ledger, and holds other events"
+                )
+            _check_record(run_id, record, part, sha, path)
+            restoring[run_id] = record
+    if not restoring:
+        return ArchiveSummary(archive=str(path), sha256=sha, digest=check.chains.digest())
+    streams = {oid for r in restoring for oid in parts[r].streams}
+    restored = 0
+    with lg.store.write() as tx:
+        links = _links_to_keep(tx, restoring)
+        held = stream_heads(tx, list(streams))
+        for run_id in restoring:
+            stream = parts[run_id].stream
+            version = held[stream][0]  # the Archived event
+            delete_stream_events(tx, [(stream, version)], from_version=version)
+            tx.execute("DELETE FROM lg_runs WHERE run_id = ?", (run_id,))
+        # what is left of the runs' streams (a crash during the archive may have left some)
+        held = stream_heads(tx, list(streams))
+        replayer = Replayer("")
+        page: list[RawEvent] = []
+
+        def flush() -> None:
+            nonlocal restored
+            todo = [e for e in page if e.version > (held.get(e.stream) or (0, None))[0]]
+            keep = not occupied_positions(tx, [e.position for e in todo])
+            positions = append_raw(tx, todo, keep_positions=keep, reuse_free=keep)
+            decode = lg.store.mapper.to_domain_event
+            from eventsourcing.persistence import StoredEvent
+
+            replayer.apply(
+                tx,
+                [
+                    (p, decode(StoredEvent(e.stream, e.version, e.topic, e.state)))
+                    for p, e in zip(positions, todo, strict=True)
+                ],
+            )
+            restored += len(todo)
+            page.clear()
+
+        with open(path, encoding="utf-8") as f:
+            # read as check_file read it: a file changed since is refused, nothing written
+            for e in EventReader(f):
+                if e.stream in streams:
+                    page.append(e)
+                if len(page) >= 2000:
+                    flush()
+        flush()
+        for run_id, value in links.items():
+            tx.execute("UPDATE lg_runs SET links = ? WHERE run_id = ?", (value, run_id))
+    return ArchiveSummary(
+        archive=str(path),
+        runs=sorted(restoring),
+        events=restored,
+        sha256=sha,
+        digest=check.chains.digest(),
+    )
+
+
+def _check_record(run_id: str, record: dict[str, Any], part: RunPart, sha: str, path: Path) -> None:
+    """The file holds exactly the events that left with this `Archived` event."""
+    if record.get("archive_sha256") != sha:
+        raise ImportRefused(
+            f"run {run_id} was archived to {record.get('archive')!r} (sha256 "
+            f"{record.get('archive_sha256')}), not to {str(path)!r} (sha256 {sha})"
+        )
+    _version, hx = part.streams[part.stream]
+    if (
+        record.get("head_hash") != hx
+        or record.get("events") != part.events
+        or record.get("streams_digest") != part.digest()
+    ):
+        raise ImportRefused(
+            f"run {run_id}: the events in {str(path)!r} are not the ones that left the store "
+            "(head hash, event count or stream heads differ from its Archived event)"
+        )
+
+
+def _links_to_keep(tx: Any, restoring: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The links of the runs restored and of the runs they link to, as the store has them
+    now: replaying a restored run's submit would add its reverse link to the linked run
+    again, and the restored run's own row holds links added while it was archived."""
+    out: dict[str, str] = {}
+    for run_id in restoring:
+        row = tx.fetchone("SELECT links FROM lg_runs WHERE run_id = ?", (run_id,))
+        if row is None:
+            continue
+        out[run_id] = row["links"]
+        for link in json.loads(row["links"]):
+            other = tx.fetchone("SELECT links FROM lg_runs WHERE run_id = ?", (link["run_id"],))
+            if other is not None and link["run_id"] not in restoring:
+                out[link["run_id"]] = other["links"]
+    return out
+
+
+__all__ = ["restore"]
