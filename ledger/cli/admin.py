@@ -1,5 +1,5 @@
 """Maintenance commands (`projections rebuild|checksums`, `keys prune`), the HTTP
-server (`serve`, a thin wrapper over ledger/http; tokens: cli_tokens.py) and the `demo`,
+server (`serve`, a thin wrapper over ledger/http; tokens: tokens.py) and the `demo`,
 registered on the app of `ledger/cli/app.py`."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def projections_checksums(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         typer.echo(f"{table:<15} {int(rows):>10,} rows  {digest}")
 
 
-# -- the HTTP API (ledger/http): a thin wrapper over its serve(); tokens: cli_tokens.py --
+# -- the HTTP API (ledger/http): a thin wrapper over its serve(); tokens: tokens.py --
 
 
 @app.command()

@@ -9,11 +9,11 @@ missing file, an unknown state, a flag that does not apply...). Only the command
 Start-up is kept short: the service, rich and the worker are imported inside the
 commands that need them, and `main` builds only the command being run.
 
-The app, its global options and error handling are in `cli_app.py`; the commands, by
-job, in `cli_runs.py` (writes), `cli_work.py`, `cli_reads.py`, `cli_admin.py`,
-`cli_feed.py`, `cli_tokens.py`, `cli_top.py` and `cli_transfer.py`, imported below in
+The app, its global options and error handling are in `app.py`; the commands, by
+job, in `runs.py` (writes), `work.py`, `reads.py`, `admin.py`,
+`feed.py`, `tokens.py`, `top.py` and `transfer.py`, imported below in
 the order `ledger --help` lists them. This module keeps the names other code imports
-from `ledger.cli`.
+from `ledger.cli.entry`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ledger's write commands, one module per job, over one unit of work (`uow.py`).
 
-`ledger.service.Ledger` is the public facade: each of its command methods hands its
+`ledger.Ledger` (ledger/service/ledger.py) is the public facade: each of its command methods hands its
 arguments to `pipeline.execute` (transient-fault retry, then the idempotency key),
 which runs the command's handler here with a `UnitOfWork`:
 

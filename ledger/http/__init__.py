@@ -1,7 +1,7 @@
 """The HTTP entry point: JSON endpoints over `Ledger`, bearer tokens, and the operator page.
 
 A thin layer: every request becomes one call of the application service
-(`ledger.service.Ledger`), and every typed ledger error becomes an HTTP status
+(`ledger.Ledger` (ledger/service/ledger.py)), and every typed ledger error becomes an HTTP status
 with the error's `to_dict()` as its JSON body. FastAPI is imported lazily, so
 `import ledger.http` costs nothing for programs that never serve.
 
