@@ -10,6 +10,7 @@ set stays bounded whatever paths clients ask for.
 from __future__ import annotations
 
 import time
+from http import HTTPStatus
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Query, Request
@@ -32,6 +33,27 @@ router = APIRouter(tags=["operator"], responses=error_responses(401))
 
 REQUESTS = "ledger_http_requests"  # exposed as ledger_http_requests_total
 LATENCY = "ledger_http_request_duration_seconds"
+
+# Every label value comes from a fixed set, whatever a client sends: a method is one of
+# HTTP's own (anything else is "other"), a route is a route template (or "unmatched"),
+# a status is one of HTTP's registered codes (else "other"). So the number of series is
+# bounded by the routes, not by the traffic.
+METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
+)
+STATUSES = frozenset(str(int(s)) for s in HTTPStatus)
+OTHER = "other"
+
+
+def method_label(method: object) -> str:
+    """The request method as a metric label: one of `METHODS`, else "other"."""
+    return method if isinstance(method, str) and method in METHODS else OTHER
+
+
+def status_label(status: int) -> str:
+    """The response status as a metric label: a registered HTTP status, else "other"."""
+    text = str(status)
+    return text if text in STATUSES else OTHER
 
 
 @router.get("/overview", response_model=Overview, summary="Open runs: what is stuck, on whom")
@@ -106,8 +128,8 @@ class RequestMetrics:
             # the router records the matched route in the scope; unmatched paths share one label
             route: Any = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
-            method = scope.get("method", "")
-            self.requests.labels(method, path, str(status[0])).inc()
+            method = method_label(scope.get("method"))
+            self.requests.labels(method, path, status_label(status[0])).inc()
             self.latency.labels(method, path).observe(time.perf_counter() - started)
 
 
