@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import http.client
 import json
 import logging
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,6 +37,7 @@ from ledger.core.errors import InvalidInput, LedgerError, WebhookNotFound
 from ledger.core.rows import iso, parse_dt
 from ledger.core.validation import check_identifier
 from ledger.core.views import Transition, _View
+from ledger.core.visibility import for_reader
 from ledger.feed.checkpoints import checkpoint, ensure
 from ledger.feed.follower import Follower
 from ledger.reads import feed
@@ -112,7 +113,8 @@ def body_of(t: Transition) -> bytes:
     doc = {
         "type": f"{'item' if t.item_id is not None else 'run'}.{t.to_state}",
         "timestamp": t.at.isoformat(),
-        "data": t.to_dict(),
+        # a receiver is no lease holder: lease tokens go as their fingerprints, as in reads
+        "data": for_reader([t.to_dict()], None)[0],
     }
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
@@ -380,31 +382,73 @@ class Dispatcher:
     def _post(
         self, url: str, key: bytes, msg_id: str, body: bytes
     ) -> tuple[int | None, str | None, int]:
-        """(status, error, milliseconds) of one POST, signed at the time it is made."""
+        """(status, error, milliseconds) of one POST, signed at the time it is made.
+
+        `timeout` bounds the whole delivery (connect, send, answer), not each socket
+        read: a receiver trickling its answer is cut off at the deadline and the attempt
+        fails. A redirect is never followed: a 3xx is a failed attempt (the receiver did
+        not take the body, and a signed request must not go where the URL does not say)."""
         timestamp = int(time.time())
-        request = urllib.request.Request(  # noqa: S310 (add_webhook allows http and https only)
-            url,
-            data=body,
-            method="POST",
-            headers={
-                "content-type": "application/json",
-                "user-agent": "run-ledger-webhooks",
-                "webhook-id": msg_id,
-                "webhook-timestamp": str(timestamp),
-                "webhook-signature": sign(key, msg_id, timestamp, body),
-            },
-        )
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "run-ledger-webhooks",
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign(key, msg_id, timestamp, body),
+        }
         started = time.monotonic()
-        status: int | None = None
-        error: str | None = None
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 (http/https only)
-                status = int(response.status)
-                response.read(65536)
-        except urllib.error.HTTPError as e:
-            status = int(e.code)
-            error = f"HTTP {e.code}"
-        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
-            error = f"{type(e).__name__}: {getattr(e, 'reason', e)}"[:500]
+        status, error = post_once(url, headers, body, self.timeout)
         ms = int((time.monotonic() - started) * 1000)
         return status, error, ms
+
+
+ANSWER_BYTES = 65536  # of a receiver's answer, read and dropped
+
+
+def post_once(
+    url: str, headers: dict[str, str], body: bytes, deadline_s: float
+) -> tuple[int | None, str | None]:
+    """POST `body` to `url` once: (status, error). No redirect is followed; the whole
+    exchange ends by `deadline_s` seconds (the connection is shut at the deadline)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None, f"not an http(s) URL: {url!r}"[:500]
+    conn_type = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
+    conn = conn_type(parts.hostname, parts.port, timeout=deadline_s)
+    expired = threading.Event()
+
+    def cut() -> None:
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(deadline_s, cut)
+    timer.daemon = True
+    timer.start()
+    target = parts.path or "/"
+    if parts.query:
+        target += "?" + parts.query
+    try:
+        conn.request("POST", target, body=body, headers=headers)
+        response = conn.getresponse()
+        status = int(response.status)
+        response.read(ANSWER_BYTES)
+    except (http.client.HTTPException, OSError, ValueError) as e:
+        if expired.is_set():
+            return None, f"no complete answer within the delivery deadline of {deadline_s:g} s"
+        return None, f"{type(e).__name__}: {e}"[:500]
+    finally:
+        timer.cancel()
+        conn.close()
+    if expired.is_set():
+        return None, f"no complete answer within the delivery deadline of {deadline_s:g} s"
+    if 300 <= status < 400:
+        where = response.getheader("location") or "no location"
+        return status, f"HTTP {status}: redirect not followed ({where[:200]})"
+    if not 200 <= status < 300:
+        return status, f"HTTP {status}"
+    return status, None
