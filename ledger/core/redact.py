@@ -2,7 +2,7 @@
 redacted.
 
 `redact` covers the shapes secrets take in error text and reasons (see
-tests/test_redact.py for the table): URL userinfo passwords, `Authorization:`
+tests/test_redact.py for the table): URL userinfo (a password, or a token as the user), `Authorization:`
 headers (Bearer, Basic, Token), `key=value` / `key: value` / JSON `"key": "value"`
 pairs whose key names a secret (`password`, `DB_PASSWORD`, `PGPASSWORD`,
 `client_secret`, `access_token`, `api_key`, `aws_secret_access_key`, ...) in query
@@ -47,6 +47,13 @@ def _mask_value(value: str) -> str:
     return MASK
 
 
+def _mask_userinfo(m: re.Match[str]) -> str:
+    user, colon, _secret = m.group(2).partition(":")
+    if not colon or "@" in user:
+        return f"{m.group(1)}{MASK}@"  # a token as the user name, or no user name to keep
+    return f"{m.group(1)}{user}:{MASK}@"
+
+
 _PATTERNS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
     # PEM private key blocks (before anything inside them is matched)
     (
@@ -56,10 +63,12 @@ _PATTERNS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = 
         ),
         r"-----BEGIN \1PRIVATE KEY-----***",
     ),
-    # scheme://user:password@host (DSNs, URLs); an empty user too (redis://:pw@host)
+    # scheme://user:password@host and scheme://token@host (DSNs, URLs): the userinfo runs
+    # to the authority's last "@" (a password may hold "@" and ":" unencoded), so all of
+    # it is masked but a user name before a ":" (redis://:pw@host has an empty one)
     (
-        re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,31}://[^:/@\s]{0,256}:)[^@\s/]{0,256}@"),
-        rf"\1{MASK}@",
+        re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,31}://)([^/?#\s]{0,512})@"),
+        _mask_userinfo,
     ),
     # Authorization / Proxy-Authorization headers, any scheme
     (
