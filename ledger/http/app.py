@@ -13,6 +13,7 @@ from ledger.http import commands, docs, feed, operator, page, reads
 from ledger.http.auth import Gate
 from ledger.http.errors import install_error_handlers
 from ledger.http.guard import SUBMIT_BODY_BYTES, ReadDeadline, RequestGuard
+from ledger.http.streams import FeedHub
 from ledger.http.tokens import TokenFile
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ def create_app(
     )
     app.state.ledger = lg
     app.state.gate = Gate(tokens=TokenFile(tokens_path), public_reads=public_reads)
+    app.state.feed_hub = FeedHub(lg)  # event streams: one head watcher, capped (streams.py)
     install_error_handlers(app)
     # token before body, per-route body limits, read deadlines (guard.py)
     app.state.read_deadline = ReadDeadline()

@@ -174,8 +174,14 @@ class RequestGuard:
         idle, total = self.deadline.idle_seconds, self.deadline.total_seconds
         deadline = time.monotonic() + total
 
+        body_done = False
+
         async def guarded_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, body_done
+            if body_done:
+                # the body is in: what comes now is the client going away (a streaming
+                # response listens for it for as long as it streams), with no deadline
+                return await receive()
             wait = min(idle, deadline - time.monotonic())
             try:
                 message = await asyncio.wait_for(receive(), timeout=max(wait, 0.001))
@@ -189,6 +195,9 @@ class RequestGuard:
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     raise BodyRefused(413, f"request body is larger than {limit} bytes")
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
             return message
 
         async def tracking_send(message: Message) -> None:

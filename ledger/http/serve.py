@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import uvicorn
@@ -64,7 +64,23 @@ def make_server(
         http=protocol_with(header_timeout),
         timeout_keep_alive=keep_alive_seconds,
     )
-    return uvicorn.Server(config)
+    return _server(config, app.state.feed_hub)
+
+
+def _server(config: uvicorn.Config, hub: Any) -> uvicorn.Server:
+    import asyncio
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """Ends the event streams first when it stops: they end cleanly at once, and the
+        connections they held close with them."""
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            await asyncio.to_thread(hub.close)
+            await super().shutdown(sockets)
+
+    return Server(config)
 
 
 def serve(

@@ -386,17 +386,28 @@ async function renderRun(runId, seq) {
 
 // ---- routing and refresh -----------------------------------------------------------
 
-// Live refresh from the change feed (GET /events/stream): a re-render shortly after each
-// committed transition; the timer stays as a slow fallback while the stream is open.
+// Live refresh from the change feed (GET /events/stream, one stream per page): a
+// re-render after committed transitions, at most once per LIVE_MIN_MS however busy the
+// ledger is (each re-render reads /overview and a page of /board); the timer stays as a
+// slow fallback while the stream is open.
 const STREAM_FALLBACK_MS = 60000;
+const LIVE_MIN_MS = 5000;
 let stream = null;
 let streamTimer = null;
+let lastLive = 0;
 
 function follow() {
   if (stream !== null || typeof EventSource === "undefined") return;
   stream = new EventSource("/events/stream", { withCredentials: true });
   stream.addEventListener("transition", () => {
-    if (streamTimer === null) streamTimer = setTimeout(() => { streamTimer = null; if (!document.hidden) refresh(); }, 300);
+    if (streamTimer !== null) return;  // a re-render is already due: this one joins it
+    const wait = Math.max(300, lastLive + LIVE_MIN_MS - Date.now());
+    streamTimer = setTimeout(() => {
+      streamTimer = null;
+      if (document.hidden) return;
+      lastLive = Date.now();
+      refresh();
+    }, wait);
   });
 }
 
