@@ -245,6 +245,9 @@ class Grid:
         self.rows.append(list(cells))
 
     def print(self, out: Console) -> None:
+        if not out.is_terminal:
+            self._plain(out)
+            return
         if not self.short:
             table = Table(title=self.title, title_justify="left")
             for name, _flex in self.columns:
@@ -254,6 +257,20 @@ class Grid:
             out.print(table)
             return
         out.print(self._fitted(out.width))
+
+    def _plain(self, out: Console) -> None:
+        """For a pipe or a file: no borders, no colours, no title, every value whole, the
+        columns aligned with two spaces and no trailing blanks (`awk '{print $1}'` gives
+        the first column, the header line first)."""
+        rows = [[name.upper().replace(" ", "_") for name, _f in self.columns]]
+        for row in self.rows:
+            rows.append([Text.from_markup(c.full if isinstance(c, Cell) else c).plain for c in row])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self.columns))]
+        lines = [
+            "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
+        ]
+        out.file.write("\n".join(lines) + "\n")
+        out.file.flush()
 
     def _fitted(self, width: int) -> Table:
         def cell_len(c: str | Cell, compact: bool) -> int:

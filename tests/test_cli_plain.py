@@ -1,0 +1,46 @@
+"""In a pipe, the `ledger` command's tables are plain: no borders or colours, every id
+whole, columns aligned with spaces and no trailing blanks, a header line first, so
+`ledger runs | awk '{print $1}'` gives the run ids."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from ledger import Ledger
+from tests.conftest import finished_run
+
+
+def _ledger(dsn: str, *args: str) -> str:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from ledger.cli import main; raise SystemExit(main())",
+            "--dsn",
+            dsn,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_piped_tables_are_plain(tmp_path: Path) -> None:
+    dsn = f"sqlite:///{tmp_path}/ledger.db"
+    with Ledger.open(dsn) as lg:
+        runs = [finished_run(lg, 2) for _ in range(3)]
+    for args in (["runs"], ["items", runs[0]], ["history", runs[0]], ["attempts", runs[0]]):
+        text = _ledger(dsn, *args)
+        lines = text.splitlines()
+        assert len(lines) >= 2, (args, text)
+        assert not any(ch in text for ch in "┃━│─┏┓┗┛╇╈┡┩"), (args, text)
+        assert "\x1b[" not in text
+        assert all(line == line.rstrip() for line in lines)
+        assert lines[0].split()[0].isupper()
+    ids = [line.split()[0] for line in _ledger(dsn, "runs").splitlines()[1:]]
+    assert sorted(ids) == sorted(runs)
