@@ -8,6 +8,7 @@ from datetime import datetime
 
 from ledger.core.errors import InvalidInput, StoreUnavailable
 from ledger.core.extras import missing_extra
+from ledger.core.redact import redact
 from ledger.stores.base import Store
 
 DEFAULT_DSN = "sqlite:///./ledger.db"
@@ -46,11 +47,20 @@ def open_store(
         return SqliteStore(path, clock=clock)
     if dsn.startswith(("postgresql://", "postgres://")):
         try:
+            import psycopg
+
             from ledger.stores.postgres import PostgresStore
         except ModuleNotFoundError as e:
             raise missing_extra(e) or e from None
 
-        return PostgresStore(dsn, clock=clock)
+        try:
+            return PostgresStore(dsn, clock=clock)
+        except psycopg.OperationalError as e:
+            # unreachable, refused, bad password, no such database: typed like a missing
+            # SQLite file, with libpq's reason (secrets redacted)
+            raise StoreUnavailable(
+                f"cannot open the PostgreSQL ledger: {redact(str(e).strip())}"
+            ) from e
     raise InvalidInput(
         f"unsupported DSN {dsn.split(':', 1)[0]!r}; use sqlite:///PATH, postgresql://... or memory://"
     )
