@@ -125,7 +125,9 @@ def test_without_heartbeats_an_expired_lease_is_lost_and_nothing_is_written(
         clock.advance(40)  # past the lease; the worker never heartbeats (interval 1 h)
         return Accepted()
 
-    summary = Worker(lg, run_id, handle, concurrency=1, heartbeat_every=3600, max_idle=0).run()
+    summary = Worker(
+        lg, run_id, handle, worker_id="w1", concurrency=1, heartbeat_every=3600, max_idle=0
+    ).run()
 
     assert summary.lease_lost == 1
     assert summary.accepted == summary.retryable == summary.quarantined == 0
@@ -149,7 +151,7 @@ def test_a_fenced_lease_stops_the_worker_writing(lg: Ledger) -> None:
         )
         return Accepted()
 
-    summary = Worker(lg, run_id, handle, concurrency=1).run()
+    summary = Worker(lg, run_id, handle, worker_id="w1", concurrency=1).run()
 
     assert summary.claimed == 1 and summary.lease_lost == 1 and summary.accepted == 0
     assert summary.run_state == "failed"
@@ -273,7 +275,9 @@ def test_a_lease_taken_over_is_lost_and_the_worker_writes_nothing(
         assert taken.token != lease.token
         return Accepted(evidence={"late": True})
 
-    summary = Worker(lg, run_id, handle, concurrency=1, heartbeat_every=3600, max_idle=0).run()
+    summary = Worker(
+        lg, run_id, handle, worker_id="w1", concurrency=1, heartbeat_every=3600, max_idle=0
+    ).run()
 
     assert summary.lease_lost == 1
     assert summary.accepted == summary.retryable == summary.quarantined == 0
@@ -351,3 +355,14 @@ def test_a_conflicting_write_is_retried(lg: Ledger) -> None:
     assert proxy.conflicts == 1
     assert summary.accepted == 3 and summary.errors == []
     assert states(lg, run_id) == {"i1": "accepted", "i2": "accepted", "i3": "accepted"}
+
+
+def test_a_worker_without_an_id_names_its_user_host_and_process(lg: Ledger) -> None:
+    import os
+    import socket
+
+    run_id = running_run(lg, 1)
+    worker = Worker(lg, run_id, lambda lease: Accepted(), concurrency=1)
+    worker.run()
+    assert worker.worker_id.endswith(f"@{socket.gethostname()}:{os.getpid()}")
+    assert [a.worker_id for a in lg.attempts(run_id)] == [worker.worker_id]

@@ -64,6 +64,19 @@ class _InFlight:
         self.next_beat = next_beat
 
 
+def default_worker_id() -> str:
+    """`user@host:pid`: which process made each claim and outcome, as the audit needs."""
+    import getpass
+    import os
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user name (a container without a passwd entry)
+        user = "worker"
+    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+
+
 class Worker:
     """Processes one run's items until there is nothing left for it to do.
 
@@ -87,7 +100,7 @@ class Worker:
         lg: Ledger,
         run_id: str,
         handle: Handler,
-        worker_id: str = "w1",
+        worker_id: str | None = None,
         concurrency: int = 4,
         *,
         heartbeat_every: float | None = None,
@@ -109,9 +122,9 @@ class Worker:
         self.lg = lg
         self.run_id = run_id
         self.handle = handle
-        self.worker_id = worker_id
+        self.worker_id = worker_id if worker_id is not None else default_worker_id()
         self.concurrency = concurrency
-        self.actor = Actor(worker_id, WORKER)
+        self.actor = Actor(self.worker_id, WORKER)
         self.heartbeat_every = heartbeat_every
         self.poll_interval = poll_interval
         self.max_idle = max_idle
@@ -119,7 +132,7 @@ class Worker:
         self._closing = threading.Event()
         self._in_flight: dict[Future[Outcome], _InFlight] = {}
         self._registry_lock = threading.Lock()
-        self._summary = WorkerSummary(run_id, worker_id)
+        self._summary = WorkerSummary(run_id, self.worker_id)
 
     def stop(self) -> None:
         """Ask `run()` to stop claiming; attempts in flight still finish and are recorded."""
