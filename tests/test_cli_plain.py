@@ -44,3 +44,18 @@ def test_piped_tables_are_plain(tmp_path: Path) -> None:
         assert lines[0].split()[0].isupper()
     ids = [line.split()[0] for line in _ledger(dsn, "runs").splitlines()[1:]]
     assert sorted(ids) == sorted(runs)
+
+
+def test_every_read_takes_json(tmp_path: Path) -> None:
+    import json
+
+    dsn = f"sqlite:///{tmp_path}/ledger.db"
+    with Ledger.open(dsn) as lg:
+        run_id = finished_run(lg, 2)
+        events = lg.events()
+    overview = json.loads(_ledger(dsn, "top", "--json"))
+    assert overview["open_runs"] == 0 if "open_runs" in overview else isinstance(overview, dict)
+    listed = json.loads(_ledger(dsn, "events", "--json"))
+    assert [e["position"] for e in listed] == [e.position for e in events]
+    mine = json.loads(_ledger(dsn, "events", "--json", "--run", run_id, "--after", "0"))
+    assert {e["run_id"] for e in mine} == {run_id}

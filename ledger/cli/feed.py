@@ -56,15 +56,30 @@ def events(
         bool, typer.Option("--follow", "-f", help="Print new transitions as they commit")
     ] = False,
     as_jsonl: JsonlOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """The change feed: every transition after a position, in position order; with
-    --follow, new ones as they commit, until Ctrl-C."""
+    --follow, new ones as they commit, until Ctrl-C. `--json`: the transitions up to now
+    as one JSON document (a list); `--jsonl`: one JSON object per line (also with
+    --follow)."""
     from ledger.reads.feed import FeedFilter, Waiter, check_position, page
 
     with _ledger(ctx) as lg:
         cursor = check_position(after)
         flt = FeedFilter.of(run, kind)
         lg.events(after=cursor, run_id=run, kinds=kind, limit=1)  # validates, RunNotFound
+        if as_json:
+            if follow:
+                raise typer.BadParameter("--json is one document; use --jsonl with --follow")
+            everything: list[Transition] = []
+            while True:
+                with lg.store.read() as tx:
+                    found, cursor = page(tx, cursor, flt, 1000)
+                everything.extend(found)
+                if len(found) < 1000:
+                    break
+            _emit_json(everything)
+            return
         waiter = Waiter(lg.store)
         try:
             while True:

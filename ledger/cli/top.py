@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ledger.cli.app import _ledger, _refuse_key, app
+from ledger.cli.app import JsonOpt, _emit_json, _ledger, _refuse_key, app
 
 
 def _ago(now: datetime, then: datetime | None) -> str:
@@ -89,8 +89,10 @@ def top(
         float, typer.Option("--interval", min=0.5, help="Seconds between refreshes")
     ] = 2.0,
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
-    """What is stuck, on whom: the overview of every open run, refreshing until Ctrl-C."""
+    """What is stuck, on whom: the overview of every open run, refreshing until Ctrl-C
+    (`--json`: the overview once, as one JSON document)."""
     from rich.live import Live
 
     from ledger.cli.render import console
@@ -98,6 +100,9 @@ def top(
     _refuse_key(ctx, "--idempotency-key names a command; top only reads")
     out = console()
     with _ledger(ctx) as lg:
+        if as_json:
+            _emit_json(lg.overview())
+            return
         if once:
             out.print(render_overview(lg.overview()))
             return
