@@ -21,7 +21,7 @@ gen_reference.generate(HERE)
 
 project = "run-ledger"
 author = "the run-ledger authors"
-copyright = "the run-ledger authors"  # noqa: A001
+copyright = "the run-ledger authors"
 
 extensions = [
     "myst_parser",

@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from typer.main import get_command
 from click.testing import CliRunner
+from typer.main import get_command
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -152,7 +152,15 @@ def _type(prop: dict[str, Any]) -> str:
 def _limits(prop: dict[str, Any]) -> str:
     found = []
     for p in [prop, *prop.get("anyOf", [])]:
-        for key in ("minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "minItems", "maxItems"):
+        for key in (
+            "minLength",
+            "maxLength",
+            "minimum",
+            "maximum",
+            "exclusiveMinimum",
+            "minItems",
+            "maxItems",
+        ):
             if key in p:
                 found.append(f"{key} {p[key]}")
     return ", ".join(found)
