@@ -1,6 +1,6 @@
 """run-ledger: the durable, auditable, event-sourced record of workflow and batch runs.
 
-The public names of API.md; a test pins this list. Heavy modules load lazily so
+The public names (docs/reference/python-api.md); a test pins this list. Heavy modules load lazily so
 that `ledger status` starts fast.
 """
 

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from ledger import Ledger
 from ledger.commands import bodies as B
 from ledger.commands.registry import COMMANDS, CommandSpec, Http, NotOverHttp
-from ledger.core.views import RunStatus
+from ledger.core.views import Lease, RunStatus
 from ledger.http import add_token, create_app
 from ledger.http.commands import command_router, response_model
 from ledger.http.commands import router as commands_router
@@ -98,7 +98,7 @@ def test_every_command_route_is_made_from_its_registry_entry() -> None:
 
 def test_the_response_model_is_the_facade_methods_return_type() -> None:
     assert response_model(COMMANDS["submit"]) is RunStatus
-    assert str(response_model(COMMANDS["claim"])) == "list[ledger.views.Lease]"
+    assert response_model(COMMANDS["claim"]) == list[Lease]
 
 
 def test_a_command_added_to_the_registry_gets_its_route(monkeypatch: pytest.MonkeyPatch) -> None:

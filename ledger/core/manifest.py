@@ -230,7 +230,7 @@ def _format_error(err: ValidationError) -> ManifestInvalid:
     loc = ".".join(str(p) for p in first["loc"]) or "manifest"
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
-        msg = "unknown key; allowed keys are those of API.md's manifest"
+        msg = "unknown key; allowed keys are those of the manifest reference (docs/reference/manifest.md)"
     if first["type"] == "missing":
         msg = "is required"
     msg = msg.removeprefix("Value error, ")

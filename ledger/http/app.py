@@ -26,7 +26,7 @@ MAX_BODY_BYTES = SUBMIT_BODY_BYTES
 
 DESCRIPTION = """\
 The durable, auditable record of runs and items, over HTTP: the reads and
-commands of the `Ledger` service (see API.md and SPEC.md).
+commands of the `Ledger` service (the documentation in `docs/`: reference and rule book).
 
 Authentication: `Authorization: Bearer <token>`, a token made by
 `ledger token add ACTOR_ID ROLE`; it stands for that actor and role. Reads are

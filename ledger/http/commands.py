@@ -1,4 +1,4 @@
-"""POST endpoints: every command of API.md, generated from the command registry
+"""POST endpoints: every command of the Python API, generated from the command registry
 (`ledger/commands/registry.py`): one route per `CommandSpec` whose `http` is an `Http`
 entry, none for a `NotOverHttp` one. The caller's token names the actor.
 
@@ -229,7 +229,7 @@ def command_router(commands: Mapping[str, CommandSpec] = COMMANDS) -> APIRouter:
             extra = {
                 "requestBody": {
                     "required": True,
-                    "description": "The manifest (see API.md); validated by the ledger "
+                    "description": "The manifest (the manifest reference in docs/reference/manifest.md); validated by the ledger "
                     "(ManifestInvalid names the field).",
                     "content": {
                         "application/json": {"schema": {"$ref": "#/components/schemas/Manifest"}}

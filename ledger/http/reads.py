@@ -1,4 +1,4 @@
-"""GET endpoints: every read of API.md, as JSON (read-your-writes, like the service)."""
+"""GET endpoints: every read of the Python API, as JSON (read-your-writes, like the service)."""
 
 from __future__ import annotations
 
