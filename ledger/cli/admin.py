@@ -108,7 +108,13 @@ def serve(
 
     _one_command_only(ctx, "serve (clients send an Idempotency-Key header per request)")
     serve_http(
-        _globals(ctx).dsn, host=host, port=port, tokens_path=tokens, public_reads=public_reads
+        _globals(ctx).dsn,
+        host=host,
+        port=port,
+        tokens_path=tokens,
+        public_reads=public_reads,
+        create=False,  # a mistyped --dsn is refused, as by every command that only reads
+        announce=lambda line: typer.echo(line, err=True),
     )
 
 

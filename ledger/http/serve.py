@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -89,13 +90,35 @@ def serve(
     port: int = DEFAULT_PORT,
     tokens_path: str | os.PathLike[str] | None = None,
     public_reads: bool = False,
+    *,
+    create: bool = True,
+    announce: Callable[[str], None] | None = None,
 ) -> None:
     """Open the ledger at `dsn` (None: `LEDGER_DSN`, else `sqlite:///./ledger.db`), serve it
-    on `host:port` until interrupted (Ctrl-C / SIGTERM), then close it."""
+    on `host:port` until interrupted (Ctrl-C / SIGTERM), then close it. `create=False`:
+    a missing SQLite file is refused (`StoreUnavailable`), not created empty.
+    `announce(line)` is told what is served, where, and whether anyone can sign in."""
+    from ledger.core.redact import redact
     from ledger.feed.webhooks import Dispatcher
+    from ledger.http.tokens import list_tokens
+    from ledger.http.tokens import tokens_path as resolve_tokens
     from ledger.service.ledger import Ledger
+    from ledger.stores import resolve_dsn
 
-    lg = Ledger.open(dsn) if dsn else Ledger.open()
+    lg = Ledger.open(dsn, create=create) if dsn else Ledger.open(create=create)
+    if announce is not None:
+        where = resolve_tokens(tokens_path)
+        known = len(list_tokens(tokens_path))
+        announce(f"serving the ledger {redact(resolve_dsn(dsn))} on http://{host}:{port}/")
+        if known:
+            announce(f"{known} token(s) in {where}")
+        else:
+            announce(
+                f"no token in {where} yet: nobody can sign in or send a command; "
+                "make one with `ledger token add ACTOR_ID ROLE`"
+            )
+        if public_reads:
+            announce("reads are public (--public-reads): anyone who can reach the port reads")
     webhooks = Dispatcher(lg)  # delivers to the ledger's webhooks while the API serves
     try:
         webhooks.start()
