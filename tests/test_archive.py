@@ -165,7 +165,7 @@ _ARCHIVER = """
 import os, signal, sys
 from datetime import datetime
 from ledger import Actor, Ledger
-from ledger.archive import archive
+from ledger.transfer.archive import archive
 
 kill_at = int(sys.argv[3])
 seen = 0

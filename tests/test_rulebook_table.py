@@ -1,6 +1,6 @@
 """The rule book against SPEC.md, row by row (issue 13, SPEC rule 12).
 
-1. The ledger's transition tables (`ledger.states`) say what SPEC's tables say: for each
+1. The ledger's transition tables (`ledger.core.states`) say what SPEC's tables say: for each
    command its from-states, to-states and roles (SPEC.md "Run transitions" and "Item
    transitions", transcribed below by hand from the document, not from the code).
 2. The column SPEC adds for item commands, the run states they need, generated over

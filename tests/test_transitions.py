@@ -1,6 +1,6 @@
 """Every row of SPEC.md's two transition tables, on every store.
 
-The tables come from `ledger.states.RUN_TRANSITIONS` and `ITEM_TRANSITIONS` (the single
+The tables come from `ledger.core.states.RUN_TRANSITIONS` and `ITEM_TRANSITIONS` (the single
 source): for each row, each listed (from-state, role) succeeds and lands in a listed
 target; each role not listed gets NotAuthorized; each from-state not listed gets
 IllegalTransition (AlreadyTerminal on a terminal run). Refusals write nothing: the

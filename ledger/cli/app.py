@@ -361,7 +361,7 @@ def _read_json_file(path: Path, what: str) -> Any:
         raise ManifestInvalid(
             f"cannot read {what} file {str(path)!r}: {e.strerror}", field=what
         ) from None
-    # strict JSON, as every entry point reads it (ledger.validation)
+    # strict JSON, as every entry point reads it (ledger.core.validation)
     return strict_loads(
         data,
         f"{what} file {str(path)!r}",
@@ -415,7 +415,7 @@ def _show_item(item: Any, as_json: bool) -> None:
 
 
 def _one_of(kind: str) -> Any:
-    """An option callback refusing a value outside ledger.states as bad usage (exit 2):
+    """An option callback refusing a value outside ledger.core.states as bad usage (exit 2):
     `kind` is "run" (a run state), "item" (an item state), "state" (either) or "role"."""
 
     def check(value: str | None) -> str | None:

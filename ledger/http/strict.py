@@ -1,4 +1,4 @@
-"""Request bodies are parsed as strict JSON (ledger.validation.strict_loads), the same
+"""Request bodies are parsed as strict JSON (ledger.core.validation.strict_loads), the same
 rule as the Python API and the CLI: no NaN or Infinity, no duplicate keys, no lone
 surrogate escapes, bounded depth. Starlette's `Request.json()` would take all of
 those; a refusal here is a 400 naming what was wrong."""

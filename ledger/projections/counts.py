@@ -129,7 +129,7 @@ def required_not_accepted(
 ) -> list[dict[str, Any]]:
     """The first `limit` required items of the run's manifest not accepted, in manifest
     order (`item_id`, `state`): what a succeeded run must not have. Asked before commit
-    (`ledger.invariants`) and over history (`projections.verify_rules`, on its scratch
+    (`ledger.commands.invariants`) and over history (`projections.verify_rules`, on its scratch
     copy of the item rows: `items_table`)."""
     return tx.fetchall(
         f"SELECT item_id, state FROM {items_table} WHERE run_id = ? AND in_manifest = 1 "  # noqa: S608 (our own table names; values are bound parameters)

@@ -2,7 +2,7 @@
 
 Open runs by default (terminal ones only when asked), newest first, filtered by state,
 by who the run waits on and by whether it is stalled. The owner is computed (see
-`ledger.signals`), so an owner filter reads candidate runs a batch at a time until
+`ledger.reads.signals`), so an owner filter reads candidate runs a batch at a time until
 the page is full: the cost is bounded by the open runs, never by the whole ledger.
 """
 

@@ -2,7 +2,7 @@
 
 The counts by state are one SQL aggregate over the run state index; expired leases
 one aggregate over the item lease index. Who each open run waits on is the rule of
-`ledger.signals` (a rule in Python, not copied into SQL), applied to every open run in
+`ledger.reads.signals` (a rule in Python, not copied into SQL), applied to every open run in
 keyset pages: terminal runs (the bulk of a ledger) are never read, and no run is left
 out because newer ones exist.
 """

@@ -1,5 +1,5 @@
 """The reads: runs, items, attempts, history, lineage and audit, and the mapping of
-projection rows to the result values of `ledger.views`.
+projection rows to the result values of `ledger.core.views`.
 
 Every function takes an open transaction (`tx`) or the store; the `Ledger` facade
 opens the read transaction and retries it on transient faults. The command handlers

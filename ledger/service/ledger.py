@@ -63,7 +63,7 @@ class Ledger(LedgerReads, LedgerMaintenance):
 
     Every command takes an optional keyword `idempotency_key`: a repeat with the same key
     returns the first result without writing; the same key with another command or other
-    arguments is refused (`InvalidInput`). See `ledger.idempotency`."""
+    arguments is refused (`InvalidInput`). See `ledger.commands.idempotency`."""
 
     def __init__(self, store: Store) -> None:
         self.store = store

@@ -31,7 +31,7 @@ ROUNDS = 3  # follower throughput: best of this many runs of each side
 _WRITER = """
 import sys, time
 from ledger import Ledger, Actor
-from ledger.service import Outcome
+from ledger.service.ledger import Outcome
 dsn, seconds, tag = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 sub, ctl, w = Actor("bench", "submitter"), Actor("bench", "controller"), Actor("w" + tag, "worker")
 with Ledger.open(dsn) as lg:

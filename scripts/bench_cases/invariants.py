@@ -2,7 +2,7 @@
 
 Case 1's work in one process: claim(limit=B) + record(B accepts) until a run is drained,
 on PostgreSQL when a server is given, and on SQLite. The same work runs with the checks
-and with them switched off (`ledger.invariants.check` replaced by a no-op), alternating
+and with them switched off (`ledger.commands.invariants.check` replaced by a no-op), alternating
 in rounds on fresh runs of the same size so that noise falls on both sides alike.
 Ratio = items/s with the checks / without; goal >= 0.95 (a cost under 5%).
 
