@@ -63,13 +63,54 @@ def test_the_help_shows_the_commands_rule_book_row(spec: CommandSpec) -> None:
         assert f"; by {', '.join(sorted(expected))}" in section
 
 
+def listing() -> dict[str, str]:
+    """`ledger --help`'s commands, from every group: name -> whole summary (its wrapped
+    lines joined)."""
+    text = help_text().partition("\nRuns:\n")[2]
+    assert text, "the listing starts with the Runs group"
+    out: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        if not line.strip() or not line.startswith(" "):  # a group's title
+            name = None
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent == 2:
+            name, _, summary = line.strip().partition(" ")
+            out[name] = summary.strip()
+        elif name is not None:
+            out[name] += " " + line.strip()
+    return out
+
+
 def test_the_listing_names_each_write_commands_roles() -> None:
-    listing = help_text().partition("Commands:")[2]
-    lines = {line.split()[0]: line for line in listing.splitlines() if line.strip()}
+    lines = listing()
     for spec in WITH_CLI:
         assert spec.cli is not None
         roles = {role for cmd in WITH_CLI if cmd.cli == spec.cli for role in cmd.roles}
-        assert lines[spec.cli].rstrip().endswith(f"({', '.join(sorted(roles))})."), lines[spec.cli]
+        assert lines[spec.cli].endswith(f"({', '.join(sorted(roles))})."), lines[spec.cli]
+
+
+def test_the_listing_groups_every_command_with_its_whole_summary() -> None:
+    from ledger.cli.app import COMMAND_GROUPS
+
+    lines = listing()
+    grouped = [name for _title, names in COMMAND_GROUPS for name in names]
+    assert sorted(lines) == sorted(grouped)  # every command in a group, none twice
+    assert not any(summary.endswith("...") for summary in lines.values()), lines
+    text = help_text()
+    for title, _names in COMMAND_GROUPS:
+        assert f"\n{title}:\n" in text
+
+
+def test_state_and_role_options_list_their_values() -> None:
+    from ledger.core.states import ITEM_STATES, ROLES, RUN_STATES
+
+    audit = " ".join(help_text("audit").split())
+    assert all(role in audit for role in ROLES)
+    assert all(state in audit for state in (*RUN_STATES, *ITEM_STATES))
+    runs = " ".join(help_text("runs").split())
+    assert all(state in runs for state in RUN_STATES)
 
 
 def test_each_write_commands_default_role_is_one_the_rule_book_allows() -> None:

@@ -22,6 +22,8 @@ from ledger.cli.app import (
     _short,
     _show_run,
     app,
+    complete_one_of,
+    values_help,
 )
 from ledger.cli.progress import VerifyProgress
 
@@ -46,7 +48,16 @@ def status(
 @app.command()
 def runs(
     ctx: typer.Context,
-    state: Annotated[str | None, typer.Option("--state", callback=_one_of("run"))] = None,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state",
+            metavar="STATE",
+            callback=_one_of("run"),
+            help=values_help("run", "Only runs in this state"),
+            autocompletion=complete_one_of("run"),
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1)] = 100,
     wide: WideOpt = False,
     as_json: JsonOpt = False,
@@ -78,7 +89,16 @@ def _formats(as_json: bool, as_jsonl: bool) -> None:
 def items(
     ctx: typer.Context,
     run_id: RunArg,
-    state: Annotated[str | None, typer.Option("--state", callback=_one_of("item"))] = None,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state",
+            metavar="STATE",
+            callback=_one_of("item"),
+            help=values_help("item", "Only items in this state"),
+            autocompletion=complete_one_of("item"),
+        ),
+    ] = None,
     limit: PageLimitOpt = None,
     after: Annotated[
         str | None, typer.Option("--after", metavar="ITEM", help="Only items after this one")
@@ -209,9 +229,25 @@ def audit(
     ctx: typer.Context,
     run: Annotated[str | None, typer.Option("--run", metavar="RUN")] = None,
     actor: Annotated[str | None, typer.Option("--actor", metavar="ACTOR_ID")] = None,
-    role: Annotated[str | None, typer.Option("--role", callback=_one_of("role"))] = None,
+    role: Annotated[
+        str | None,
+        typer.Option(
+            "--role",
+            metavar="ROLE",
+            callback=_one_of("role"),
+            help=values_help("role", "Only transitions made in this role"),
+            autocompletion=complete_one_of("role"),
+        ),
+    ] = None,
     state: Annotated[
-        str | None, typer.Option("--state", callback=_one_of("state"), help="The state entered")
+        str | None,
+        typer.Option(
+            "--state",
+            metavar="STATE",
+            callback=_one_of("state"),
+            help=values_help("state", "The state entered"),
+            autocompletion=complete_one_of("state"),
+        ),
     ] = None,
     since: Annotated[str | None, typer.Option("--since", metavar="TIME")] = None,
     until: Annotated[str | None, typer.Option("--until", metavar="TIME")] = None,
