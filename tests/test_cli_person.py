@@ -132,6 +132,7 @@ def test_a_missing_extra_names_the_pip_command(tmp_path: Path) -> None:
     shadow = {"PYTHONPATH": str(blocked)}
     pg = ledger_cmd("--dsn", "postgresql://nobody@127.0.0.1:1/none", "runs", **shadow)
     assert "pip install 'run-ledger[postgres]'" in one_error_line(pg, "MissingExtra")
+    Ledger.open(f"sqlite:///{tmp_path}/s.db").close()  # serve opens only a ledger that exists
     serve = ledger_cmd(
         "--dsn", f"sqlite:///{tmp_path}/s.db", "serve", "--port", "0", timeout=60, **shadow
     )

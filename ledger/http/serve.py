@@ -106,25 +106,27 @@ def serve(
     from ledger.stores import resolve_dsn
 
     lg = Ledger.open(dsn, create=create) if dsn else Ledger.open(create=create)
-    if announce is not None:
-        where = resolve_tokens(tokens_path)
-        known = len(list_tokens(tokens_path))
-        announce(f"serving the ledger {redact(resolve_dsn(dsn))} on http://{host}:{port}/")
-        if known:
-            announce(f"{known} token(s) in {where}")
-        else:
-            announce(
-                f"no token in {where} yet: nobody can sign in or send a command; "
-                "make one with `ledger token add ACTOR_ID ROLE`"
-            )
-        if public_reads:
-            announce("reads are public (--public-reads): anyone who can reach the port reads")
     webhooks = Dispatcher(lg)  # delivers to the ledger's webhooks while the API serves
     try:
-        webhooks.start()
-        make_server(
+        # built before anything is announced: a missing extra is the only thing said
+        server = make_server(
             lg, host=host, port=port, tokens_path=tokens_path, public_reads=public_reads
-        ).run()
+        )
+        if announce is not None:
+            where = resolve_tokens(tokens_path)
+            known = len(list_tokens(tokens_path))
+            announce(f"serving the ledger {redact(resolve_dsn(dsn))} on http://{host}:{port}/")
+            if known:
+                announce(f"{known} token(s) in {where}")
+            else:
+                announce(
+                    f"no token in {where} yet: nobody can sign in or send a command; "
+                    "make one with `ledger token add ACTOR_ID ROLE`"
+                )
+            if public_reads:
+                announce("reads are public (--public-reads): anyone who can reach the port reads")
+        webhooks.start()
+        server.run()
     finally:
         webhooks.stop()
         lg.close()
