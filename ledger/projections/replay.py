@@ -18,9 +18,11 @@ from eventsourcing.domain import CanInitAggregate, DomainEvent
 from ledger.core.domain import Item, Run
 from ledger.core.rows import item_from_row, run_from_row
 from ledger.projections.counts import attach as attach_counts
+from ledger.projections.sql import STATEMENTS
 from ledger.projections.writer import Projector
 from ledger.stores import statements as rows_sql
 from ledger.stores.base import Tx
+from ledger.stores.named import tx_list
 from ledger.stores.pg_rows import ArrayRows
 
 CACHE_ITEMS = 20_000  # item aggregates a Replayer keeps between batches (bounds its memory)
@@ -212,11 +214,12 @@ class Replayer:
         missing_items: dict[str, list[str]] = {}
         for run_id, item_id in self._reuse(self._cached_items, item_keys, self.items, created):
             missing_items.setdefault(run_id, []).append(item_id)
-        runs_t, items_t = "lg_runs" + self.suffix, "lg_items" + self.suffix
+        p = self.projector
+        load_runs = STATEMENTS.sql(tx, "load_runs", runs=p.runs_table)
+        load_items = STATEMENTS.sql(tx, "load_items", items=p.items_table)
         for i in range(0, len(missing_runs), _CHUNK):
             chunk = missing_runs[i : i + _CHUNK]
-            marks = ", ".join("?" for _ in chunk)
-            rows = tx.fetchall(f"SELECT * FROM {runs_t} WHERE run_id IN ({marks})", chunk)  # noqa: S608 (our own table/column names; values are bound parameters)
+            rows = tx.fetchall(load_runs, (tx_list(tx, chunk),))
             attach_counts(tx, rows, self.suffix)
             for row in rows:
                 run = run_from_row(row)
@@ -227,11 +230,7 @@ class Replayer:
         for run_id, item_ids in missing_items.items():
             for i in range(0, len(item_ids), _CHUNK):
                 id_chunk = item_ids[i : i + _CHUNK]
-                marks = ", ".join("?" for _ in id_chunk)
-                for row in tx.fetchall(
-                    f"SELECT * FROM {items_t} WHERE run_id = ? AND item_id IN ({marks})",  # noqa: S608 (our own table/column names; values are bound parameters)
-                    [run_id, *id_chunk],
-                ):
+                for row in tx.fetchall(load_items, (run_id, tx_list(tx, id_chunk))):
                     item = item_from_row(row)
                     if item is not None:
                         self.items[(item.run_id, item.item_id)] = item
