@@ -46,7 +46,7 @@ from ledger.projections.replay import CACHE_RUNS as CACHE_RUNS
 from ledger.projections.replay import Observer as Observer
 from ledger.projections.replay import RecordingCursor as RecordingCursor
 from ledger.projections.replay import Replayer as Replayer
-from ledger.projections.replay import _pipelined
+from ledger.projections.row_writes import _pipelined
 from ledger.projections.schema import PROJECTION_TABLES, table_ddl
 from ledger.projections.sql import STATEMENTS
 from ledger.stores.base import Store, Tx
