@@ -439,4 +439,3 @@ def _is_version_error(exc: Exception) -> bool:
 
 def _run_of(e: DomainEvent) -> str:
     return str(getattr(e, "run_id", None) or e.originator_id)
-
