@@ -4,16 +4,22 @@ A checksum is the row count plus the sum (mod 2**128) of a SHA-256 per row over
 its columns, so it does not depend on the order rows come back in (nor on the
 database's collation): two stores holding the same rows agree. Rows are read in
 key order with keyset paging, so memory stays bounded on big tables.
+
+The statements here are made from a table's key and its columns as the catalog lists
+them: joined from identifiers quoted by the store's dialect (`named.ident`), the values
+bound; the catalog reads themselves are named statements (queries.sql).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ledger.projections.schema import PROJECTION_TABLES, TABLE_KEYS
+from ledger.projections.sql import STATEMENTS
+from ledger.stores.named import ident
 
 PAGE = 2000
 _MOD = 1 << 128
@@ -27,6 +33,12 @@ class Reader(Protocol):
     def fetchall(self, sql: str, params: Any = ()) -> list[dict[str, Any]]: ...
 
 
+def _quoter(tx: Reader) -> Callable[[str], str]:
+    """Names quoted as identifiers by the store's dialect."""
+    dialect = tx.store.dialect
+    return lambda name: ident(dialect, name)
+
+
 def row_digest(row: dict[str, Any]) -> int:
     """A row's hash as an integer (columns by name, values as JSON)."""
     text = json.dumps(row, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
@@ -37,17 +49,26 @@ def iter_rows(
     tx: Reader, table: str, key: tuple[str, ...], page: int = PAGE
 ) -> Iterator[dict[str, Any]]:
     """Every row of `table` in key order, a page at a time."""
-    cols = ", ".join(key)
+    q = _quoter(tx)
+    cols = ", ".join(map(q, key))
+    marks = ", ".join("?" for _ in key)
+    first = "".join(("SELECT * FROM ", q(table), " ORDER BY ", cols, " LIMIT ?"))
+    after = "".join(
+        (
+            "SELECT * FROM ",
+            q(table),
+            " WHERE (",
+            cols,
+            ") > (",
+            marks,
+            ") ORDER BY ",
+            cols,
+            " LIMIT ?",
+        )
+    )
     last: tuple[Any, ...] | None = None
     while True:
-        if last is None:
-            rows = tx.fetchall(f"SELECT * FROM {table} ORDER BY {cols} LIMIT ?", (page,))  # noqa: S608 (our own table/column names; values are bound parameters)
-        else:
-            marks = ", ".join("?" for _ in key)
-            rows = tx.fetchall(
-                f"SELECT * FROM {table} WHERE ({cols}) > ({marks}) ORDER BY {cols} LIMIT ?",  # noqa: S608 (our own table/column names; values are bound parameters)
-                (*last, page),
-            )
+        rows = tx.fetchall(first, (page,)) if last is None else tx.fetchall(after, (*last, page))
         yield from rows
         if len(rows) < page:
             return
@@ -79,25 +100,35 @@ def tables_equal(tx: Reader, name: str, suffix_a: str, suffix_b: str) -> bool:
     cols = columns(tx, a)
     if not cols or sorted(cols) != sorted(columns(tx, b)):
         return False
-    listed = ", ".join(cols)
+    q = _quoter(tx)
+    listed = ", ".join(map(q, cols))
     row = tx.fetchall(
-        f"SELECT (SELECT COUNT(*) FROM {a}) AS na, (SELECT COUNT(*) FROM {b}) AS nb, "  # noqa: S608 (our own table/column names; values are bound parameters)
-        f"(SELECT COUNT(*) FROM (SELECT {listed} FROM {a} EXCEPT SELECT {listed} FROM {b}) AS d) "
-        "AS missing"
+        "".join(
+            (
+                "SELECT (SELECT COUNT(*) FROM ",
+                q(a),
+                ") AS na, (SELECT COUNT(*) FROM ",
+                q(b),
+                ") AS nb, (SELECT COUNT(*) FROM (SELECT ",
+                listed,
+                " FROM ",
+                q(a),
+                " EXCEPT SELECT ",
+                listed,
+                " FROM ",
+                q(b),
+                ") AS d) AS missing",
+            )
+        )
     )[0]
     return bool(row["na"] == row["nb"] and row["missing"] == 0)
 
 
 def columns(tx: Reader, table: str) -> list[str]:
     """The table's column names, in table order."""
-    if tx.store.dialect == "postgres":
-        rows = tx.fetchall(
-            "SELECT column_name AS name FROM information_schema.columns WHERE "
-            "table_schema = current_schema() AND table_name = ? ORDER BY ordinal_position",
-            (table,),
-        )
-    else:
-        rows = tx.fetchall("SELECT name FROM pragma_table_info(?)", (table,))
+    dialect = tx.store.dialect
+    name = "pg_columns" if dialect == "postgres" else "sqlite_columns"
+    rows = tx.fetchall(STATEMENTS.sql(dialect, name), (table,))
     return [r["name"] for r in rows]
 
 
@@ -110,14 +141,28 @@ def diff_rows(
     a, b = name + suffix_a, name + suffix_b
     key = TABLE_KEYS[name]
     cols = [c for c in columns(tx, a) if c not in key]
-    on = " AND ".join(f"x.{k} = y.{k}" for k in key)
-    keys = ", ".join(f"x.{k} AS {k}" for k in key)
-    distinct = "IS DISTINCT FROM" if tx.store.dialect == "postgres" else "IS NOT"
+    q = _quoter(tx)
+    on = " AND ".join("x." + q(k) + " = y." + q(k) for k in key)
+    keys = ", ".join("x." + q(k) + " AS " + q(k) for k in key)
+    distinct = " IS DISTINCT FROM " if tx.store.dialect == "postgres" else " IS NOT "
     out: list[dict[str, Any]] = []
     for change, left, right in (("missing", a, b), ("extra", b, a)):
         rows = tx.fetchall(
-            f"SELECT {keys}, x.run_id AS run_id_ FROM {left} x LEFT JOIN {right} y ON {on} "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"WHERE y.{key[0]} IS NULL LIMIT ?",
+            "".join(
+                (
+                    "SELECT ",
+                    keys,
+                    ", x.run_id AS run_id_ FROM ",
+                    q(left),
+                    " x LEFT JOIN ",
+                    q(right),
+                    " y ON ",
+                    on,
+                    " WHERE y.",
+                    q(key[0]),
+                    " IS NULL LIMIT ?",
+                )
+            ),
             (limit,),
         )
         out += [
@@ -125,13 +170,28 @@ def diff_rows(
             for r in rows
         ]
     if cols:
+        differs = {c: "x." + q(c) + distinct + "y." + q(c) for c in cols}
         flags = ", ".join(
-            f"CASE WHEN x.{c} {distinct} y.{c} THEN 1 ELSE 0 END AS d_{c}" for c in cols
+            "CASE WHEN " + differs[c] + " THEN 1 ELSE 0 END AS " + q("d_" + c) for c in cols
         )
-        any_diff = " OR ".join(f"x.{c} {distinct} y.{c}" for c in cols)
         rows = tx.fetchall(
-            f"SELECT {keys}, x.run_id AS run_id_, {flags} FROM {a} x JOIN {b} y ON {on} "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"WHERE {any_diff} LIMIT ?",
+            "".join(
+                (
+                    "SELECT ",
+                    keys,
+                    ", x.run_id AS run_id_, ",
+                    flags,
+                    " FROM ",
+                    q(a),
+                    " x JOIN ",
+                    q(b),
+                    " y ON ",
+                    on,
+                    " WHERE ",
+                    " OR ".join(differs.values()),
+                    " LIMIT ?",
+                )
+            ),
             (limit,),
         )
         for r in rows:

@@ -32,27 +32,26 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from ledger.core.states import ITEM_STATES, PENDING, TERMINAL_RUN_STATES
+from ledger.core.states import ITEM_STATES
+from ledger.projections.sql import STATEMENTS
 from ledger.stores.base import Tx
+from ledger.stores.named import tx_list
 
 SLOTS = 64
 _CHUNK = 500
 
 
 class Reader(Protocol):
+    store: Any
+
     def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]: ...
 
 
 def slot_of(at: str) -> int:
     """The slot of an event stamped `at` (projections.rows.iso text: its microseconds)."""
     return int(at[20:26]) % SLOTS
-
-
-def slot_sql(column: str) -> str:
-    """`slot_of` in SQL (SQLite and PostgreSQL), over an iso text column."""
-    return f"(CAST(substr({column}, 21, 6) AS INTEGER) % {SLOTS})"
 
 
 def total(column: Any, delta: Counter[str] | None) -> dict[str, int]:
@@ -68,19 +67,14 @@ def attach(tx: Reader, rows: Sequence[dict[str, Any]], suffix: str = "") -> None
     The row's column and the slot rows are read again together, in one statement (one
     snapshot): a run that ended between the row's read and this one has moved its slot
     rows into its column, and reading them apart could see neither."""
-    runs_t, counts_t = f"lg_runs{suffix}", f"lg_run_counts{suffix}"
+    sql = STATEMENTS.sql(
+        tx.store.dialect, "run_counts", runs="lg_runs" + suffix, counts="lg_run_counts" + suffix
+    )
     ids = list(dict.fromkeys(r["run_id"] for r in rows))
     base: dict[str, Any] = {}
     found: dict[str, Counter[str]] = {}
     for k in range(0, len(ids), _CHUNK):
-        chunk = ids[k : k + _CHUNK]
-        marks = ", ".join("?" for _ in chunk)
-        for r in tx.fetchall(
-            f"SELECT r.run_id, r.counts, c.state, SUM(c.n) AS n FROM {runs_t} r "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"LEFT JOIN {counts_t} c ON c.run_id = r.run_id WHERE r.run_id IN ({marks}) "
-            "GROUP BY r.run_id, r.counts, c.state",
-            chunk,
-        ):
+        for r in tx.fetchall(sql, (tx_list(cast(Tx, tx), ids[k : k + _CHUNK]),)):
             base[r["run_id"]] = r["counts"]
             if r["state"] is not None:
                 found.setdefault(r["run_id"], Counter())[r["state"]] += int(r["n"])
@@ -92,38 +86,6 @@ def attach(tx: Reader, rows: Sequence[dict[str, Any]], suffix: str = "") -> None
         )
 
 
-def migration(dialect: str) -> list[str]:
-    """Schema v7: the slot rows of every open run computed from its transitions (what the
-    projector would have written), and the open runs' `counts` columns emptied."""
-    from ledger.projections.schema import run_counts_table_ddl
-
-    terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_RUN_STATES))
-    slot = slot_sql("t.at")
-    if dialect == "postgres":
-        items = "CAST(t.evidence::json->>'items' AS INTEGER)"
-        added = "json_array_length(t.evidence::json->'added')"
-    else:
-        items = "CAST(json_extract(t.evidence, '$.items') AS INTEGER)"
-        added = "json_array_length(t.evidence, '$.added')"
-    return [
-        run_counts_table_ddl(dialect),
-        "DELETE FROM lg_run_counts",
-        "INSERT INTO lg_run_counts (run_id, slot, state, n) "  # noqa: S608 (our own table/column names)
-        "SELECT d.run_id, d.slot, d.state, SUM(d.n) FROM ("
-        f"SELECT t.run_id, {slot} AS slot, t.from_state AS state, -1 AS n "
-        "FROM lg_transitions t WHERE t.item_id IS NOT NULL "
-        f"UNION ALL SELECT t.run_id, {slot}, t.to_state, 1 "
-        "FROM lg_transitions t WHERE t.item_id IS NOT NULL "
-        f"UNION ALL SELECT t.run_id, {slot}, '{PENDING}', {items} "
-        "FROM lg_transitions t WHERE t.item_id IS NULL AND t.from_state = '-' "
-        f"UNION ALL SELECT t.run_id, {slot}, '{PENDING}', {added} "
-        f"FROM lg_transitions t WHERE t.item_id IS NULL AND t.command = 'amend' AND {added} > 0"
-        f") d JOIN lg_runs r ON r.run_id = d.run_id WHERE r.state NOT IN ({terminal}) "
-        "GROUP BY d.run_id, d.slot, d.state",
-        f"UPDATE lg_runs SET counts = '{{}}' WHERE state NOT IN ({terminal})",  # noqa: S608 (our own table/column names)
-    ]
-
-
 def required_not_accepted(
     tx: Tx, run_id: str, limit: int, items_table: str = "lg_items"
 ) -> list[dict[str, Any]]:
@@ -132,7 +94,5 @@ def required_not_accepted(
     (`ledger.commands.invariants`) and over history (`projections.verify_rules`, on its scratch
     copy of the item rows: `items_table`)."""
     return tx.fetchall(
-        f"SELECT item_id, state FROM {items_table} WHERE run_id = ? AND in_manifest = 1 "  # noqa: S608 (our own table names; values are bound parameters)
-        "AND required = 1 AND state <> 'accepted' ORDER BY seq LIMIT ?",
-        (run_id, limit),
+        STATEMENTS.sql(tx, "required_not_accepted", items=items_table), (run_id, limit)
     )

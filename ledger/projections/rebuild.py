@@ -46,8 +46,9 @@ from ledger.projections.replay import CACHE_RUNS as CACHE_RUNS
 from ledger.projections.replay import Observer as Observer
 from ledger.projections.replay import RecordingCursor as RecordingCursor
 from ledger.projections.replay import Replayer as Replayer
-from ledger.projections.replay import _pipelined
+from ledger.projections.row_writes import _pipelined
 from ledger.projections.schema import PROJECTION_TABLES, table_ddl
+from ledger.projections.sql import STATEMENTS
 from ledger.stores.base import Store, Tx
 
 # events a rebuild replays per transaction (a crash loses at most these), read and
@@ -74,29 +75,23 @@ def position_column(store: Store) -> str:
 
 def count_events(tx: Tx, upto: int | None = None) -> int:
     """Events stored (up to a position)."""
-    store = tx.store
-    sql = f"SELECT COUNT(*) AS n FROM {store.events_table()}"  # noqa: S608 (our own table/column names; values are bound parameters)
-    params: tuple[Any, ...] = ()
-    if upto is not None:
-        sql += f" WHERE {position_column(store)} <= ?"
-        params = (upto,)
-    row = tx.fetchone(sql, params)
+    if upto is None:
+        row = tx.fetchone(STATEMENTS.sql(tx, "count_events"))
+    else:
+        row = tx.fetchone(STATEMENTS.sql(tx, "count_events_upto"), (upto,))
     return int(row["n"]) if row else 0
 
 
 def last_position(tx: Tx) -> int:
     """The position of the newest event (0 when there is none)."""
-    row = tx.fetchone(
-        f"SELECT MAX({position_column(tx.store)}) AS p FROM {tx.store.events_table()}"  # noqa: S608 (our own table/column names; values are bound parameters)
-    )
+    row = tx.fetchone(STATEMENTS.sql(tx, "last_position"))
     return int(row["p"]) if row and row["p"] is not None else 0
 
 
 def tracked_position(tx: Tx, name: str, lock: bool = False) -> int | None:
     """The position a rebuild recorded, or None when none is in progress."""
     row = tx.fetchone(
-        "SELECT position FROM lg_tracking WHERE name = ?" + (tx.lock_suffix() if lock else ""),  # noqa: S608 (our own table/column names; values are bound parameters)
-        (name,),
+        STATEMENTS.sql(tx, "tracked_position_locked" if lock else "tracked_position"), (name,)
     )
     return None if row is None else int(row["position"])
 
@@ -112,7 +107,7 @@ def create_tables(tx: Tx, suffix: str) -> None:
 def drop_tables(tx: Tx, suffix: str) -> None:
     """Drop the projection tables with `suffix`, if they exist."""
     for name in PROJECTION_TABLES:
-        tx.execute(f"DROP TABLE IF EXISTS {name}{suffix}")
+        tx.execute(STATEMENTS.sql(tx, "drop_table", table=name + suffix))
     settle_ddl(tx)
 
 
@@ -127,7 +122,9 @@ def settle_ddl(tx: Tx) -> None:
         return
     with cur.connection.pipeline() as pipeline:
         pipeline.sync()  # the DDL results are processed: the cache is cleared
-    cur.execute("SELECT 1", prepare=False)  # not prepared; DEALLOCATE ALL goes out with it
+    cur.execute(
+        STATEMENTS.sql(tx, "settle"), prepare=False
+    )  # not prepared; DEALLOCATE ALL goes out with it
     cur.fetchall()
 
 
@@ -231,11 +228,7 @@ def _rebuild(lg: Any, progress: Progress | None, batch_size: int, fault: Fault |
     replayer = Replayer(suffix)
     with store.write() as tx:
         # RETURNING, not rowcount: it is read back even when statements are pipelined
-        created = tx.fetchall(
-            "INSERT INTO lg_tracking (name, position) VALUES (?, 0) "
-            "ON CONFLICT (name) DO NOTHING RETURNING name",
-            (name,),
-        )
+        created = tx.fetchall(STATEMENTS.sql(tx, "start_tracking"), (name,))
         if created:
             create_tables(tx, suffix)
         position = tracked_position(tx, name, lock=True)
@@ -251,7 +244,7 @@ def _rebuild(lg: Any, progress: Progress | None, batch_size: int, fault: Fault |
             position = _position_or_raise(tx, name)
             position, n = replay_batch(tx, replayer, position, batch_size)
             if n:
-                tx.execute("UPDATE lg_tracking SET position = ? WHERE name = ?", (position, name))
+                tx.execute(STATEMENTS.sql(tx, "move_tracking"), (position, name))
             head = last_position(tx)
             if fault is not None:
                 fault("batch", batch_no)
@@ -284,7 +277,7 @@ def _catch_up(tx: Tx, replayer: Replayer, name: str, batch_size: int) -> int:
         if n < batch_size:
             break
     if applied:
-        tx.execute("UPDATE lg_tracking SET position = ? WHERE name = ?", (position, name))
+        tx.execute(STATEMENTS.sql(tx, "move_tracking"), (position, name))
     return applied
 
 
@@ -298,18 +291,15 @@ def _switch(
         indexes = [
             r["sql"]
             for name_ in PROJECTION_TABLES
-            for r in tx.fetchall(
-                "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL",
-                (name_,),
-            )
+            for r in tx.fetchall(STATEMENTS.sql(tx, "sqlite_indexes"), (name_,))
         ]
         for table in PROJECTION_TABLES:
-            tx.execute(f"DROP TABLE IF EXISTS {table}")
-            tx.execute(f"ALTER TABLE {table}{suffix} RENAME TO {table}")
+            tx.execute(STATEMENTS.sql(tx, "drop_table", table=table))
+            tx.execute(STATEMENTS.sql(tx, "rename_table", table=table + suffix, new=table))
         for sql in indexes:
-            tx.execute(sql)
+            tx.execute(sql)  # the live table's own index definitions, as SQLite keeps them
         settle_ddl(tx)
-        tx.execute("DELETE FROM lg_tracking WHERE name = ?", (name,))
+        tx.execute(STATEMENTS.sql(tx, "end_tracking"), (name,))
         if fault is not None:
             fault("switch", 0)
     return applied
@@ -323,13 +313,15 @@ def _live_indexes(tx: Tx, table: str) -> list[tuple[str, str]]:
     """(name, definition) of the indexes on a live table that no constraint owns."""
     return [
         (r["indexname"], r["indexdef"])
-        for r in tx.fetchall(
-            "SELECT i.indexname, i.indexdef FROM pg_indexes i WHERE i.schemaname = current_schema() "
-            "AND i.tablename = ? AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = "
-            "(quote_ident(i.schemaname) || '.' || quote_ident(i.indexname))::regclass) ORDER BY i.indexname",
-            (table,),
-        )
+        for r in tx.fetchall(STATEMENTS.sql(tx, "pg_live_indexes"), (table,))
     ]
+
+
+def _identifiers(names: tuple[str, ...]) -> Any:
+    """PostgreSQL: `a, b, ...`, each name quoted as an identifier (psycopg.sql)."""
+    from psycopg import sql
+
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
 
 
 def _scratch_index_name(name: str) -> str:
@@ -338,15 +330,23 @@ def _scratch_index_name(name: str) -> str:
 
 def _index_scratch(store: Store, suffix: str) -> None:
     """Give the new tables the live tables' indexes, under temporary names (outside any lock)."""
+    from psycopg import sql
+
     with store.write() as tx:
         for table in PROJECTION_TABLES:
             for index, definition in _live_indexes(tx, table):
                 m = _INDEX_DEF.match(definition)
                 if m is None:
                     continue
+                # the live index's own definition (its method and columns) on the new table
+                create = sql.SQL("CREATE {unique}INDEX IF NOT EXISTS {name} ON {table} {using}")
                 tx.execute(
-                    f"CREATE {m.group(1) or ''}INDEX IF NOT EXISTS {_scratch_index_name(index)} "
-                    f"ON {table}{suffix} {m.group(4)}"
+                    create.format(
+                        unique=sql.SQL("UNIQUE " if m.group(1) else ""),
+                        name=sql.Identifier(_scratch_index_name(index)),
+                        table=sql.Identifier(table + suffix),
+                        using=sql.SQL(m.group(4)),
+                    ).as_string(None)
                 )
 
 
@@ -354,6 +354,7 @@ def _switch_postgres(
     store: Store, replayer: Replayer, suffix: str, name: str, batch_size: int, fault: Fault | None
 ) -> int:
     import psycopg
+    from psycopg import sql
 
     _index_scratch(store, suffix)
     applied = 0
@@ -364,15 +365,17 @@ def _switch_postgres(
         try:
             with store.write() as tx:
                 timeout_ms = _lock_timeout_ms(tx)
-                tx.execute(f"SET LOCAL lock_timeout = '{timeout_ms}ms'")
+                tx.execute(STATEMENTS.sql(tx, "pg_set_lock_timeout"), (f"{timeout_ms}ms",))
                 # Writers lock projection rows before the events table; we take every
                 # projection table in ACCESS EXCLUSIVE mode (waits for running writers,
                 # queues new ones and readers). If a writer holding a projection lock is
                 # queued behind something we hold, our short timeout gives way first.
                 tx.execute(
-                    "LOCK TABLE " + ", ".join(PROJECTION_TABLES) + " IN ACCESS EXCLUSIVE MODE"
+                    sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
+                    .format(_identifiers(PROJECTION_TABLES))
+                    .as_string(None)
                 )
-                tx.execute("SET LOCAL lock_timeout = 0")
+                tx.execute(STATEMENTS.sql(tx, "pg_set_lock_timeout"), ("0",))
                 n = _catch_up(tx, replayer, name, batch_size)
                 renames = []
                 for table in PROJECTION_TABLES:
@@ -380,8 +383,7 @@ def _switch_postgres(
                     owned = [
                         r["indexname"]
                         for r in tx.fetchall(
-                            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ?",
-                            (table + suffix,),
+                            STATEMENTS.sql(tx, "pg_table_indexes"), (table + suffix,)
                         )
                     ]
                     for index in owned:
@@ -390,15 +392,17 @@ def _switch_postgres(
                     renames += [
                         (_scratch_index_name(i), i) for i in live if _scratch_index_name(i) in owned
                     ]
-                tx.execute("DROP TABLE " + ", ".join(PROJECTION_TABLES))
+                tx.execute(
+                    sql.SQL("DROP TABLE {}").format(_identifiers(PROJECTION_TABLES)).as_string(None)
+                )
                 for table in PROJECTION_TABLES:
-                    tx.execute(f"ALTER TABLE {table}{suffix} RENAME TO {table}")
+                    tx.execute(STATEMENTS.sql(tx, "rename_table", table=table + suffix, new=table))
                 for old, new in renames:
-                    tx.execute(f"ALTER INDEX {old} RENAME TO {new}")
+                    tx.execute(STATEMENTS.sql(tx, "rename_index", index=old, new=new))
                 settle_ddl(tx)
                 _rename_not_null_constraints(tx, suffix)
                 settle_ddl(tx)
-                tx.execute("DELETE FROM lg_tracking WHERE name = ?", (name,))
+                tx.execute(STATEMENTS.sql(tx, "end_tracking"), (name,))
                 if fault is not None:
                     fault("switch", 0)
             return applied + n
@@ -421,14 +425,11 @@ def _rename_not_null_constraints(tx: Tx, suffix: str) -> None:
     fresh schema has them. Nothing to do before PostgreSQL 18 (no such constraints)."""
     for table in PROJECTION_TABLES:
         old_prefix = table + suffix + "_"
-        for r in tx.fetchall(
-            "SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(?) "
-            "AND contype = 'n' AND starts_with(conname, ?)",
-            (table, old_prefix),
-        ):
+        for r in tx.fetchall(STATEMENTS.sql(tx, "pg_not_null_constraints"), (table, old_prefix)):
             name = r["conname"]
+            new = table + "_" + name[len(old_prefix) :]
             tx.execute(
-                f'ALTER TABLE {table} RENAME CONSTRAINT "{name}" TO "{table}_{name[len(old_prefix) :]}"'
+                STATEMENTS.sql(tx, "rename_constraint", table=table, constraint=name, new=new)
             )
 
 
@@ -446,6 +447,6 @@ def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
 
 def _lock_timeout_ms(tx: Tx) -> int:
     """Well under deadlock_timeout, so PostgreSQL never picks a writer as the victim."""
-    row = tx.fetchone("SELECT setting::int AS ms FROM pg_settings WHERE name = 'deadlock_timeout'")
+    row = tx.fetchone(STATEMENTS.sql(tx, "pg_deadlock_timeout"))
     deadlock_ms = int(row["ms"]) if row else 1000
     return max(10, min(200, deadlock_ms // (2 * len(PROJECTION_TABLES))))

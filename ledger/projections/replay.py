@@ -18,9 +18,12 @@ from eventsourcing.domain import CanInitAggregate, DomainEvent
 from ledger.core.domain import Item, Run
 from ledger.core.rows import item_from_row, run_from_row
 from ledger.projections.counts import attach as attach_counts
+from ledger.projections.row_writes import _write_in_order, _write_rows
+from ledger.projections.sql import STATEMENTS
 from ledger.projections.writer import Projector
 from ledger.stores import statements as rows_sql
 from ledger.stores.base import Tx
+from ledger.stores.named import tx_list
 from ledger.stores.pg_rows import ArrayRows
 
 CACHE_ITEMS = 20_000  # item aggregates a Replayer keeps between batches (bounds its memory)
@@ -212,11 +215,12 @@ class Replayer:
         missing_items: dict[str, list[str]] = {}
         for run_id, item_id in self._reuse(self._cached_items, item_keys, self.items, created):
             missing_items.setdefault(run_id, []).append(item_id)
-        runs_t, items_t = "lg_runs" + self.suffix, "lg_items" + self.suffix
+        p = self.projector
+        load_runs = STATEMENTS.sql(tx, "load_runs", runs=p.runs_table)
+        load_items = STATEMENTS.sql(tx, "load_items", items=p.items_table)
         for i in range(0, len(missing_runs), _CHUNK):
             chunk = missing_runs[i : i + _CHUNK]
-            marks = ", ".join("?" for _ in chunk)
-            rows = tx.fetchall(f"SELECT * FROM {runs_t} WHERE run_id IN ({marks})", chunk)  # noqa: S608 (our own table/column names; values are bound parameters)
+            rows = tx.fetchall(load_runs, (tx_list(tx, chunk),))
             attach_counts(tx, rows, self.suffix)
             for row in rows:
                 run = run_from_row(row)
@@ -227,11 +231,7 @@ class Replayer:
         for run_id, item_ids in missing_items.items():
             for i in range(0, len(item_ids), _CHUNK):
                 id_chunk = item_ids[i : i + _CHUNK]
-                marks = ", ".join("?" for _ in id_chunk)
-                for row in tx.fetchall(
-                    f"SELECT * FROM {items_t} WHERE run_id = ? AND item_id IN ({marks})",  # noqa: S608 (our own table/column names; values are bound parameters)
-                    [run_id, *id_chunk],
-                ):
+                for row in tx.fetchall(load_items, (run_id, tx_list(tx, id_chunk))):
                     item = item_from_row(row)
                     if item is not None:
                         self.items[(item.run_id, item.item_id)] = item
@@ -433,86 +433,9 @@ class Replayer:
         ranked[updates] = kept
 
 
-def _write_rows(tx: Tx, sql: str, rows: list[tuple[Any, ...]], arrays: ArrayRows) -> None:
-    """Many rows of one statement: in its array form where the store has one."""
-    if len(rows) < 2 or not arrays.write(tx, sql, rows):
-        tx.executemany(sql, rows)
-
-
-def _write_in_order(
-    tx: Tx,
-    calls: Sequence[tuple[str, list[tuple[Any, ...]]]],
-    arrays: ArrayRows,
-    add_counts: str,
-) -> None:
-    """Execute (sql, rows) groups in order, adjacent groups of one statement together.
-    The rows of `add_counts` (signed count deltas) are summed per key first."""
-    i = 0
-    while i < len(calls):
-        sql, rows = calls[i][0], list(calls[i][1])
-        i += 1
-        while i < len(calls) and calls[i][0] == sql:
-            rows.extend(calls[i][1])
-            i += 1
-        if not rows:
-            continue
-        if sql == add_counts:
-            rows = _merge_counts(rows)
-        if len(rows) == 1:
-            tx.execute(sql, rows[0])
-        elif isinstance(sql, rows_sql.RowsSql) and sql.plain_insert:
-            _insert_many(tx, sql, rows, arrays)
-        else:
-            _write_rows(tx, sql, rows, arrays)
-
-
-def _merge_counts(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """Count deltas (run_id, slot, state, n) summed per key, in key order: one statement
-    may not upsert a row twice on PostgreSQL, and every key touched keeps its row."""
-    merged: dict[tuple[Any, ...], int] = {}
-    for r in rows:
-        merged[r[:3]] = merged.get(r[:3], 0) + r[3]
-    return [(*key, n) for key, n in sorted(merged.items())]
-
-
-def _pipelined(cur: Any) -> bool:
-    """psycopg refuses COPY while the connection is in pipeline mode."""
-    from psycopg import pq
-
-    return bool(cur.connection.info.pipeline_status != pq.PipelineStatus.OFF)
-
-
-_MAX_PARAMS = 30_000  # under SQLite's 32,766 and PostgreSQL's 65,535 bound parameters
-
-
-def _insert_many(
-    tx: Tx, sql: rows_sql.RowsSql, rows: list[tuple[Any, ...]], arrays: ArrayRows
-) -> None:
-    """Many rows of a plain insert: COPY on PostgreSQL (the array form in a pipeline,
-    where psycopg refuses COPY), its many-row VALUES form elsewhere."""
-    cur: Any = getattr(tx, "cur", None)
-    if tx.store.dialect == "postgres" and hasattr(cur, "copy"):
-        if _pipelined(cur):
-            _write_rows(tx, sql, rows, arrays)
-        else:
-            with cur.copy(sql.copy_sql) as copy:
-                for row in rows:
-                    copy.write_row(sql.copy_row(row))
-        return
-    per = max(1, min(500, _MAX_PARAMS // max(1, len(rows[0]))))
-    for k in range(0, len(rows), per):
-        chunk = rows[k : k + per]
-        tx.execute(sql.values_many(len(chunk)), [v for r in chunk for v in r])
-
-
 def _is_version_error(exc: Exception) -> bool:
     return type(exc).__name__ == "OriginatorVersionError"
 
 
 def _run_of(e: DomainEvent) -> str:
     return str(getattr(e, "run_id", None) or e.originator_id)
-
-
-# --------------------------------------------------------------------------
-# store helpers
-# --------------------------------------------------------------------------

@@ -51,17 +51,16 @@ from ledger.projections.rebuild import (
     create_tables,
     drop_tables,
     fewer_collections,
-    position_column,
     replay_pages,
     settle_ddl,
 )
 from ledger.projections.schema import PROJECTION_TABLES, TABLE_KEYS
+from ledger.projections.sql import STATEMENTS
 from ledger.projections.verify_rules import Problems, RuleChecker
 from ledger.stores.base import SCRATCH_MARK, Store, Tx
 from ledger.stores.hashchain import (
     GENESIS,
     HASH_CHAIN_FROM,
-    HASH_COLUMN,
     HeadsDigest,
     as_uuid,
     event_hash,
@@ -139,7 +138,7 @@ def _consistent(store: Store) -> Any:
     def tx() -> Iterator[Tx]:
         with store.write() as t:
             if store.dialect == "postgres":
-                t.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                t.execute(STATEMENTS.sql(t, "pg_repeatable_read"))
             yield t
 
     return tx()
@@ -175,9 +174,6 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
     return replay_pages(tx, after, BATCH_SIZE, apply_page)
 
 
-_SAVEPOINT = "lg_verify_batch"
-
-
 def _apply(
     tx: Tx,
     replayer: Replayer,
@@ -191,12 +187,12 @@ def _apply(
     back to the savepoint and replayed event by event, reporting each event that does not
     apply and forcing it through, so the replay goes on to the end."""
     items, dropped = len(problems.items), problems.dropped
-    tx.execute(f"SAVEPOINT {_SAVEPOINT}")
+    tx.execute(STATEMENTS.sql(tx, "savepoint"))
     try:
         replayer.tolerant = False
         replayer.apply(tx, events, after, before_write=before_write)
     except Exception:
-        tx.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+        tx.execute(STATEMENTS.sql(tx, "rollback_to_savepoint"))
         # psycopg forgets its prepared statements on a ROLLBACK: processed late (PostgreSQL's
         # pipeline), its DEALLOCATE ALL would remove the ones the replay below prepares
         settle_ddl(tx)
@@ -207,7 +203,7 @@ def _apply(
         replayer.apply(tx, events, before_write=before_write)
     finally:
         replayer.tolerant = False
-    tx.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+    tx.execute(STATEMENTS.sql(tx, "release_savepoint"))
 
 
 def _check_strict_json(store: Store, pos: int, stored: StoredEvent, problems: Problems) -> None:
@@ -272,24 +268,12 @@ def _compare(tx: Tx, suffix: str, problems: Problems) -> None:
 # --------------------------------------------------------------------------
 def _stream_rows(tx: Tx, upto: int) -> Iterator[dict[str, Any]]:
     """Every event up to `upto` with its recorded hash, in (stream, version) order."""
-    store: Store = tx.store
-    pos = position_column(store)
-    ev = store.events_table()
-    select = (
-        f"SELECT e.{pos} AS position, e.originator_id AS oid, e.originator_version AS version, e.topic, "  # noqa: S608 (our own table/column names; values are bound parameters)
-        f"e.state, e.{HASH_COLUMN} AS hash FROM {ev} e"
-    )
-    order = " ORDER BY e.originator_id, e.originator_version LIMIT ?"
     last: tuple[Any, int] | None = None
     while True:
         if last is None:
-            rows = tx.fetchall(f"{select} WHERE e.{pos} <= ?{order}", (upto, PAGE))
+            rows = tx.fetchall(STATEMENTS.sql(tx, "stream_rows_first"), (upto, PAGE))
         else:
-            rows = tx.fetchall(
-                f"{select} WHERE e.{pos} <= ? AND (e.originator_id, e.originator_version) > (?, ?)"
-                f"{order}",
-                (upto, *last, PAGE),
-            )
+            rows = tx.fetchall(STATEMENTS.sql(tx, "stream_rows_after"), (upto, *last, PAGE))
         yield from rows
         if len(rows) < PAGE:
             return
@@ -304,7 +288,7 @@ def _check_chains(
     if archived is None:
         archived = []
     store: Store = tx.store
-    meta = tx.fetchone("SELECT value FROM ledger_meta WHERE key = ?", (HASH_CHAIN_FROM,))
+    meta = tx.fetchone(STATEMENTS.sql(tx, "meta_value"), (HASH_CHAIN_FROM,))
     chain_from = int(meta["value"]) if meta else 0
     heads = HeadsDigest()
     current: UUID | None = None

@@ -24,6 +24,7 @@ from ledger.core.rows import (
 )
 from ledger.core.states import IN_PROGRESS, NEW, PENDING, QUEUED, TERMINAL_RUN_STATES
 from ledger.projections.counts import slot_of
+from ledger.projections.sql import STATEMENTS
 from ledger.stores import statements as rows_sql
 
 
@@ -53,9 +54,12 @@ class Projector:
         self.transitions_table = "lg_transitions" + suffix
         self.counts_table = "lg_run_counts" + suffix
         # each written out in its one-row and its bulk form (ledger/stores/statements.py)
-        updates = ", ".join(f"{c} = excluded.{c}" for c in RUN_COLUMNS if c != "run_id")
         self.upsert_run = rows_sql.insert(
-            self.runs_table, RUN_COLUMNS, tail=f" ON CONFLICT (run_id) DO UPDATE SET {updates}"
+            self.runs_table,
+            RUN_COLUMNS,
+            tail=rows_sql.on_conflict_update(
+                ("run_id",), [c for c in RUN_COLUMNS if c != "run_id"]
+            ),
         )
         self.update_item = rows_sql.update(
             self.items_table, ITEM_STREAM_COLUMNS, ("run_id", "item_id")
@@ -73,14 +77,12 @@ class Projector:
                 "revision",
                 "attempts",
             ),
-            {"in_manifest": 1, "state": "pending", "revision": 0, "attempts": 0},
+            {"in_manifest": 1, "state": PENDING, "revision": 0, "attempts": 0},
         )
         self.replace_item = rows_sql.update(
             self.items_table, ("required", "payload"), ("run_id", "item_id")
         )
-        self.withdraw_item = (
-            f"UPDATE {self.items_table} SET in_manifest = 0 WHERE run_id = ? AND item_id = ?"  # noqa: S608 (our own table/column names; values are bound parameters)
-        )
+        self.withdraw_item = STATEMENTS.common("withdraw_item", items=self.items_table)
         self.insert_attempt = rows_sql.insert(
             self.attempts_table,
             (
@@ -105,10 +107,14 @@ class Projector:
         self.add_counts = rows_sql.insert(
             self.counts_table,
             ("run_id", "slot", "state", "n"),
-            tail=f" ON CONFLICT (run_id, slot, state) DO UPDATE SET n = {self.counts_table}.n "
-            "+ excluded.n",
+            tail=rows_sql.on_conflict_add(self.counts_table, ("run_id", "slot", "state"), "n"),
         )
-        self.drop_counts = f"DELETE FROM {self.counts_table} WHERE run_id = ?"  # noqa: S608 (our own table/column names; values are bound parameters)
+        self.drop_counts = STATEMENTS.common("drop_counts", counts=self.counts_table)
+        # an archived run's rows go with its events (its run row stays)
+        self.delete_run_rows = [
+            STATEMENTS.common("delete_run_rows", table=t)
+            for t in (self.items_table, self.attempts_table, self.transitions_table)
+        ]
         self.insert_transition = rows_sql.insert(
             self.transitions_table,
             (
@@ -388,9 +394,9 @@ class Projector:
         if folded:
             # the run ended: its totals go into its row (run_to_row), its slot rows go
             cur.executemany(self.drop_counts, [(run_id,) for run_id in sorted(folded)])
-        for table in (self.items_table, self.attempts_table, self.transitions_table):
-            if archived:
-                cur.executemany(f"DELETE FROM {table} WHERE run_id = ?", archived)  # noqa: S608 (our own table/column names; values are bound parameters)
+        if archived:
+            for delete in self.delete_run_rows:
+                cur.executemany(delete, archived)
         if touched_runs:
             cur.executemany(self.upsert_run, [run_to_row(r) for r in touched_runs.values()])
         if touched_items:

@@ -20,6 +20,7 @@ from eventsourcing.persistence import (
 )
 
 from ledger.stores.hashchain import chain_hashes
+from ledger.stores.sql import STATEMENTS
 
 # 2: ledger_event_hashes (hash chain); 3: ledger_idempotency (keys); 4: lg_followers,
 # lg_webhooks, lg_webhook_deliveries (the change feed); 5: positions without the events
@@ -42,21 +43,19 @@ def refuse_newer(current: int, known: int) -> None:
 
 
 def apply_migrations(
-    run: Callable[..., Any], steps: Sequence[Sequence[Any]], current: int, mark: str = "?"
+    run: Callable[..., Any], steps: Sequence[Sequence[Any]], current: int, dialect: str
 ) -> None:
     """Apply the schema migrations after version `current` through `run(sql[, params])`
-    (`mark`: the driver's placeholder), recording each version reached in ledger_meta."""
+    (`params` given only with the `?` statement recording each version reached in
+    ledger_meta)."""
     refuse_newer(current, len(steps))
+    record = STATEMENTS.sql(dialect, "record_schema_version")
     for version, statements in enumerate(steps, start=1):
         if version <= current:
             continue
         for sql in statements:
             run(sql)
-        run(
-            "INSERT INTO ledger_meta (key, value) VALUES ('schema_version', " + mark + ") "  # noqa: S608 (our own table/column names; values are bound parameters)
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (str(version),),
-        )
+        run(record, (str(version),))
 
 
 # The start of the suffix of verify's scratch tables (a new one on every verify): the
@@ -195,9 +194,7 @@ class Tx(ABC):
         rest of the transaction), "item" (an item command's lock: see
         ledger/reads/queries.py `load_run`; the row then has a `lock_mode` column where the
         store takes row locks)."""
-        return f"SELECT *{self.now_column()} FROM lg_runs WHERE run_id = ?" + (  # noqa: S608 (our own table/column names; values are bound parameters)
-            self.lock_suffix() if lock else ""
-        )
+        return STATEMENTS.sql(self.store.dialect, "select_run_locked" if lock else "select_run")
 
 
 class Store(ABC):

@@ -6,7 +6,7 @@ event of its stream.
 computed over the stored bytes at write time (`Tx.append`, before the insert) and
 kept on the event's own row, in the events table's `hash` column (schema version 11;
 versions 2-10 kept it in a table of its own, one row per event, `ledger_event_hashes`,
-which the migration folds into the events table). The first event of a stream chains
+which the migration, stores/migrations/*/0011_*.sql, folds into the events table). The first event of a stream chains
 to "" (as does an event whose predecessor was written before the hash chain existed:
 see `HASH_CHAIN_FROM`). `projections.verify` recomputes every
 chain; a user can record the digest of all stream heads elsewhere to detect a
@@ -21,6 +21,9 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
+
+from ledger.stores.named import tx_list
+from ledger.stores.sql import STATEMENTS
 
 if TYPE_CHECKING:
     from ledger.stores.base import Tx
@@ -101,54 +104,21 @@ def ddl(dialect: str) -> list[str]:
     ]
 
 
-def migration(dialect: str, events_table: str) -> list[str]:
-    """Schema version 11: each event's hash on its own row. The column is added (nullable:
-    the events of the library's own recorder, and those before the hash chain, have
-    none), filled from the hash table, and the table dropped: one row less per event
-    (its heap tuple, its primary key entry and their WAL), one lookup less per read."""
-    ev, h = events_table, LEGACY_HASH_TABLE
-    if dialect == "postgres":
-        fill = (
-            f"UPDATE {ev} e SET {HASH_COLUMN} = h.hash FROM {h} h "  # noqa: S608 (our own table/column names)
-            "WHERE h.originator_id = e.originator_id AND h.originator_version = e.originator_version"
-        )
-        add = f"ALTER TABLE {ev} ADD COLUMN IF NOT EXISTS {HASH_COLUMN} TEXT"
-    else:
-        fill = (
-            f"UPDATE {ev} SET {HASH_COLUMN} = (SELECT h.hash FROM {h} h "  # noqa: S608 (our own table/column names)
-            f"WHERE h.originator_id = {ev}.originator_id "
-            f"AND h.originator_version = {ev}.originator_version)"
-        )
-        add = f"ALTER TABLE {ev} ADD COLUMN {HASH_COLUMN} TEXT"
-    return [add, fill, f"DROP TABLE {h}"]
-
-
 def fetch_hashes(tx: Tx, keys: Sequence[tuple[UUID, int]]) -> dict[tuple[UUID, int], str]:
     """Stored hashes of the given (stream, version) pairs that have one."""
     dialect = tx.store.dialect
-    ev = tx.store.events_table()
+    sql = STATEMENTS.sql(tx, "fetch_hashes")
     out: dict[tuple[UUID, int], str] = {}
     for i in range(0, len(keys), _CHUNK):
         chunk = keys[i : i + _CHUNK]
         wanted = set(chunk)
         # by stream id and a version range (the primary key, so an index search on both
         # stores; a row-value IN list is planned as a full scan on SQLite), then pick the
-        # versions asked for
-        streams = list(dict.fromkeys(oid for oid, _v in chunk))
+        # versions asked for; the streams as one list parameter (PostgreSQL: an array, so
+        # the statement text is the same for any number of streams and stays prepared)
+        streams = [oid_param(dialect, oid) for oid in dict.fromkeys(oid for oid, _v in chunk)]
         versions = [v for _o, v in chunk]
-        if dialect == "postgres":
-            # one statement text for any number of streams (an array parameter): converted
-            # once by psycopg and kept prepared, where an IN list is a new text per count
-            among, ids = "= ANY(?)", [streams]
-        else:
-            among = f"IN ({', '.join('?' for _ in streams)})"
-            ids = [oid_param(dialect, o) for o in streams]
-        rows = tx.fetch_rows(
-            f"SELECT originator_id, originator_version, {HASH_COLUMN} FROM {ev} "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"WHERE originator_id {among} AND originator_version BETWEEN ? AND ? "
-            f"AND {HASH_COLUMN} IS NOT NULL",
-            [*ids, min(versions), max(versions)],
-        )
+        rows = tx.fetch_rows(sql, (tx_list(tx, streams), min(versions), max(versions)))
         for oid, version, hx in rows:
             key = (as_uuid(oid), int(version))
             if key in wanted:

@@ -18,7 +18,9 @@ asked for on a dialect (then cached):
   `psycopg.sql.Identifier`), never spliced as text.
 
 Values are never formatted into SQL: they are bound parameters. The one place text is
-put together is `render`, from the fixed slots above.
+put together is `render`, from the fixed slots above. Statements generated from our own
+column lists (ledger/stores/statements.py) join identifiers quoted by `quoted` and
+types checked by `sql_type`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 _SLOT = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 DIALECTS = ("sqlite", "postgres")
+_IDENT_CACHE = 256  # statements rendered with identifiers kept per `Statements`
 
 # What differs between the stores, by name.
 DIALECT_SLOTS: dict[str, dict[str, str]] = {
@@ -94,7 +97,26 @@ def ident(dialect: str, name: str) -> str:
         from psycopg import sql
 
         return sql.Identifier(name).as_string(None)
+    return quoted(name)
+
+
+def quoted(name: str) -> str:
+    """A table or column name quoted as the SQL standard quotes identifiers (double quotes,
+    a quote inside doubled), which both stores read alike: for statement texts written
+    once for every store from column lists (ledger/stores/statements.py)."""
     return '"' + name.replace('"', '""') + '"'
+
+
+_TYPE = re.compile(r"[a-z_][a-z0-9_ ]*(\(\d+(,\d+)?\))?[a-z ]*(\[\])*")
+
+
+def sql_type(name: str) -> str:
+    """A column type as PostgreSQL's `format_type` spells it (`integer`, `text`,
+    `timestamp(3) with time zone`, `character varying(20)[]`), for a cast; checked, since
+    a type name cannot be quoted as an identifier (`"integer"` is no type)."""
+    if not _TYPE.fullmatch(name):
+        raise ValueError(f"not a type name: {name!r}")
+    return name
 
 
 def render(dialect: str, text: str, idents: Mapping[str, str] | None = None) -> str:
@@ -143,6 +165,8 @@ class Statements:
         self.filename = filename
         self._blocks: dict[str, str] | None = None
         self._rendered: dict[tuple[str, str], str] = {}
+        # with identifiers: bounded (verify names new scratch tables on every run)
+        self._with_idents: dict[tuple[str, str, tuple[tuple[str, str], ...]], str] = {}
 
     @property
     def blocks(self) -> dict[str, str]:
@@ -164,12 +188,30 @@ class Statements:
         except KeyError:
             raise KeyError(f"no SQL block {name!r} in {self.package}/{self.filename}") from None
         if idents:
-            return render(dialect, text, idents)
+            ikey = (dialect, name, tuple(sorted(idents.items())))
+            hit = self._with_idents.get(ikey)
+            if hit is None:
+                if len(self._with_idents) >= _IDENT_CACHE:
+                    self._with_idents.clear()
+                hit = self._with_idents[ikey] = render(dialect, text, idents)
+            return hit
         key = (dialect, name)
         out = self._rendered.get(key)
         if out is None:
             out = self._rendered[key] = render(dialect, text)
         return out
+
+    def common(self, name: str, **idents: str) -> str:
+        """Statement `name` where it is the same text on every store (it uses no dialect
+        slot; identifiers quoted the standard way, `quoted`): for statements made before
+        any store is known (the projector's, ledger/projections/writer.py)."""
+        text = self.blocks.get(name)
+        if text is None:
+            raise KeyError(f"no SQL block {name!r} in {self.package}/{self.filename}")
+        used = [slot for slot in _SLOT.findall(text) if slot in DIALECT_SLOTS["sqlite"]]
+        if any(slot not in idents for slot in used):
+            raise ValueError(f"SQL block {name!r} differs between the stores ({used})")
+        return self.sql("sqlite", name, **idents) if idents else self.sql("sqlite", name)
 
 
 def tx_list(tx: Tx, values: Sequence[Any]) -> Any:
@@ -188,7 +230,9 @@ __all__ = [
     "literal",
     "literals",
     "parse",
+    "quoted",
     "render",
     "rule_slots",
+    "sql_type",
     "tx_list",
 ]

@@ -9,16 +9,17 @@ from typing import Any
 import psycopg
 
 from ledger.stores.migrations import steps as schema_steps
+from ledger.stores.sql import STATEMENTS
 
 EVENTS_TABLE = "ledger_events"
 
 
 def schema_version(conn: psycopg.Connection[Any]) -> int:
     """The ledger schema version recorded in the database; 0 when there is none."""
-    row = conn.execute("SELECT to_regclass('ledger_meta') IS NOT NULL AS present").fetchone()
+    row = conn.execute(STATEMENTS.sql("postgres", "meta_table_present")).fetchone()
     if not row or not row["present"]:
         return 0
-    row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
+    row = conn.execute(STATEMENTS.sql("postgres", "schema_version")).fetchone()
     return int(row["value"]) if row else 0
 
 

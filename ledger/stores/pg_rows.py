@@ -21,6 +21,7 @@ from typing import Any
 from uuid import UUID
 
 from ledger.stores.base import Tx
+from ledger.stores.sql import STATEMENTS
 from ledger.stores.statements import RowsSql
 
 _EXACT = frozenset((int, str, type(None), UUID))
@@ -45,13 +46,7 @@ class ArrayRows:
         missing = [t for t in dict.fromkeys(tables) if t not in self._types]
         if not missing:
             return
-        marks = ", ".join("CAST(? AS regclass)" for _ in missing)
-        rows = tx.fetchall(
-            "SELECT c.relname AS tab, a.attname AS col, format_type(a.atttypid, a.atttypmod) AS "  # noqa: S608 (our own table names are bound parameters)
-            "typ FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid WHERE a.attrelid IN "
-            f"({marks}) AND a.attnum > 0 AND NOT a.attisdropped",
-            missing,
-        )
+        rows = tx.fetchall(STATEMENTS.sql(tx, "pg_column_types"), (missing,))
         for t in missing:
             self._types[t] = {}
         for r in rows:

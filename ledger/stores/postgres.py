@@ -9,14 +9,11 @@ clock judges leases and stamps events, so workers on machines with skewed clocks
 
 from __future__ import annotations
 
-import json
-import re
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
-from uuid import UUID
 
 import psycopg
 import psycopg_pool
@@ -24,357 +21,28 @@ from eventsourcing.persistence import InterfaceError as ESInterfaceError
 from eventsourcing.persistence import OperationalError as ESOperationalError
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresDatastore
-from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.generators import send
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 
-from ledger.stores import pg_positions
-from ledger.stores.base import (
-    SCRATCH_MARK,
-    Store,
-    StreamConflict,
-    Tx,
-    apply_migrations,
-    refuse_newer,
-)
+from ledger.stores.base import Store, Tx, apply_migrations, refuse_newer
 from ledger.stores.pg_faults import fault as _fault
 from ledger.stores.pg_migrations import EVENTS_TABLE, migrations, schema_version
 from ledger.stores.pg_recorder import WAKE_INTERVAL_S, LedgerPostgresRecorder, Waker, _events_json
-from ledger.stores.statements import RowsSql
+from ledger.stores.pg_tx import PREPARED_MAX, RUN_LOCK_CLASS, PgTx, _pipelined_transaction, to_pg
+from ledger.stores.sql import STATEMENTS
 
-__all__ = ["EVENTS_TABLE", "LedgerPostgresRecorder", "PostgresStore", "_events_json"]
+__all__ = [
+    "EVENTS_TABLE",
+    "RUN_LOCK_CLASS",
+    "LedgerPostgresRecorder",
+    "PgTx",
+    "PostgresStore",
+    "_events_json",
+    "to_pg",
+]
 
-_QMARK = re.compile(r"\?")
 _SCHEMA_LOCK = zlib.crc32(b"run-ledger schema") & 0x7FFFFFFF
 CONNECT_TIMEOUT_S = 10
-
-
-# An item command's run lock (ledger/reads/queries.py load_run): FOR SHARE, so item commands
-# of one run run side by side while every run command (FOR UPDATE) waits for them and
-# they for it; FOR UPDATE when the row, as the statement's snapshot saw it, is pausing or
-# canceling (ending a lease may then end the run). A share lock granted after a run
-# command committed such a state shows it in the row returned, with lock_mode 'share':
-# the caller starts over (the next snapshot sees the state). The clock is read once the
-# lock is held, as for FOR UPDATE below.
-#
-# Row locks alone would let a run command starve: share lockers that overlap one another
-# keep the row share-locked, and a new FOR SHARE is granted beside them while a FOR
-# UPDATE waits (a cancel or pause behind a stream of claims would wait until the run
-# drained). So every run lock first takes a transaction-level advisory lock on the run
-# (RUN_LOCK_CLASS, hashtext(run_id)): shared for item commands, exclusive for run
-# commands. The lock manager queues those fairly: once a run command waits, later item
-# commands wait behind it. Always in that order (advisory, then row): no new deadlock.
-RUN_LOCK_CLASS = zlib.crc32(b"run-ledger run lock") & 0x7FFFFFFF
-ITEM_RUN_LOCK = (
-    "WITH k AS MATERIALIZED (SELECT ?::text AS run_id), "  # noqa: S608 (our own constant; values are bound parameters)
-    f"a AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared({RUN_LOCK_CLASS}, "
-    "hashtext((SELECT run_id FROM k)))), "
-    "seen AS MATERIALIZED (SELECT state IN ('pausing', 'canceling') AS draining "
-    "FROM lg_runs WHERE run_id = (SELECT run_id FROM k) AND EXISTS (SELECT 1 FROM a)), "
-    "shared AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = (SELECT run_id FROM k) "
-    "AND NOT COALESCE((SELECT draining FROM seen), false) FOR SHARE), "
-    "held AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = (SELECT run_id FROM k) "
-    "AND COALESCE((SELECT draining FROM seen), false) FOR UPDATE) "
-    "SELECT *, 'share' AS lock_mode, clock_timestamp() AS db_now FROM shared "
-    "UNION ALL SELECT *, 'update' AS lock_mode, clock_timestamp() AS db_now FROM held"
-)
-
-
-def to_pg(sql: str) -> str:
-    """qmark placeholders to psycopg's."""
-    return _QMARK.sub("%s", sql)
-
-
-def _rows_json(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> str | None:
-    """Rows as the JSON parameter of a bulk form; None when a value has no exact JSON form."""
-    try:
-        return json.dumps(
-            [dict(zip(names, row, strict=True)) for row in rows],
-            default=_json_scalar,
-            ensure_ascii=False,
-            allow_nan=False,
-        )
-    except (TypeError, ValueError):
-        return None
-
-
-def _json_scalar(value: Any) -> str:
-    if isinstance(value, UUID):
-        return str(value)
-    raise TypeError(type(value).__name__)
-
-
-def _drain(conn: psycopg.Connection[Any]) -> None:
-    """In pipeline mode, finish sending what libpq still holds in its output buffer.
-
-    psycopg's pipeline loop stops writing once its command queue is empty even when
-    libpq could not yet flush everything (psycopg/psycopg#685): a large statement (a
-    100,000-item manifest) was left half sent while the client waited for its result and
-    the server for its remaining bytes, forever. Called after every statement we send in
-    a pipeline; a no-op (one non-blocking flush) when the buffer is already empty."""
-    if conn._pipeline is not None and conn.pgconn.flush() != 0:
-        conn.wait(send(conn.pgconn))
-
-
-def _take_results(conn: psycopg.Connection[Any]) -> None:
-    """In pipeline mode, process every pending result now, in order, before reading one.
-    psycopg gives a result to its cursor when it arrives: the result of an earlier
-    statement on the same cursor that arrives while a query is being sent would be read
-    as the query's ("the last operation didn't produce records"). The read waits for
-    the results anyway, so this costs no extra round trip."""
-    pipeline = conn._pipeline
-    if pipeline is not None:
-        pipeline.sync()
-
-
-@contextmanager
-def _statement_error_first() -> Iterator[None]:
-    """The error of the statement that failed, not "pipeline aborted" for the COMMIT
-    the server skipped after it.
-
-    psycopg's pipeline exit syncs in a `try` and fetches the remaining results in its
-    `finally`: when the failed statement's answer arrives with the sync and the skipped
-    COMMIT's in the fetch after it, the COMMIT's PipelineAborted replaces the statement's
-    error (a unique violation read as a connection failure while committing, which it is
-    not: the server never committed). The replaced error is the PipelineAborted's context."""
-    try:
-        yield
-    except psycopg.errors.PipelineAborted as e:
-        cause: BaseException | None = e.__context__
-        while isinstance(cause, psycopg.errors.PipelineAborted):
-            cause = cause.__context__
-        if isinstance(cause, psycopg.Error):
-            raise cause from None
-        raise
-
-
-@contextmanager
-def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """A transaction in pipeline mode that waits only for the answers its body reads:
-    BEGIN is queued (its answer comes with the body's first read, or with the COMMIT's)
-    and COMMIT is sent with the body's last statements, one sync for both.
-
-    psycopg's `conn.transaction()` inside a pipeline syncs after its BEGIN and twice at
-    its end (the pipeline blocks it nests): three round trips more per write. Its
-    Transaction object is still the one used, so psycopg's bookkeeping holds: a nested
-    `tx.conn.transaction()` is a savepoint, `tx.conn.commit()` inside is refused.
-
-    The connection is in autocommit mode, as the pool makes them (eventsourcing's
-    `after_connect`): out of it, psycopg would start a transaction of its own before the
-    first statement (one more BEGIN, and a sync)."""
-    if not conn.autocommit:
-        conn.autocommit = True
-    try:
-        with _statement_error_first(), conn.pipeline() as pipeline:
-            block = psycopg.Transaction(conn)
-            block.__enter__()  # in a pipeline: BEGIN queued, not waited for
-            try:
-                yield
-            except BaseException as e:
-                # a failed statement makes the server skip what follows it up to the next
-                # sync, a ROLLBACK too: take the answers first
-                if pipeline.command_queue or pipeline.result_queue:
-                    with suppress(psycopg.Error):
-                        pipeline.sync()
-                block.__exit__(type(e), e, e.__traceback__)  # ROLLBACK queued
-                raise
-            block.__exit__(None, None, None)  # COMMIT queued: the pipeline's end sends it
-    finally:
-        # a statement queued after the body's last read failed: the COMMIT was skipped
-        # and the server holds the failed transaction open
-        if conn.pgconn.transaction_status in (
-            pq.TransactionStatus.INTRANS,
-            pq.TransactionStatus.INERROR,
-        ):
-            with suppress(psycopg.Error):
-                conn.rollback()
-
-
-# psycopg forgets every prepared statement after a prepared statement answers ROLLBACK
-# (or DROP, ALTER) and sends DEALLOCATE ALL with the next statement. In a pipeline that
-# answer is processed late, so the DEALLOCATE ALL also removes statements prepared in
-# between, which then fail with "prepared statement _pg3_N does not exist" (verify's
-# ROLLBACK TO SAVEPOINT before its tolerant replay; test_verify's small-pages case on
-# PostgreSQL). Shown on 2026-12-02 by switching the defences off one at a time: that case
-# fails only when both are off. The defences: verify settles the pipeline right after the
-# ROLLBACK (ledger/projections/rebuild.py `settle_ddl`), and the statements on verify's scratch
-# tables, whose names are new on every verify, are never prepared (nothing of theirs to
-# remove, and a long-lived process does not keep them; tests/test_pg_prepared.py).
-# The cache size plays no part in it (the case passes at psycopg's 100): it is 2,000 so
-# the ledger's own statements, a few hundred texts, stay prepared rather than evicted.
-PREPARED_MAX = 2_000
-
-
-def _prepare(sql: str) -> bool:
-    return SCRATCH_MARK not in sql
-
-
-class PgTx(Tx):
-    def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any], write: bool) -> None:
-        super().__init__(store, write)
-        self.conn = conn
-        self.cur = conn.cursor()
-        self.appended = False  # events inserted: a wake-up follows the commit
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        cur = self.cur.execute(to_pg(sql), params, prepare=_prepare(sql))
-        _drain(self.conn)
-        return cur
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any:
-        rows = list(rows)
-        if len(rows) > 1 and isinstance(sql, RowsSql):
-            param = _rows_json(sql.names, rows)
-            if param is not None:
-                # one statement for every row: round trips and client CPU, not rows, cost here
-                self.cur.execute(sql.pg_bulk, (param,), prepare=_prepare(sql.pg_bulk))
-                _drain(self.conn)
-                return None
-        if not _prepare(sql):  # psycopg's executemany prepares its statement
-            for row in rows:
-                self.cur.execute(to_pg(sql), row, prepare=False)
-        else:
-            self.cur.executemany(to_pg(sql), rows)
-        _drain(self.conn)
-        return None
-
-    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        # A prepared statement switches to a generic plan after a few runs; for lookups by
-        # a list of keys that plan ignores the values and was measured 5-10x slower.
-        self.cur.execute(to_pg(sql), params, prepare=" IN (" not in sql and _prepare(sql))
-        _drain(self.conn)
-        _take_results(self.conn)
-        return list(self.cur.fetchall())
-
-    def fetch_rows(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
-        cur = self.conn.cursor(row_factory=tuple_row)
-        try:
-            cur.execute(to_pg(sql), params, prepare=_prepare(sql))
-            _drain(self.conn)
-            _take_results(self.conn)
-            return list(cur.fetchall())
-        finally:
-            cur.close()
-
-    def fetch_both(
-        self, first: str, first_params: Sequence[Any], rows: str, rows_params: Sequence[Any]
-    ) -> tuple[list[dict[str, Any]], list[Sequence[Any]]]:
-        if self.conn._pipeline is None:
-            return super().fetch_both(first, first_params, rows, rows_params)
-        second = self.conn.cursor(row_factory=tuple_row)
-        try:
-            self.cur.execute(to_pg(first), first_params, prepare=_prepare(first))
-            _drain(self.conn)
-            second.execute(to_pg(rows), rows_params, prepare=_prepare(rows))
-            _drain(self.conn)
-            _take_results(self.conn)  # both answers, one round trip
-            return list(self.cur.fetchall()), list(second.fetchall())
-        finally:
-            second.close()
-
-    def send(self, sql: str, params: Sequence[Any] = ()) -> Callable[[], list[dict[str, Any]]]:
-        if self.conn._pipeline is None:
-            return super().send(sql, params)
-        cur = self.conn.cursor()
-        cur.execute(to_pg(sql), params, prepare=_prepare(sql))
-        _drain(self.conn)
-
-        def answer() -> list[dict[str, Any]]:
-            try:
-                return list(cur.fetchall())
-            finally:
-                cur.close()
-
-        return answer
-
-    def send_both(
-        self, first: str, first_params: Sequence[Any], rows: str, rows_params: Sequence[Any]
-    ) -> Callable[[], tuple[list[dict[str, Any]], list[Sequence[Any]]]]:
-        if self.conn._pipeline is None:
-            return super().send_both(first, first_params, rows, rows_params)
-        one, two = self.conn.cursor(), self.conn.cursor(row_factory=tuple_row)
-        one.execute(to_pg(first), first_params, prepare=_prepare(first))
-        _drain(self.conn)
-        two.execute(to_pg(rows), rows_params, prepare=_prepare(rows))
-        _drain(self.conn)
-
-        def answers() -> tuple[list[dict[str, Any]], list[Sequence[Any]]]:
-            # the pipeline's sync (a later read, or the COMMIT) gave each cursor its result
-            try:
-                return list(one.fetchall()), list(two.fetchall())
-            finally:
-                one.close()
-                two.close()
-
-        return answers
-
-    def insert_stored_events(
-        self, stored: Sequence[StoredEvent], hashes: Sequence[str | None] | None = None
-    ) -> list[int]:
-        assert isinstance(self.store, PostgresStore)
-        rec = self.store.recorder
-        try:
-            # a clash aborts the whole transaction: the command is refused with Conflict
-            rec._insert_stored_events(self.cur, stored, hashes or [None] * len(stored))
-            self.appended = True
-            _drain(self.conn)
-            _take_results(self.conn)
-            # positions are drawn in the order the rows are inserted, which is the events' order
-            ids = sorted(
-                row["notification_id"] for row in self.cur.fetchall()
-            )  # waits for the insert
-        except psycopg.errors.UniqueViolation as e:
-            raise StreamConflict(str(e)) from e
-        assert ids is not None
-        return list(ids)
-
-    def readable_position(self) -> int | None:
-        # its own statement, so the read that follows takes a newer snapshot (pg_positions.py)
-        self.cur.execute(pg_positions.READABLE_QUERY, prepare=True)
-        _drain(self.conn)
-        _take_results(self.conn)
-        row = self.cur.fetchone()
-        return None if row is None else row["p"]
-
-    def readable_column(self) -> str:
-        return f", {pg_positions.READABLE_FUNCTION}() AS readable"
-
-    def db_now(self) -> datetime:
-        self.cur.execute("SELECT clock_timestamp() AS now")
-        _take_results(self.conn)
-        row = self.cur.fetchone()
-        assert row is not None
-        now: datetime = row["now"]
-        return now
-
-    def lock_suffix(self) -> str:
-        return " FOR UPDATE"
-
-    def now_column(self) -> str:
-        return ", clock_timestamp() AS db_now"
-
-    def claim_lock_suffix(self) -> str:
-        return " FOR UPDATE SKIP LOCKED"
-
-    def select_run_sql(self, lock: bool | str) -> str:
-        if not lock:
-            return super().select_run_sql(lock)
-        if lock == "item":
-            return ITEM_RUN_LOCK
-        # In a plain SELECT ... FOR UPDATE, clock_timestamp() is computed before the row
-        # lock is waited for (and not again unless the holder changed the row), so a
-        # command that queued behind another would judge leases by the time it started
-        # waiting. Read through a materialised locking CTE, it is taken once the lock is
-        # granted: the time the command really acts. Still one round trip.
-        return (
-            "WITH k AS MATERIALIZED (SELECT ?::text AS run_id), "  # noqa: S608 (our own constant; values are bound parameters)
-            f"a AS MATERIALIZED (SELECT pg_advisory_xact_lock({RUN_LOCK_CLASS}, "
-            "hashtext((SELECT run_id FROM k)))), "
-            "locked AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = (SELECT run_id FROM k) "
-            "AND EXISTS (SELECT 1 FROM a) FOR UPDATE) "
-            "SELECT *, clock_timestamp() AS db_now FROM locked"
-        )
 
 
 class PostgresStore(Store):
@@ -487,33 +155,30 @@ class PostgresStore(Store):
             refuse_newer(current, len(steps))
             if current < len(steps):
                 with conn.transaction(), conn.cursor() as cur:
-                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                    cur.execute(
-                        "CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
-                    )
+
+                    def run(sql: str, params: Any = None) -> None:
+                        # the migrations' own text as it is (no placeholders to convert)
+                        cur.execute(sql if params is None else to_pg(sql), params)
+
+                    run(STATEMENTS.sql(self.dialect, "schema_lock"), (_SCHEMA_LOCK,))
+                    run(STATEMENTS.sql(self.dialect, "create_meta"))
                     current = schema_version(conn)  # another process may have migrated meanwhile
-                    apply_migrations(cur.execute, steps, current, mark="%s")
+                    apply_migrations(run, steps, current, self.dialect)
         self.datastore.register_type_adapters()
 
     def read_stored_rows(
         self, tx: Tx, after: int, limit: int, upto: int | None = None
     ) -> list[tuple[int, StoredEvent]]:
-        sql = (
-            f"SELECT notification_id, originator_id, originator_version, topic, state "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"FROM {EVENTS_TABLE} WHERE notification_id > ?"
-        )
-        params: list[Any] = [after]
         bound = tx.readable_position()  # never past what a slower writer may fill in
         if bound is not None:
             upto = bound if upto is None else min(upto, bound)
-        if upto is not None:
-            sql += " AND notification_id <= ?"
-            params.append(upto)
-        sql += " ORDER BY notification_id LIMIT ?"
-        params.append(limit)
+        if upto is None:
+            sql, params = STATEMENTS.sql(tx, "read_stored"), [after, limit]
+        else:
+            sql, params = STATEMENTS.sql(tx, "read_stored_upto"), [after, upto, limit]
         return [
             (
-                r["notification_id"],
+                r["position"],
                 StoredEvent(
                     originator_id=r["originator_id"],
                     originator_version=r["originator_version"],

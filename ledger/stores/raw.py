@@ -18,7 +18,9 @@ from eventsourcing.persistence import StoredEvent
 from ledger.core.archived import archived_record
 from ledger.core.errors import RunArchived
 from ledger.stores.base import Tx
-from ledger.stores.hashchain import HASH_COLUMN, as_uuid, oid_param
+from ledger.stores.hashchain import as_uuid, oid_param
+from ledger.stores.named import tx_list
+from ledger.stores.sql import STATEMENTS
 
 _CHUNK = 300  # stream ids per IN list
 
@@ -42,8 +44,7 @@ def position_sql(tx: Tx) -> str:
 
 def max_position(tx: Tx) -> int:
     """The highest position stored (0 when the store holds no event)."""
-    pos = position_sql(tx)
-    row = tx.fetchone(f"SELECT COALESCE(MAX({pos}), 0) AS p FROM {tx.store.events_table()}")  # noqa: S608 (our own table/column names; values are bound parameters)
+    row = tx.fetchone(STATEMENTS.sql(tx, "max_position"))
     return int(row["p"]) if row else 0
 
 
@@ -51,18 +52,10 @@ def read_raw(tx: Tx, after: int, limit: int, upto: int | None = None) -> list[Ra
     """Events after position `after` (up to `upto`), in position order, with their hashes
     (on their rows). Callers that page should also bound `upto` near `after`
     (`iter_events` reads ranges of one page)."""
-    pos = position_sql(tx)
-    sql = (
-        f"SELECT e.{pos} AS position, e.originator_id AS oid, e.originator_version AS version, "  # noqa: S608 (our own table/column names; values are bound parameters)
-        f"e.topic, e.state, e.{HASH_COLUMN} AS hash "
-        f"FROM {tx.store.events_table()} e WHERE e.{pos} > ?"
-    )
-    params: list[Any] = [after]
-    if upto is not None:
-        sql += f" AND e.{pos} <= ?"
-        params.append(upto)
-    sql += f" ORDER BY e.{pos} LIMIT ?"
-    params.append(limit)
+    if upto is None:
+        sql, params = STATEMENTS.sql(tx, "read_raw"), [after, limit]
+    else:
+        sql, params = STATEMENTS.sql(tx, "read_raw_upto"), [after, upto, limit]
     return [
         RawEvent(
             int(r["position"]),
@@ -78,21 +71,14 @@ def read_raw(tx: Tx, after: int, limit: int, upto: int | None = None) -> list[Ra
 
 def next_position(tx: Tx, after: int, upto: int) -> int | None:
     """The lowest position stored after `after` and up to `upto` (None when there is none)."""
-    pos = position_sql(tx)
-    row = tx.fetchone(
-        f"SELECT MIN({pos}) AS p FROM {tx.store.events_table()} WHERE {pos} > ? AND {pos} <= ?",  # noqa: S608 (our own table/column names; values are bound parameters)
-        (after, upto),
-    )
+    row = tx.fetchone(STATEMENTS.sql(tx, "next_position"), (after, upto))
     return None if row is None or row["p"] is None else int(row["p"])
 
 
 def read_stream_events(tx: Tx, stream: UUID, since_version: int = 1) -> list[RawEvent]:
     """The events of one stream from `since_version` on, in version order, with hashes."""
-    pos = position_sql(tx)
     rows = tx.fetchall(
-        f"SELECT e.{pos} AS position, e.originator_version AS version, e.topic, e.state, "  # noqa: S608 (our own table/column names; values are bound parameters)
-        f"e.{HASH_COLUMN} AS hash FROM {tx.store.events_table()} e "
-        "WHERE e.originator_id = ? AND e.originator_version >= ? ORDER BY e.originator_version",
+        STATEMENTS.sql(tx, "read_stream_events"),
         (oid_param(tx.store.dialect, stream), since_version),
     )
     return [
@@ -105,13 +91,7 @@ def read_stream_events(tx: Tx, stream: UUID, since_version: int = 1) -> list[Raw
 
 def last_event(tx: Tx, stream: UUID) -> RawEvent | None:
     """The last event of one stream (None when the store holds none of it)."""
-    pos = position_sql(tx)
-    row = tx.fetchone(
-        f"SELECT {pos} AS position, originator_version AS version, topic, state "  # noqa: S608 (our own table/column names; values are bound parameters)
-        f"FROM {tx.store.events_table()} WHERE originator_id = ? "
-        "ORDER BY originator_version DESC LIMIT 1",
-        (oid_param(tx.store.dialect, stream),),
-    )
+    row = tx.fetchone(STATEMENTS.sql(tx, "last_event"), (oid_param(tx.store.dialect, stream),))
     if row is None:
         return None
     return RawEvent(
@@ -124,17 +104,10 @@ def stream_heads(tx: Tx, streams: Sequence[UUID]) -> dict[UUID, tuple[int, str |
     (streams it does not hold are left out)."""
     dialect = tx.store.dialect
     out: dict[UUID, tuple[int, str | None]] = {}
-    ev = tx.store.events_table()
+    sql = STATEMENTS.sql(tx, "stream_heads")
     for i in range(0, len(streams), _CHUNK):
         chunk = list(streams[i : i + _CHUNK])
-        marks = ", ".join("?" for _ in chunk)
-        rows = tx.fetchall(
-            f"SELECT e.originator_id AS oid, e.originator_version AS version, "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"e.{HASH_COLUMN} AS hash FROM {ev} e WHERE e.originator_id IN "
-            f"({marks}) AND e.originator_version = (SELECT MAX(m.originator_version) FROM {ev} m "
-            "WHERE m.originator_id = e.originator_id)",
-            [oid_param(dialect, o) for o in chunk],
-        )
+        rows = tx.fetchall(sql, (tx_list(tx, [oid_param(dialect, o) for o in chunk]),))
         for r in rows:
             out[as_uuid(r["oid"])] = (int(r["version"]), r["hash"])
     return out
@@ -143,9 +116,7 @@ def stream_heads(tx: Tx, streams: Sequence[UUID]) -> dict[UUID, tuple[int, str |
 def stored_hash(tx: Tx, stream: UUID, version: int) -> str | None:
     """The hash recorded for one event (None when there is none)."""
     row = tx.fetchone(
-        f"SELECT {HASH_COLUMN} AS hash FROM {tx.store.events_table()} "  # noqa: S608 (our own table/column names; values are bound parameters)
-        "WHERE originator_id = ? AND originator_version = ?",
-        (oid_param(tx.store.dialect, stream), version),
+        STATEMENTS.sql(tx, "stored_hash"), (oid_param(tx.store.dialect, stream), version)
     )
     return None if row is None or row["hash"] is None else str(row["hash"])
 
@@ -177,8 +148,7 @@ def append_raw(
             _pg_insert_at(tx, events)  # each row with its hash
             return positions
         tx.executemany(
-            f"INSERT INTO {tx.store.events_table()} (rowid, originator_id, originator_version, "  # noqa: S608 (our own table/column names)
-            f"topic, state, {HASH_COLUMN}) VALUES (?, ?, ?, ?, ?, ?)",
+            STATEMENTS.sql(tx, "insert_raw_at"),
             [(e.position, e.stream.hex, e.version, e.topic, e.state, e.hash) for e in events],
         )
         return positions
@@ -208,14 +178,14 @@ def _pg_reserve_at(tx: Tx, first: int, last: int) -> bool:
     block from the sequence's value up to `last`; the positions below `first` stay a gap,
     as a rolled-back transaction's do. False (nothing claimed that matters) when the
     sequence is already at `first`, or another writer drew in between."""
-    from ledger.stores.pg_positions import RESERVE_FUNCTION, sequence_name
+    from ledger.stores.pg_positions import sequence_name
 
     seq = sequence_name(tx.store.events_table())
-    row = tx.fetchone(f"SELECT last_value AS v, is_called AS c FROM {seq}")  # noqa: S608 (our own sequence name)
+    row = tx.fetchone(STATEMENTS.sql(tx, "pg_sequence_drawn", seq=seq))
     drawn = (int(row["v"]) - (0 if row["c"] else 1)) if row else 0  # a fresh sequence drew none
     if drawn >= first:
         return False
-    got = tx.fetchone(f"SELECT {RESERVE_FUNCTION}(?) AS f", (last - drawn,))
+    got = tx.fetchone(STATEMENTS.sql(tx, "pg_reserve_positions"), (last - drawn,))
     return got is not None and int(got["f"]) <= first
 
 
@@ -226,11 +196,8 @@ def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
     arrays without parsing text. Measured on 50,000 events (2026-12-02), against one jsonb
     array of the events' history-file lines: the server's CPU 0.18-0.19 s against
     0.37-0.42 s, the client's 0.07 s against 0.03 s."""
-    ev = tx.store.events_table()
     tx.execute(
-        f"INSERT INTO {ev} (notification_id, originator_id, originator_version, topic, "  # noqa: S608 (our own table/column names; values are bound parameters)
-        f"state, {HASH_COLUMN}) SELECT * FROM unnest(%b::bigint[], %b::uuid[], %b::bigint[], "
-        "%b::text[], %b::bytea[], %b::text[])",
+        STATEMENTS.sql(tx, "pg_insert_raw_at"),
         [
             [e.position for e in events],
             [e.stream for e in events],
@@ -249,35 +216,29 @@ def delete_stream_events(
     on only, when given; their hashes are on their rows), in the caller's transaction (keep it short:
     a few thousand events); returns how many events went."""
     dialect = tx.store.dialect
-    ev = tx.store.events_table()
     by_bound: dict[int, list[Any]] = {}
     for stream, version in streams:
         by_bound.setdefault(version, []).append(oid_param(dialect, stream))
-    low = "" if from_version is None else " AND originator_version >= ?"
-    extra: list[Any] = [] if from_version is None else [from_version]
+    low = 0 if from_version is None else from_version  # versions start at 1: 0 is no bound
+    count, delete = (
+        STATEMENTS.sql(tx, "count_stream_events"),
+        STATEMENTS.sql(tx, "delete_stream_events"),
+    )
     deleted = 0
     for bound, ids in by_bound.items():
         for i in range(0, len(ids), _CHUNK):
-            chunk = ids[i : i + _CHUNK]
-            where = (
-                f"originator_id IN ({', '.join('?' for _ in chunk)}) AND originator_version <= ?"
-                + low
-            )
-            params = [*chunk, bound, *extra]
-            row = tx.fetchone(f"SELECT COUNT(*) AS n FROM {ev} WHERE {where}", params)  # noqa: S608 (our own table/column names; values are bound parameters)
+            params = (tx_list(tx, ids[i : i + _CHUNK]), bound, low)
+            row = tx.fetchone(count, params)
             deleted += int(row["n"]) if row else 0
-            tx.execute(f"DELETE FROM {ev} WHERE {where}", params)  # noqa: S608 (our own table/column names; values are bound parameters)
+            tx.execute(delete, params)
     return deleted
 
 
 def occupied_positions(tx: Tx, positions: Sequence[int]) -> bool:
     """Whether the store holds an event at any of the given positions."""
-    pos = position_sql(tx)
-    ev = tx.store.events_table()
+    sql = STATEMENTS.sql(tx, "occupied_positions")
     for i in range(0, len(positions), _CHUNK):
-        chunk = list(positions[i : i + _CHUNK])
-        marks = ", ".join("?" for _ in chunk)
-        if tx.fetchone(f"SELECT 1 AS x FROM {ev} WHERE {pos} IN ({marks}) LIMIT 1", chunk):  # noqa: S608 (our own table/column names; values are bound parameters)
+        if tx.fetchone(sql, (tx_list(tx, positions[i : i + _CHUNK]),)):
             return True
     return False
 

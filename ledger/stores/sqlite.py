@@ -19,9 +19,9 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
 
-from ledger.stores import hashchain
 from ledger.stores.base import Store, StreamConflict, Tx, apply_migrations
 from ledger.stores.migrations import steps as schema_steps
+from ledger.stores.sql import STATEMENTS
 
 BUSY_TIMEOUT_S = 60.0
 
@@ -36,14 +36,8 @@ class LedgerSQLiteRecorder(SQLiteApplicationRecorder):
     def __init__(self, datastore: SQLiteDatastore, events_table_name: str = "stored_events"):
         super().__init__(datastore, events_table_name)
         table = self.events_table_name
-        self.insert_events_statement = (
-            f"INSERT INTO {table} (originator_id, originator_version, topic, state) "  # noqa: S608 (our own table/column names)
-            "VALUES (?,?,?,?)"
-        )
-        self.insert_hashed_statement = (
-            f"INSERT INTO {table} (originator_id, originator_version, topic, state, "  # noqa: S608 (our own table/column names)
-            f"{hashchain.HASH_COLUMN}) VALUES (?,?,?,?,?)"
-        )
+        self.insert_events_statement = STATEMENTS.sql("sqlite", "insert_event", table=table)
+        self.insert_hashed_statement = STATEMENTS.sql("sqlite", "insert_event_hashed", table=table)
 
     def insert_hashed(
         self, c: SQLiteCursor, stored: Sequence[StoredEvent], hashes: Sequence[str | None]
@@ -158,7 +152,7 @@ class SqliteStore(Store):
             raise RuntimeError("ledger is closed")
         with self._mem_lock if self.memory else _null():
             conn = self._conn()
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            conn.execute(STATEMENTS.sql("sqlite", "begin_write" if write else "begin_read"))
             tx = SqliteTx(self, conn, write)
             try:
                 yield tx
@@ -193,26 +187,21 @@ class SqliteStore(Store):
     # schema ----------------------------------------------------------------
     def _create_schema(self) -> None:
         with self.write() as tx:
-            tx.execute(
-                "CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
-            )
-            row = tx.fetchone("SELECT value FROM ledger_meta WHERE key = 'schema_version'")
+            tx.execute(STATEMENTS.sql(tx, "create_meta"))
+            row = tx.fetchone(STATEMENTS.sql(tx, "schema_version"))
             current = int(row["value"]) if row else 0
-            apply_migrations(tx.execute, migrations(), current)
+            apply_migrations(tx.execute, migrations(), current, self.dialect)
 
     def read_stored_rows(
         self, tx: Tx, after: int, limit: int, upto: int | None = None
     ) -> list[tuple[int, StoredEvent]]:
-        sql = "SELECT rowid, originator_id, originator_version, topic, state FROM stored_events WHERE rowid > ?"
-        params: list[Any] = [after]
-        if upto is not None:
-            sql += " AND rowid <= ?"
-            params.append(upto)
-        sql += " ORDER BY rowid LIMIT ?"
-        params.append(limit)
+        if upto is None:
+            sql, params = STATEMENTS.sql(tx, "read_stored"), [after, limit]
+        else:
+            sql, params = STATEMENTS.sql(tx, "read_stored_upto"), [after, upto, limit]
         return [
             (
-                r["rowid"],
+                r["position"],
                 StoredEvent(
                     originator_id=UUID(r["originator_id"]),
                     originator_version=r["originator_version"],

@@ -1,0 +1,162 @@
+-- The stores' own statements (ledger/stores/named.py: `?` for every value, `{slot}`s
+-- filled from the store's dialect and the rule tables; identifiers chosen at run time
+-- are quoted by the dialect). Blocks used by one store only say so.
+
+-- schema ---------------------------------------------------------------------
+
+-- name: create_meta
+CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)
+
+-- name: schema_version
+SELECT value FROM ledger_meta WHERE key = 'schema_version'
+
+-- name: record_schema_version
+INSERT INTO ledger_meta (key, value) VALUES ('schema_version', ?)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value
+
+-- name: meta_table_present
+-- PostgreSQL: whether ledger_meta exists (a database no ledger has opened has none)
+SELECT to_regclass('ledger_meta') IS NOT NULL AS present
+
+-- name: schema_lock
+-- PostgreSQL: one process at a time creates or migrates the schema
+SELECT pg_advisory_xact_lock(?)
+
+-- transactions and the clock -------------------------------------------------
+
+-- name: begin_write
+BEGIN IMMEDIATE
+
+-- name: begin_read
+BEGIN
+
+-- name: db_now
+-- PostgreSQL: the database clock (leases are judged by it)
+SELECT clock_timestamp() AS now
+
+-- name: select_run
+SELECT *{now_column} FROM lg_runs WHERE run_id = ?
+
+-- name: select_run_locked
+SELECT *{now_column} FROM lg_runs WHERE run_id = ? {lock}
+
+-- name: run_lock_update
+-- PostgreSQL, a run command's lock (ledger/stores/pg_tx.py): the exclusive advisory lock
+-- on the run (class 511620246: crc32(b"run-ledger run lock") & 0x7FFFFFFF, checked
+-- against RUN_LOCK_CLASS at import), then the row FOR UPDATE, the clock read once both
+-- are held.
+WITH k AS MATERIALIZED (SELECT ?::text AS run_id),
+a AS MATERIALIZED (SELECT pg_advisory_xact_lock(511620246, hashtext((SELECT run_id FROM k)))),
+locked AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = (SELECT run_id FROM k)
+  AND EXISTS (SELECT 1 FROM a) FOR UPDATE)
+SELECT *, clock_timestamp() AS db_now FROM locked
+
+-- name: run_lock_item
+-- PostgreSQL, an item command's run lock (ledger/stores/pg_tx.py): the shared advisory
+-- lock on the run, then the row FOR SHARE, or FOR UPDATE when the run is draining.
+WITH k AS MATERIALIZED (SELECT ?::text AS run_id),
+a AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(511620246, hashtext((SELECT run_id FROM k)))),
+seen AS MATERIALIZED (SELECT state IN ({s_pausing}, {s_canceling}) AS draining
+  FROM lg_runs WHERE run_id = (SELECT run_id FROM k) AND EXISTS (SELECT 1 FROM a)),
+shared AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = (SELECT run_id FROM k)
+  AND NOT COALESCE((SELECT draining FROM seen), false) FOR SHARE),
+held AS MATERIALIZED (SELECT * FROM lg_runs WHERE run_id = (SELECT run_id FROM k)
+  AND COALESCE((SELECT draining FROM seen), false) FOR UPDATE)
+SELECT *, 'share' AS lock_mode, clock_timestamp() AS db_now FROM shared
+UNION ALL SELECT *, 'update' AS lock_mode, clock_timestamp() AS db_now FROM held
+
+-- the events table -------------------------------------------------------------
+
+-- name: read_stored
+SELECT {position} AS position, originator_id, originator_version, topic, state
+FROM {events} WHERE {position} > ? ORDER BY {position} LIMIT ?
+
+-- name: read_stored_upto
+SELECT {position} AS position, originator_id, originator_version, topic, state
+FROM {events} WHERE {position} > ? AND {position} <= ? ORDER BY {position} LIMIT ?
+
+-- name: insert_event
+-- SQLite: the recorder's insert of one event without a hash (`table`: its events table)
+INSERT INTO {table} (originator_id, originator_version, topic, state) VALUES (?,?,?,?)
+
+-- name: insert_event_hashed
+-- SQLite: the recorder's insert of one event with its hash (`table`: its events table)
+INSERT INTO {table} (originator_id, originator_version, topic, state, hash)
+VALUES (?,?,?,?,?)
+
+-- name: fetch_hashes
+-- the hashes of some streams' events in a version range (the primary key: an index search)
+SELECT originator_id, originator_version, hash FROM {events}
+WHERE originator_id {in_list} AND originator_version BETWEEN ? AND ? AND hash IS NOT NULL
+
+-- raw events (ledger/stores/raw.py) -------------------------------------------
+
+-- name: max_position
+SELECT COALESCE(MAX({position}), 0) AS p FROM {events}
+
+-- name: read_raw
+SELECT e.{position} AS position, e.originator_id AS oid, e.originator_version AS version,
+  e.topic, e.state, e.hash AS hash
+FROM {events} e WHERE e.{position} > ? ORDER BY e.{position} LIMIT ?
+
+-- name: read_raw_upto
+SELECT e.{position} AS position, e.originator_id AS oid, e.originator_version AS version,
+  e.topic, e.state, e.hash AS hash
+FROM {events} e WHERE e.{position} > ? AND e.{position} <= ? ORDER BY e.{position} LIMIT ?
+
+-- name: next_position
+SELECT MIN({position}) AS p FROM {events} WHERE {position} > ? AND {position} <= ?
+
+-- name: read_stream_events
+SELECT e.{position} AS position, e.originator_version AS version, e.topic, e.state,
+  e.hash AS hash
+FROM {events} e WHERE e.originator_id = ? AND e.originator_version >= ?
+ORDER BY e.originator_version
+
+-- name: last_event
+SELECT {position} AS position, originator_version AS version, topic, state
+FROM {events} WHERE originator_id = ? ORDER BY originator_version DESC LIMIT 1
+
+-- name: stream_heads
+SELECT e.originator_id AS oid, e.originator_version AS version, e.hash AS hash
+FROM {events} e WHERE e.originator_id {in_list}
+AND e.originator_version = (SELECT MAX(m.originator_version) FROM {events} m
+  WHERE m.originator_id = e.originator_id)
+
+-- name: stored_hash
+SELECT hash FROM {events} WHERE originator_id = ? AND originator_version = ?
+
+-- name: insert_raw_at
+-- SQLite: events at the positions they carry, with their hashes
+INSERT INTO {events} (rowid, originator_id, originator_version, topic, state, hash)
+VALUES (?, ?, ?, ?, ?, ?)
+
+-- name: pg_insert_raw_at
+-- PostgreSQL: events at given positions, one array per column sent in binary
+INSERT INTO {events} (notification_id, originator_id, originator_version, topic, state, hash)
+SELECT * FROM unnest(%b::bigint[], %b::uuid[], %b::bigint[], %b::text[], %b::bytea[], %b::text[])
+
+-- name: pg_sequence_drawn
+-- PostgreSQL: what the events table's sequence (`seq`) has drawn
+SELECT last_value AS v, is_called AS c FROM {seq}
+
+-- name: pg_reserve_positions
+SELECT ledger_reserve_positions(?) AS f
+
+-- name: count_stream_events
+SELECT COUNT(*) AS n FROM {events}
+WHERE originator_id {in_list} AND originator_version <= ? AND originator_version >= ?
+
+-- name: delete_stream_events
+DELETE FROM {events}
+WHERE originator_id {in_list} AND originator_version <= ? AND originator_version >= ?
+
+-- name: occupied_positions
+SELECT 1 AS x FROM {events} WHERE {position} {in_list} LIMIT 1
+
+-- PostgreSQL's catalog (ledger/stores/pg_rows.py) -----------------------------
+
+-- name: pg_column_types
+SELECT c.relname AS tab, a.attname AS col, format_type(a.atttypid, a.atttypmod) AS typ
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+WHERE a.attrelid = ANY(CAST(? AS regclass[])) AND a.attnum > 0 AND NOT a.attisdropped

@@ -1,0 +1,9 @@
+"""The stores' named statements (`queries.sql` beside this module; ledger/stores/named.py)."""
+
+from __future__ import annotations
+
+from ledger.stores.named import Statements
+
+STATEMENTS = Statements("ledger.stores", "queries.sql")
+
+__all__ = ["STATEMENTS"]
