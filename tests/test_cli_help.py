@@ -92,7 +92,7 @@ def test_the_listing_names_each_write_commands_roles() -> None:
 
 
 def test_the_listing_groups_every_command_with_its_whole_summary() -> None:
-    from ledger.cli.app import COMMAND_GROUPS
+    from ledger.cli.listing import COMMAND_GROUPS
 
     lines = listing()
     grouped = [name for _title, names in COMMAND_GROUPS for name in names]

@@ -118,61 +118,9 @@ class _LedgerGroup(TyperGroup):
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         """`ledger --help`: the commands in groups, each with its whole summary."""
-        commands = {
-            name: cmd
-            for name in self.list_commands(ctx)
-            if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden
-        }
-        placed: set[str] = set()
-        for title, names in COMMAND_GROUPS:
-            rows = []
-            for name in names:
-                cmd = commands.get(name)
-                if cmd is not None:
-                    rows.append((name, cmd.get_short_help_str(limit=10_000)))
-                    placed.add(name)
-            if rows:
-                with formatter.section(title):
-                    formatter.write_dl(rows)
-        rest = [
-            (n, c.get_short_help_str(limit=10_000)) for n, c in commands.items() if n not in placed
-        ]
-        if rest:
-            with formatter.section("Other commands"):
-                formatter.write_dl(rest)
+        from ledger.cli.listing import format_grouped
 
-
-# `ledger --help` lists the commands in these groups, in this order.
-COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (
-        "Runs",
-        (
-            "submit",
-            "start",
-            "complete",
-            "amend",
-            "request-review",
-            "review",
-            "pause",
-            "resume",
-            "cancel",
-            "fail",
-            "retry",
-            "repair",
-            "compensate",
-        ),
-    ),
-    ("Items and workers", ("work", "skip", "release", "reject-item", "reconcile")),
-    (
-        "Reading the record",
-        ("status", "runs", "items", "attempts", "history", "lineage", "audit", "events", "top"),
-    ),
-    (
-        "Keeping the record",
-        ("verify", "export", "import", "copy", "archive", "restore", "projections", "keys"),
-    ),
-    ("Serving and following", ("serve", "token", "followers", "webhooks", "demo")),
-)
+        format_grouped(self, ctx, formatter)
 
 
 def _silence_stdout() -> None:
@@ -470,47 +418,6 @@ def _show_item(item: Any, as_json: bool) -> None:
         return
     extra = f" ({item.reason})" if getattr(item, "reason", None) else ""
     typer.echo(f"item {item.item_id} of run {item.run_id}: {item.state}{extra}")
-
-
-def allowed_values(kind: str) -> tuple[str, ...]:
-    """The values `_one_of(kind)` accepts, from the rule tables."""
-    from ledger.core import states as S
-
-    return {
-        "run": S.RUN_STATES,
-        "item": S.ITEM_STATES,
-        "state": tuple(dict.fromkeys(S.RUN_STATES + S.ITEM_STATES)),
-        "role": S.ROLES,
-    }[kind]
-
-
-def complete_one_of(kind: str) -> Any:
-    """Shell completion of an option's values (`--state`, `--role`)."""
-
-    def complete(incomplete: str) -> list[str]:
-        return [v for v in allowed_values(kind) if v.startswith(incomplete)]
-
-    return complete
-
-
-def values_help(kind: str, text: str = "") -> str:
-    """An option's help ending with the values it accepts."""
-    listed = ", ".join(allowed_values(kind))
-    return f"{text} (one of: {listed})".strip()
-
-
-def _one_of(kind: str) -> Any:
-    """An option callback refusing a value outside ledger.core.states as bad usage (exit 2):
-    `kind` is "run" (a run state), "item" (an item state), "state" (either) or "role"."""
-
-    def check(value: str | None) -> str | None:
-        allowed = allowed_values(kind)
-        if value is not None and value not in allowed:
-            what = {"run": "run state", "item": "item state"}.get(kind, kind)
-            raise typer.BadParameter(f"unknown {what} {value!r}; one of: {', '.join(allowed)}")
-        return value
-
-    return check
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document")]

@@ -17,15 +17,13 @@ from ledger.cli.app import (
     _core_feature,
     _emit_json,
     _ledger,
-    _one_of,
     _parse_time,
     _short,
     _show_run,
     app,
-    complete_one_of,
-    values_help,
 )
 from ledger.cli.progress import VerifyProgress
+from ledger.cli.values import _one_of, complete_one_of, values_help
 
 
 @app.command()
