@@ -59,3 +59,19 @@ def test_every_read_takes_json(tmp_path: Path) -> None:
     assert [e["position"] for e in listed] == [e.position for e in events]
     mine = json.loads(_ledger(dsn, "events", "--json", "--run", run_id, "--after", "0"))
     assert {e["run_id"] for e in mine} == {run_id}
+
+
+def test_submit_example_prints_a_manifest_that_submits(tmp_path: Path) -> None:
+    import json
+
+    from ledger.cli.runs import EXAMPLE_MANIFEST
+
+    dsn = f"sqlite:///{tmp_path}/ledger.db"
+    text = _ledger(dsn, "submit", "--example")
+    assert json.loads(text) == EXAMPLE_MANIFEST
+    repo = Path(__file__).resolve().parent.parent
+    assert json.loads((repo / "examples" / "manifest.json").read_text()) == EXAMPLE_MANIFEST
+    (tmp_path / "m.json").write_text(text)
+    status = json.loads(_ledger(dsn, "submit", str(tmp_path / "m.json"), "--json"))
+    assert status["state"] == "queued"
+    assert status["counts"]["pending"] == len(EXAMPLE_MANIFEST["items"])

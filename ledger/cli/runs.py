@@ -28,16 +28,59 @@ from ledger.cli.app import (
     app,
 )
 
+# What `ledger submit --example` prints (examples/manifest.json holds the same): every
+# key a first run needs; the manifest reference in the docs lists the rest.
+EXAMPLE_MANIFEST: dict[str, Any] = {
+    "source_version": "invoices/2026-12-01",
+    "config_version": "billing-v3",
+    "scope": "December invoices, EU customers",
+    "items": [
+        {"item_id": "inv-1001", "payload": {"customer": "acme", "amount_cents": 12900}},
+        {"item_id": "inv-1002", "payload": {"customer": "globex", "amount_cents": 4500}},
+        {
+            "item_id": "inv-1003",
+            "payload": {"customer": "initech", "amount_cents": 880},
+            "required": False,
+        },
+    ],
+    "policy": {
+        "max_attempts": 3,
+        "backoff_seconds": 5,
+        "lease_seconds": 60,
+        "partial_delivery": False,
+    },
+}
+
 
 @app.command(cls=RuleBookCommand)
 def submit(
     ctx: typer.Context,
-    manifest: Annotated[Path, typer.Argument(metavar="MANIFEST.json", exists=True, dir_okay=False)],
+    manifest: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="MANIFEST.json",
+            exists=True,
+            dir_okay=False,
+            show_default=False,
+            help="The run's manifest: `ledger submit --example` prints one to start from",
+        ),
+    ] = None,
+    example: Annotated[
+        bool, typer.Option("--example", help="Print an example manifest and exit")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a manifest: a new run, queued."""
     from ledger.core.manifest import parse_manifest
 
+    if example:
+        typer.echo(json.dumps(EXAMPLE_MANIFEST, indent=2))
+        return
+    if manifest is None:
+        raise typer.BadParameter(
+            "a manifest file is needed (`ledger submit --example` prints one)",
+            param_hint="MANIFEST.json",
+        )
     parsed = parse_manifest(_read_json_file(manifest, "manifest"))
     with _ledger(ctx) as lg:
         status = lg.submit(parsed, _actor(ctx, "submit"))
