@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -21,6 +21,9 @@ from ledger.http.paged import EventsPage, page_response
 from ledger.http.reads import MAX_PAGE
 from ledger.http.visibility import for_reader
 from ledger.reads import feed
+
+if TYPE_CHECKING:
+    from ledger.service.ledger import Ledger
 
 router = APIRouter(tags=["feed"], responses=error_responses(401, 422))
 
@@ -122,7 +125,7 @@ def stream(
 
 
 def _events(
-    lg: Any, cursor: int, flt: feed.FeedFilter, limit: int | None, reader: Actor | None
+    lg: Ledger, cursor: int, flt: feed.FeedFilter, limit: int | None, reader: Actor | None
 ) -> Iterator[bytes]:
     waiter = feed.Waiter(lg.store)
     sent = 0

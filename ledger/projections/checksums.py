@@ -11,9 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ledger.projections.schema import PROJECTION_TABLES, TABLE_KEYS
+
+if TYPE_CHECKING:
+    from ledger.stores.base import Store
 
 PAGE = 2000
 _MOD = 1 << 128
@@ -22,7 +25,7 @@ _MOD = 1 << 128
 class Reader(Protocol):
     """What checksums need from a store transaction."""
 
-    store: Any
+    store: Store
 
     def fetchall(self, sql: str, params: Any = ()) -> list[dict[str, Any]]: ...
 

@@ -13,7 +13,7 @@ import json
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -458,10 +458,10 @@ class PostgresStore(Store):
                 raise  # the ledger was closed: not transient
             raise _fault(e, uncertain=committing and write) from e
 
-    def write(self) -> Any:
+    def write(self) -> AbstractContextManager[PgTx]:
         return self._tx(True)
 
-    def read(self) -> Any:
+    def read(self) -> AbstractContextManager[PgTx]:
         return self._tx(False)
 
     def close(self) -> None:
