@@ -1,9 +1,9 @@
-"""The input boundary (issue 14, SPEC rules 11 and 17): strict JSON, the id rule, storable
+"""The input boundary (SPEC rules 11 and 17): strict JSON, the id rule, storable
 free text, and a Worker that never loses a finished outcome.
 
-Each test names the numbered finding of issue 14 it covers; each failed on the code
-before the boundary existed (NaN evidence was stored, a lone surrogate in a handler's
-error killed the Worker, lookalike ids made distinct items, ...).
+Each test names the harm it rules out: without the boundary NaN evidence is stored, a
+lone surrogate in a handler's error kills the Worker, lookalike ids make distinct
+items, ...
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What HTTP readers can see and who can act (issue 14 findings 7, 8, 10, 11): lease
+"""What HTTP readers can see and who can act: lease
 tokens only to their holder and operators, the ledger's own actor ids unusable, an
 idempotency key reused by another actor refused after authorization without naming the
 other command, and /docs served from the package under the page's CSP and auth."""

@@ -1,4 +1,4 @@
-"""HTTP resource limits (issue 14 finding 4): the token is checked before the body is
+"""HTTP resource limits: the token is checked before the body is
 read, bodies larger than their route needs are refused early, and slow clients are cut
 off (headers, body), so anonymous or stalled clients cannot hold memory or
 connections."""

@@ -1,4 +1,4 @@
-"""Lease tokens are shown only to their holder and to operators (issue 14 finding 7).
+"""Lease tokens are shown only to their holder and to operators.
 
 A lease token is the authority to write an item's outcome; a read (items,
 attempts, history, audit) must not hand it to every reader, least of all to
