@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark the run ledger against raw baselines measured in the same run (issue 7).
+"""Benchmark the run ledger against raw baselines measured in the same run.
 
     python scripts/bench.py                 # brief's sizes, throwaway durable PostgreSQL
     python scripts/bench.py --quick         # ~30 s version
@@ -17,7 +17,7 @@ Cases (ratio = ledger / baseline, same run, same server):
   5 status() median latency with 1,000 vs 200,000 events (<= 1.5x; < 2 ms PG, < 1 ms SQLite)
   6 SQLite, one process, claim+accept in batches of 50 vs raw sqlite3 (>= 0.3)
   7 `ledger status RUN --json` start-up (< 0.5 s median)
-  8 scaling on PostgreSQL (issue 15): claim+record with 1 / 2 / 8 processes on one run
+  8 scaling on PostgreSQL: claim+record with 1 / 2 / 8 processes on one run
     and 4 runs x 2 processes; WAL bytes, client and server CPU per item (/proc), top
     wait events of the active backends (pg_stat_activity every 100 ms)
   9 export (SQLite, PostgreSQL) vs reading the same rows, import into PostgreSQL vs COPY (>= 0.3)
@@ -25,7 +25,7 @@ Cases (ratio = ledger / baseline, same run, same server):
     (items/s >= 0.5x; WAL per item); procrastinate and dbos rows say what was not run
   10 change feed, PostgreSQL: Follower transitions/s vs a psycopg read (>= 0.5), wait_for_events
     wake-up (< 100 ms), follower lag under 8 writer processes (< 1 s)
-  11 the pre-commit rule checks (issue 13): claim+record with the checks on vs off, in
+  11 the pre-commit rule checks: claim+record with the checks on vs off, in
     alternating rounds, PostgreSQL and SQLite (>= 0.95: a cost under 5%)
 
 The throwaway server keeps PostgreSQL's durable defaults (fsync and

@@ -1,7 +1,7 @@
-"""Shared helpers of the issue-13 audit tests (test_audit_findings, test_terminal_runs,
+"""Shared helpers of the rule-book audit tests (test_audit_findings, test_terminal_runs,
 test_stateful_spec, test_rulebook_table).
 
-`bug(n, what)` marks a test that proves one of issue 13's numbered bugs: a strict xfail
+`bug(n, what)` marks a test that proves one of the audit's numbered bugs: a strict xfail
 while the bug is open, so the suite stays green and the fix turns it into an XPASS
 failure (then the marker goes). `LEDGER_XFAIL_OFF=1` drops every such marker, to see the
 tests fail on code where the bugs are still open:
@@ -22,9 +22,9 @@ from tests.drive import event_count
 
 
 def bug(n: int, what: str) -> pytest.MarkDecorator:
-    """Strict xfail for issue 13's bug `n` (a no-op mark with LEDGER_XFAIL_OFF=1)."""
+    """Strict xfail for the audit's bug `n` (a no-op mark with LEDGER_XFAIL_OFF=1)."""
     expect_failure = os.environ.get("LEDGER_XFAIL_OFF") != "1"
-    return pytest.mark.xfail(expect_failure, strict=True, reason=f"issue 13 bug {n}: {what}")
+    return pytest.mark.xfail(expect_failure, strict=True, reason=f"audit bug {n}: {what}")
 
 
 def refused(

@@ -1,4 +1,4 @@
-"""A ledger as an operator finds it (issue 17): healthy, idle, dead-worker and
+"""A ledger as an operator finds it: healthy, idle, dead-worker and
 review-waiting runs among many newer finished ones, and optionally one big run.
 
 Written with a clock that runs from two hours ago up to a few seconds ago, so a

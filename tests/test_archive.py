@@ -1,4 +1,4 @@
-"""Verifiable archival (issue 18): events leave the store only into a verified archive,
+"""Verifiable archival: events leave the store only into a verified archive,
 recorded in the chain by one Archived event per run; restore brings back exactly the
 events that left; a crash (SIGKILL) at any point never loses an event."""
 

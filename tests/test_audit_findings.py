@@ -1,4 +1,4 @@
-"""Issue 13's numbered audit findings, one or more tests each, on every store.
+"""The rule-book audit's numbered findings, one or more tests each, on every store.
 
 Written from SPEC.md (rules 3-9, 12-16) and the seeds, not from the code. A test
 marked with `bug(n, ...)` failed on the code the audit found the bug in; it is a strict

@@ -1,9 +1,9 @@
-"""The input boundary (issue 14, SPEC rules 11 and 17): strict JSON, the id rule, storable
+"""The input boundary (SPEC rules 11 and 17): strict JSON, the id rule, storable
 free text, and a Worker that never loses a finished outcome.
 
-Each test names the numbered finding of issue 14 it covers; each failed on the code
-before the boundary existed (NaN evidence was stored, a lone surrogate in a handler's
-error killed the Worker, lookalike ids made distinct items, ...).
+Each test names the harm it rules out: without the boundary NaN evidence is stored, a
+lone surrogate in a handler's error kills the Worker, lookalike ids make distinct
+items, ...
 """
 
 from __future__ import annotations
@@ -49,13 +49,11 @@ def _all_reads_are_strict_json(lg: Ledger, run_id: str) -> None:
         strict_loads(text, "read")
 
 
-# -- finding 1: a poisoned event --------------------------------------------------
+# -- a poisoned event --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-def test_finding1_non_finite_evidence_is_refused_and_nothing_written(
-    lg: Ledger, bad: float
-) -> None:
+def test_non_finite_evidence_is_refused_and_nothing_written(lg: Ledger, bad: float) -> None:
     run_id = _running(lg)
     (lease,) = lg.claim(run_id, WORKER)
     before = _events(lg)
@@ -68,7 +66,7 @@ def test_finding1_non_finite_evidence_is_refused_and_nothing_written(
     _all_reads_are_strict_json(lg, run_id)
 
 
-def test_finding1_nan_payload_at_submit_is_refused_not_stored_as_null(lg: Ledger) -> None:
+def test_nan_payload_at_submit_is_refused_not_stored_as_null(lg: Ledger) -> None:
     m = manifest(2)
     m["items"][1]["payload"] = {"x": math.nan}
     with pytest.raises(ManifestInvalid) as info:
@@ -80,7 +78,7 @@ def test_finding1_nan_payload_at_submit_is_refused_not_stored_as_null(lg: Ledger
     assert lg.runs() == []
 
 
-def test_finding1_duplicate_keys_in_json_text_are_refused(lg: Ledger) -> None:
+def test_duplicate_keys_in_json_text_are_refused(lg: Ledger) -> None:
     text = '{"source_version": "a", "source_version": "b", "config_version": "c", "items": [{"item_id": "x"}]}'
     with pytest.raises(ManifestInvalid, match="appears twice"):
         lg.submit(text, SUBMITTER)
@@ -89,7 +87,7 @@ def test_finding1_duplicate_keys_in_json_text_are_refused(lg: Ledger) -> None:
     assert lg.runs() == []
 
 
-# -- finding 3: untyped exceptions from the public API ---------------------------
+# -- untyped exceptions from the public API ----------------------------------------
 
 
 class _Thing:
@@ -119,7 +117,7 @@ BAD_EVIDENCE = [
 
 
 @pytest.mark.parametrize("evidence", BAD_EVIDENCE, ids=range(len(BAD_EVIDENCE)))
-def test_finding3_bad_evidence_is_invalid_input(lg: Ledger, evidence: Any) -> None:
+def test_bad_evidence_is_invalid_input(lg: Ledger, evidence: Any) -> None:
     run_id = _running(lg)
     (lease,) = lg.claim(run_id, WORKER)
     before = _events(lg)
@@ -129,7 +127,7 @@ def test_finding3_bad_evidence_is_invalid_input(lg: Ledger, evidence: Any) -> No
 
 
 @pytest.mark.parametrize("payload", BAD_EVIDENCE, ids=range(len(BAD_EVIDENCE)))
-def test_finding3_bad_payloads_are_manifest_invalid(lg: Ledger, payload: Any) -> None:
+def test_bad_payloads_are_manifest_invalid(lg: Ledger, payload: Any) -> None:
     m = manifest(1)
     m["items"][0]["payload"] = payload
     with pytest.raises(ManifestInvalid):
@@ -137,7 +135,7 @@ def test_finding3_bad_payloads_are_manifest_invalid(lg: Ledger, payload: Any) ->
     assert lg.runs() == []
 
 
-def test_finding3_surrogates_in_free_text_never_escape_as_unicode_errors(lg: Ledger) -> None:
+def test_surrogates_in_free_text_never_escape_as_unicode_errors(lg: Ledger) -> None:
     run_id = _running(lg, max_attempts=5)
     m = manifest(1)
     m["scope"] = "bad \ud800 scope"
@@ -162,9 +160,7 @@ def test_finding3_surrogates_in_free_text_never_escape_as_unicode_errors(lg: Led
     ],
     ids=["first", "last"],
 )
-def test_finding3_times_at_the_calendars_ends_are_read_not_overflow(
-    lg: Ledger, when: datetime
-) -> None:
+def test_times_at_the_calendars_ends_are_read_not_overflow(lg: Ledger, when: datetime) -> None:
     run_id = _running(lg)
     assert list(lg.audit(since=when)) == [] or when.year == 1
     assert isinstance(list(lg.audit(until=when)), list)
@@ -172,10 +168,10 @@ def test_finding3_times_at_the_calendars_ends_are_read_not_overflow(
         lg.status_at(run_id, when)
 
 
-# -- finding 9: lookalike ids -----------------------------------------------------
+# -- lookalike ids -----------------------------------------------------------------
 
 
-def test_finding9_nfc_and_nfd_spellings_are_one_id(lg: Ledger) -> None:
+def test_nfc_and_nfd_spellings_are_one_id(lg: Ledger) -> None:
     nfd = unicodedata.normalize("NFD", "café")
     nfc = unicodedata.normalize("NFC", "café")
     assert nfd != nfc
@@ -207,9 +203,7 @@ LOOKALIKES = {
 
 
 @pytest.mark.parametrize("ident", LOOKALIKES.values(), ids=LOOKALIKES.keys())
-def test_finding9_ids_with_invisible_or_unassigned_characters_are_refused(
-    lg: Ledger, ident: str
-) -> None:
+def test_ids_with_invisible_or_unassigned_characters_are_refused(lg: Ledger, ident: str) -> None:
     m = manifest(1)
     m["items"][0]["item_id"] = ident
     with pytest.raises(ManifestInvalid) as info:
@@ -256,10 +250,10 @@ def test_strict_json_units() -> None:
     assert safe_text(b"x") == "b'x'"
 
 
-# -- finding 2: a Worker that loses its whole batch -------------------------------
+# -- a Worker that loses its whole batch -------------------------------------------
 
 
-def test_finding2_worker_records_every_outcome_whatever_the_handler_does(lg: Ledger) -> None:
+def test_worker_records_every_outcome_whatever_the_handler_does(lg: Ledger) -> None:
     run_id = _running(lg, 8, max_attempts=1)
 
     class Unprintable(Exception):
@@ -301,7 +295,7 @@ def test_finding2_worker_records_every_outcome_whatever_the_handler_does(lg: Led
     _all_reads_are_strict_json(lg, run_id)
 
 
-def test_finding2_a_ledger_error_while_recording_is_reported_per_item(lg: Ledger) -> None:
+def test_a_ledger_error_while_recording_is_reported_per_item(lg: Ledger) -> None:
     run_id = _running(lg, 3)
     real_record = lg.record
     real_accept = lg.accept

@@ -1,5 +1,5 @@
-"""`ledger COMMAND --help` reads the rule book (issue 13: "CLI help, HTTP summaries and
-docs read the same table"), so what the help says about states and roles cannot drift
+"""`ledger COMMAND --help` reads the rule book (CLI help, HTTP summaries and
+docs read the same table), so what the help says about states and roles cannot drift
 from what the ledger enforces.
 
 For every registered write command with a CLI name, its help shows the command's move

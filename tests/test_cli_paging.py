@@ -1,4 +1,4 @@
-"""`ledger items|attempts|history [--limit N] [--after CURSOR]` (issue 14): without
+"""`ledger items|attempts|history [--limit N] [--after CURSOR]`: without
 --limit every page is read and printed (the same JSON as one list); with it one page,
 the next cursor on stderr; bad cursors and limits are refused."""
 

@@ -1,4 +1,4 @@
-"""The `ledger` command as a person meets it (issue 12), through the real console script.
+"""The `ledger` command as a person meets it, through the real console script.
 
 Every test runs the installed `ledger` script in a subprocess (a pseudo-terminal
 where the behaviour depends on one) and checks its exit code: 0 ok, 1 a ledger

@@ -1,4 +1,4 @@
-"""Schema v7 moves an open run's item counts off its row (issue 15): a database written
+"""Schema v7 moves an open run's item counts off its row: a database written
 before it (every run's counts in its lg_runs row, no lg_run_counts) upgrades to the same
 statuses, verifies (its projections equal a rebuild from the events: rule 10), and its
 runs go on to the end."""

@@ -1,4 +1,4 @@
-"""The transaction an in-database follower's handler runs in (issue 16): what the handler
+"""The transaction an in-database follower's handler runs in: what the handler
 may do with `tx`, on every store, and on PostgreSQL how few round trips a batch costs.
 
 A batch is `store.write()`: on PostgreSQL a pipelined transaction whose BEGIN is not

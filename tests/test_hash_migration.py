@@ -1,4 +1,4 @@
-"""Schema v11 (issue 15, fewer bytes per item): each event's hash moves from a row of
+"""Schema v11 (fewer bytes per item): each event's hash moves from a row of
 its own in `ledger_event_hashes` onto the event's row. A database written at v10 (events
 in the events table, their hashes beside them) upgrades with its history: the same
 hashes on the same events, the hash table gone, `verify` clean with the same heads, and

@@ -1,4 +1,4 @@
-"""What HTTP readers can see and who can act (issue 14 findings 7, 8, 10, 11): lease
+"""What HTTP readers can see and who can act: lease
 tokens only to their holder and operators, the ledger's own actor ids unusable, an
 idempotency key reused by another actor refused after authorization without naming the
 other command, and /docs served from the package under the page's CSP and auth."""
@@ -60,7 +60,7 @@ def _reads(api: Api, run_id: str, as_: str | None) -> dict[str, Any]:
     return out
 
 
-def test_finding7_lease_tokens_only_to_their_holder_and_operators(make_api: Any) -> None:
+def test_lease_tokens_only_to_their_holder_and_operators(make_api: Any) -> None:
     api = make_api(public_reads=True)
     run_id = api.running()
     (mine,) = api.claim(run_id, 1, as_="worker")
@@ -85,7 +85,7 @@ def test_finding7_lease_tokens_only_to_their_holder_and_operators(make_api: Any)
 
 
 @pytest.mark.parametrize("reserved", sorted(RESERVED_ACTOR_IDS))
-def test_finding8_reserved_actor_ids_get_no_token_and_no_as(tmp_path: Path, reserved: str) -> None:
+def test_reserved_actor_ids_get_no_token_and_no_as(tmp_path: Path, reserved: str) -> None:
     with pytest.raises(InvalidInput, match="reserved"):
         add_token(reserved, "controller", tmp_path / "t")
     with pytest.raises(InvalidInput, match="reserved"):
@@ -106,7 +106,7 @@ def test_finding8_reserved_actor_ids_get_no_token_and_no_as(tmp_path: Path, rese
     assert not (tmp_path / "t2").exists() or reserved not in (tmp_path / "t2").read_text()
 
 
-def test_finding10_key_reuse_by_another_actor_is_refused_after_authorization(api: Api) -> None:
+def test_key_reuse_by_another_actor_is_refused_after_authorization(api: Api) -> None:
     run_id = api.running()
     key = {"Idempotency-Key": "k-shared-1"}
     r = api.post(f"/runs/{run_id}/pause", "operator", json={"reason": "maintenance"}, headers=key)
@@ -125,7 +125,7 @@ def test_finding10_key_reuse_by_another_actor_is_refused_after_authorization(api
     assert api.get(f"/runs/{run_id}").json()["state"] == "paused"  # nothing written
 
 
-def test_finding11_docs_are_served_from_the_package_under_csp_and_auth(make_api: Any) -> None:
+def test_docs_are_served_from_the_package_under_csp_and_auth(make_api: Any) -> None:
     api = make_api()
     r = api.get("/docs", None)
     assert r.status_code == 401

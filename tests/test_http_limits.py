@@ -1,4 +1,4 @@
-"""HTTP resource limits (issue 14 finding 4): the token is checked before the body is
+"""HTTP resource limits: the token is checked before the body is
 read, bodies larger than their route needs are refused early, and slow clients are cut
 off (headers, body), so anonymous or stalled clients cannot hold memory or
 connections."""
@@ -84,7 +84,7 @@ def app_and_tokens(tmp_path: Path) -> Iterator[tuple[Any, dict[str, str]]]:
         lg.close()
 
 
-def test_finding4_no_token_means_401_before_the_body_is_read(
+def test_no_token_means_401_before_the_body_is_read(
     app_and_tokens: tuple[Any, dict[str, str]],
 ) -> None:
     app, made = app_and_tokens
@@ -115,7 +115,7 @@ def test_finding4_no_token_means_401_before_the_body_is_read(
     assert (status, read) == (201, 1), body
 
 
-def test_finding4_bodies_larger_than_the_route_needs_are_refused_early(
+def test_bodies_larger_than_the_route_needs_are_refused_early(
     app_and_tokens: tuple[Any, dict[str, str]],
 ) -> None:
     app, made = app_and_tokens
@@ -192,7 +192,7 @@ def _closed_within(sock: socket.socket, seconds: float) -> bytes:
     return received
 
 
-def test_finding4_stalled_headers_and_bodies_are_cut_off(server: tuple[int, str]) -> None:
+def test_stalled_headers_and_bodies_are_cut_off(server: tuple[int, str]) -> None:
     port, token = server
     socks = []
     try:

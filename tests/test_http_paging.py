@@ -185,7 +185,7 @@ def test_the_link_header_leads_to_the_next_page(api: Api) -> None:
 
 def test_the_feed_masks_lease_tokens_as_every_read(api: Api) -> None:
     """GET /events and /events/stream show a lease token only to its holder and operators
-    (finding 7, as items, attempts, history and audit)."""
+    (as items, attempts, history and audit do)."""
     run = api.running(manifest(2))
     (lease,) = api.claim(run, 1, as_="worker")
     r = api.post("/leases/accept", "worker", json=lease)

@@ -1,6 +1,6 @@
-"""The HTTP command routes are generated from the command registry (issue 13: "one
+"""The HTTP command routes are generated from the command registry (one
 command registry drives the service, the CLI and the HTTP routes, so a command is
-declared once"): every entry with an `Http` mapping has exactly one route, made from
+declared once): every entry with an `Http` mapping has exactly one route, made from
 that entry; every other entry says why it has none (`NotOverHttp`); no command route
 is written by hand; and an entry that does not fit its facade method is refused when
 the routes are built, so the drift cannot come back.

@@ -1,4 +1,4 @@
-"""Schema v9 (issue 15, fewer bytes per item): on PostgreSQL the role, target-state and
+"""Schema v9 (fewer bytes per item): on PostgreSQL the role, target-state and
 lease indexes become partial and lg_items and lg_attempts get fillfactor 50
 (ledger/projections/schema.py); SQLite's v9 changes nothing. A database written at v8 upgrades
 with its data: the same statuses and audits, it verifies, its runs go on, and on

@@ -1,4 +1,4 @@
-"""PostgreSQL: item commands of one run do not wait for each other (issue 15).
+"""PostgreSQL: item commands of one run do not wait for each other.
 
 Claims and outcomes hold the run's row FOR SHARE while it is running, so workers of one
 run write side by side; run commands (cancel, pause, complete, amend, ...) hold it FOR

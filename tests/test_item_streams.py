@@ -1,4 +1,4 @@
-"""An item's stream begins with its first transition (issue 15, "fewer bytes per item").
+"""An item's stream begins with its first transition (fewer bytes per item).
 
 The run's `Submitted` event declares every item of the manifest; the item's own stream
 starts at version 1 with the first thing that happens to it (a claim, a skip, a

@@ -1,4 +1,4 @@
-"""Issue 17 in headless Chromium: can an operator point at every stuck run and say on whom?
+"""The operator page in headless Chromium: can an operator point at every stuck run and say on whom?
 
 A live `ledger serve` process serves a SQLite ledger seeded as an operator finds it
 (tests/operator_seed.py): 600 runs, the oldest open one awaiting review behind 594

@@ -1,4 +1,4 @@
-"""Paged reads (issue 14): `items`, `attempts` and `history` take `limit` and a keyset
+"""Paged reads: `items`, `attempts` and `history` take `limit` and a keyset
 cursor `after`; without them they return everything, read page by page.
 
 The expected lists are built from what the test did (manifest order, the attempts it

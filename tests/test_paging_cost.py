@@ -1,5 +1,5 @@
-"""One page costs O(page), not O(run) (issue 14: "the page never fetches a whole large
-run"), measured structurally, never by time.
+"""One page costs O(page), not O(run) (the page never fetches a whole large run),
+measured structurally, never by time.
 
 Two runs are built alike, one ten times the other (every item claimed, one claim of
 CLAIM items per clock tick, so each start time is shared by one claim's attempts), and

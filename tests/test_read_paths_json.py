@@ -1,8 +1,8 @@
-"""Stored means readable (issue 14, SPEC rule 17): a ledger holding every kind of event
+"""Stored means readable (SPEC rule 17): a ledger holding every kind of event
 the ledger writes, with awkward text in it, is read back through every read path (the
 Python API, the CLI's --json and --jsonl, HTTP) and each answer is strict JSON. And
-`verify` reports a stored event whose payload is not strict JSON (one written before
-the boundary existed)."""
+`verify` reports a stored event whose payload is not strict JSON (one a database may hold
+from a run-ledger that did not check its input)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Redaction (issue 14 finding 6): the shapes secrets take in error text, reasons and
+"""Redaction: the shapes secrets take in error text, reasons and
 evidence, one row each. Each row is the text, the secret that must not survive, and a
 part that must (so redaction does not eat the whole message)."""
 

@@ -1,4 +1,4 @@
-"""The rule book against SPEC.md, row by row (issue 13, SPEC rule 12).
+"""The rule book against SPEC.md, row by row (SPEC rule 12).
 
 1. The ledger's transition tables (`ledger.core.states`) say what SPEC's tables say: for each
    command its from-states, to-states and roles (SPEC.md "Run transitions" and "Item

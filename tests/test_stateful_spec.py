@@ -1,5 +1,5 @@
-"""A stateful test against a reference model written from SPEC.md (tests/spec_model.py),
-for issue 13: random commands by every role drive the real ledger and the model; after
+"""A stateful test against a reference model written from SPEC.md (tests/spec_model.py):
+random commands by every role drive the real ledger and the model; after
 every step the runs' states, failure kinds and reasons, `waiting_on`, the items' states
 and attempts agree, and `lg.verify()` finds nothing wrong.
 
@@ -8,7 +8,7 @@ rejection with live leases, amendments of policy by each role (weakening ones to
 decisions by the party under review, `reconcile(now=...)` ahead of the clock, repeated
 retries, repairs and compensations, evidence rules, cancel reasons and failure reasons.
 
-`SpecMachine.bugs` names the issue-13 bugs whose moves a variant makes. The variant with
+`SpecMachine.bugs` names the audit's bugs whose moves a variant makes. The variant with
 none makes only moves today's code already gets right and must pass; each other variant
 adds one bug's moves and is a strict xfail while that bug is open. Examples are
 derandomized so that an xfail is stable.
@@ -151,7 +151,7 @@ class SpecMachine(RuleBasedStateMachine):
 
     # -- helpers --------------------------------------------------------------
     def allow(self, n: int) -> bool:
-        """Does this variant make issue-13 bug n's moves?"""
+        """Does this variant make audit bug n's moves?"""
         return n in self.bugs
 
     def now(self) -> datetime:

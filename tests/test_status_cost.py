@@ -1,5 +1,5 @@
-"""A status read costs O(leases held), not O(run) (issue 14: "the page never fetches a
-whole large run"; the operator page reads `/runs/{id}` on every refresh), measured
+"""A status read costs O(leases held), not O(run) (the page never fetches a
+whole large run; the operator page reads `/runs/{id}` on every refresh), measured
 structurally as tests/test_paging_cost.py measures pages: the rows the statements' scans
 read on PostgreSQL, the virtual machine instructions on SQLite.
 

@@ -1,4 +1,4 @@
-"""Export, import and copy (issue 18): round trips between stores keep stream versions,
+"""Export, import and copy: round trips between stores keep stream versions,
 hashes, heads and projections; a damaged file is refused with its position and writes
 nothing; importing twice changes nothing."""
 

@@ -22,7 +22,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 if TYPE_CHECKING:
-    from ledger.core.views import Actor
+    from ledger.core.views import Actor, ItemStatus, RunStatus
     from ledger.service.ledger import Ledger
 
 
@@ -400,7 +400,7 @@ def _console(wide: bool = False) -> Any:
     return console(wide)
 
 
-def _show_run(status: Any, as_json: bool, verb: str | None = None) -> None:
+def _show_run(status: RunStatus, as_json: bool, verb: str | None = None) -> None:
     if as_json:
         _emit_json(status)
         return
@@ -412,7 +412,7 @@ def _show_run(status: Any, as_json: bool, verb: str | None = None) -> None:
         show_status(_console(), status)
 
 
-def _show_item(item: Any, as_json: bool) -> None:
+def _show_item(item: ItemStatus, as_json: bool) -> None:
     if as_json:
         _emit_json(item)
         return

@@ -5,7 +5,7 @@ the long ones print page by page."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -24,6 +24,9 @@ from ledger.cli.app import (
 )
 from ledger.cli.progress import VerifyProgress
 from ledger.cli.values import _one_of, complete_one_of, values_help
+
+if TYPE_CHECKING:
+    from ledger.service.ledger import Ledger
 
 
 @app.command()
@@ -157,7 +160,7 @@ def attempts(
             _say_if_archived(lg, run_id, first)
 
 
-def _say_if_archived(lg: Any, run_id: str, result: Any) -> None:
+def _say_if_archived(lg: Ledger, run_id: str, result: list[Any]) -> None:
     """An archived run's history and attempts are in its archive file: say where (stderr)."""
     if not result:
         record = lg.archived(run_id)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from ledger.core.views import RunStatus, VerifyReport
 
 # Colours for states; anything not listed is shown plain.
 _STATE_STYLE = {
@@ -97,7 +100,7 @@ def links(values: Iterable[Any]) -> str:
     return ", ".join(f"{link.relation} {link.run_id}" for link in values)
 
 
-def show_status(out: Console, status: Any) -> None:
+def show_status(out: Console, status: RunStatus) -> None:
     """One run: its state, counts, what it waits on, and the items not accepted."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
@@ -469,7 +472,7 @@ def show_transitions(
     grid.print(out)
 
 
-def show_verify(out: Console, report: Any) -> None:
+def show_verify(out: Console, report: VerifyReport) -> None:
     """The verify report: ok, or every problem found."""
     for a in getattr(report, "archived", None) or ():  # events that left for an archive
         out.print(

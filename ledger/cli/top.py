@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ledger.cli.app import JsonOpt, _emit_json, _ledger, _refuse_key, app
+
+if TYPE_CHECKING:
+    from ledger.reads.overview import Overview
 
 
 def _ago(now: datetime, then: datetime | None) -> str:
@@ -27,7 +30,7 @@ def _ago(now: datetime, then: datetime | None) -> str:
     return f"{h // 24}d {h % 24}h"
 
 
-def render_overview(ov: Any) -> Any:
+def render_overview(ov: Overview) -> Any:
     """The overview as one rich renderable: the tallies, then the runs needing attention."""
     from rich.console import Group
     from rich.markup import escape

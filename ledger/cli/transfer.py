@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,6 +21,9 @@ from ledger.cli.app import (
     app,
 )
 from ledger.cli.progress import RebuildProgress
+
+if TYPE_CHECKING:
+    from ledger.transfer.exports import TransferSummary
 
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar on stderr")]
 
@@ -117,7 +120,7 @@ def copy_cmd(
     _show(summary, as_json, "copied")
 
 
-def _show(summary: Any, as_json: bool, verb: str) -> None:
+def _show(summary: TransferSummary, as_json: bool, verb: str) -> None:
     if as_json:
         _emit_json(summary)
     else:

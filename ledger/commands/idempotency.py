@@ -42,7 +42,7 @@ from ledger.core.errors import CommitUncertain, InvalidInput, LedgerError, Store
 from ledger.core.validation import check_identifier
 
 if TYPE_CHECKING:
-    from ledger.stores.base import Tx
+    from ledger.stores.base import Store, Tx
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -206,7 +206,7 @@ def run_id_of(result: Any, arguments: dict[str, Any]) -> str | None:
 PRUNE_PAGE = 1000
 
 
-def prune(store: Any, before: datetime) -> int:
+def prune(store: Store, before: datetime) -> int:
     """Delete the records of keys recorded before `before` (aware); return how many.
 
     A pruned key is forgotten: a repeat after that is a new command. Pages through the

@@ -203,7 +203,7 @@ def complete(
             given = run.review or {}
             approved = given.get("approved_version")
             # whether the approval survives amendments is what the policy said when it was
-            # given (recorded since issue 13; older approvals: the policy as it stands)
+            # given (approvals stored without it: the policy as it stands)
             survives = given.get("survives", review.get("survives_amendment"))
             ok = approved == run.input_version or (approved is not None and bool(survives))
             if not ok:

@@ -247,8 +247,8 @@ class Run(Aggregate):
             if ev.get("approve"):
                 self.review["approved_version"] = ev["input_version"]
                 if "survives_amendment" in ev:
-                    # recorded since issue 13: whether the policy let this approval survive
-                    # amendments when it was given (a later change of the policy does not)
+                    # whether the policy let this approval survive amendments when it was given
+                    # (a later change of the policy does not); absent from older approvals
                     self.review["survives"] = bool(ev["survives_amendment"])
         elif e.command in ("cancel", "cancel_finished"):
             self.cancel_requested = True
@@ -274,7 +274,7 @@ class Run(Aggregate):
         ):
             # SPEC rule 13: an amendment voids the approval unless it survives amendments
             # (as the policy said when it was given) and no payload was added or replaced.
-            # Approvals recorded before issue 13 carry no "survives" and read as they did.
+            # Approvals stored without "survives_amendment" have no "survives": left as they are.
             self.review = {**review, "approved_version": None}
         if self.state == S.AWAITING_REVIEW and self.review is not None:
             # the pending review is now bound to the new input version
@@ -347,7 +347,7 @@ class Item(Aggregate):
         """The first event of the item streams written before 2026-12-02 (stored with
         the item's first transition). An item's stream now begins with that transition,
         at version 1 (`Item.begin`): the run's `Submitted` already declares the item
-        (issue 15: one event and one hash row less per item). Kept so that the
+        (one event and one hash row less per item). Kept so that the
         histories written before read back."""
 
         run_id: str

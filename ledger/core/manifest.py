@@ -101,8 +101,8 @@ class Policy(_Strict):
     def _without_defaults_added_later(
         self, handler: SerializerFunctionWrapHandler
     ) -> dict[str, Any]:
-        # fields added later (stall_seconds, issue 17; acceptance, issue 13) are left out
-        # while unset, so manifests written before them keep their content digest
+        # the fields added after the first manifests (stall_seconds, acceptance) are left
+        # out while unset, so a manifest that does not set them keeps its content digest
         data: dict[str, Any] = handler(self)
         if data.get("stall_seconds") is None:
             data.pop("stall_seconds", None)

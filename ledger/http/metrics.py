@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
+    from ledger.stores.base import Store
 
 # Names, for the README and the tests.
 OPEN_RUNS = "ledger_open_runs"
@@ -44,7 +45,7 @@ class TransitionTally:
         self.by_command: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def update(self, store: Any) -> dict[str, int]:
+    def update(self, store: Store) -> dict[str, int]:
         """Count the transitions stored since the previous call; return the totals."""
         with self._lock:
             while True:

@@ -1,4 +1,4 @@
-"""The body of every paged HTTP read (issue 14, "paged reads"): one object
+"""The body of every paged HTTP read: one object
 `{"items": [...], "next": <cursor> | null}`.
 
 `items` is the page (items, attempts or transitions, in the read's order) and `next`

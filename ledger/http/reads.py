@@ -61,7 +61,7 @@ def run_status(
     return view_response(status)
 
 
-# the paged reads: a page of 1,000 by default, at most 10,000 (issue 14); the body is
+# the paged reads: a page of 1,000 by default, at most 10,000 (a bounded cost per request); the body is
 # `{"items": [...], "next": cursor | null}` (ledger/http/paged.py)
 RUN_PAGE = 1000
 RUN_PAGE_MAX = 10_000

@@ -15,11 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ledger.projections.schema import PROJECTION_TABLES, TABLE_KEYS
 from ledger.projections.sql import STATEMENTS
 from ledger.stores.named import ident
+
+if TYPE_CHECKING:
+    from ledger.stores.base import Store
 
 PAGE = 2000
 _MOD = 1 << 128
@@ -28,7 +31,7 @@ _MOD = 1 << 128
 class Reader(Protocol):
     """What checksums need from a store transaction."""
 
-    store: Any
+    store: Store
 
     def fetchall(self, sql: str, params: Any = ()) -> list[dict[str, Any]]: ...
 

@@ -1,4 +1,4 @@
-"""A run's item counts per state, kept off its `lg_runs` row while the run is open (issue 15).
+"""A run's item counts per state, kept off its `lg_runs` row while the run is open.
 
 On PostgreSQL the item commands (claim, heartbeat, accept, reject, fail_attempt, record)
 hold the run's row `FOR SHARE` while the run is running, so many workers write at once:

@@ -36,7 +36,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import StoredEvent
@@ -50,6 +50,9 @@ from ledger.projections.row_writes import _pipelined
 from ledger.projections.schema import PROJECTION_TABLES, table_ddl
 from ledger.projections.sql import STATEMENTS
 from ledger.stores.base import Store, Tx
+
+if TYPE_CHECKING:
+    from ledger.service.ledger import Ledger
 
 # events a rebuild replays per transaction (a crash loses at most these), read and
 # projected in pages of REPLAY_PAGE (`replay_batch`)
@@ -207,7 +210,7 @@ def fewer_collections() -> Iterator[None]:
 
 
 def rebuild(
-    lg: Any,
+    lg: Ledger,
     progress: Progress | None = None,
     batch_size: int = BATCH_SIZE,
     fault: Fault | None = None,
@@ -222,7 +225,7 @@ def rebuild(
         return _rebuild(lg, progress, batch_size, fault)
 
 
-def _rebuild(lg: Any, progress: Progress | None, batch_size: int, fault: Fault | None) -> int:
+def _rebuild(lg: Ledger, progress: Progress | None, batch_size: int, fault: Fault | None) -> int:
     store: Store = lg.store
     suffix, name = REBUILD_SUFFIX, TRACKING_NAME
     replayer = Replayer(suffix)

@@ -38,7 +38,7 @@ def paging_index_ddl(suffix: str = "") -> list[str]:
     ]
 
 
-# Schema v9 (issue 15, fewer bytes per item), PostgreSQL only (SQLite keeps the v1 indexes:
+# Schema v9 (fewer bytes per item), PostgreSQL only (SQLite keeps the v1 indexes:
 # its planner cannot prove a query's `role = 'operator'` implies `role <> 'worker'`):
 #
 # - the role and target-state indexes of lg_transitions leave out the rows a filter on
@@ -46,8 +46,8 @@ def paging_index_ddl(suffix: str = "") -> list[str]:
 #   in_progress and accepted ones (every claim, most outcomes). An audit of those values
 #   walks the primary key in position order and keeps most rows it reads; an audit of
 #   any other role or state reads the partial index (queries.audit writes the value as a
-#   literal, so the planner can prove it is covered). Every item transition used to
-#   write six index entries; these two no longer get one.
+#   literal, so the planner can prove it is covered). Of the six index entries an item
+#   transition would write, these two are skipped.
 # - lg_items_lease holds only the leased items (the one state its queries ask for).
 # - lg_items and lg_attempts leave room on each page (fillfactor 50 and 40), so the claim
 #   and the outcome rewrite an item, and the outcome its attempt, on the row's own page:

@@ -34,7 +34,7 @@ import json
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
 
 from eventsourcing.domain import DomainEvent
@@ -66,6 +66,9 @@ from ledger.stores.hashchain import (
     event_hash,
 )
 
+if TYPE_CHECKING:
+    from ledger.service.ledger import Ledger
+
 PAGE = 2000
 BATCH_SIZE = 10_000  # events replayed per transaction, in pages (rebuild.REPLAY_PAGE)
 
@@ -73,7 +76,7 @@ BATCH_SIZE = 10_000  # events replayed per transaction, in pages (rebuild.REPLAY
 Progress = Callable[[str, int, int], None]
 
 
-def verify(lg: Any, progress: Progress | None = None) -> VerifyReport:
+def verify(lg: Ledger, progress: Progress | None = None) -> VerifyReport:
     """Replay every event; report broken hash chains, broken SPEC rules and projection drift.
 
     `progress(stage, done, total)` is called as it goes: stage "replay" after each batch
@@ -87,7 +90,7 @@ def _quiet(stage: str, done: int, total: int) -> None:
     return None
 
 
-def _verify(lg: Any, progress: Progress) -> VerifyReport:
+def _verify(lg: Ledger, progress: Progress) -> VerifyReport:
     store: Store = lg.store
     problems = Problems()
     suffix = SCRATCH_MARK + secrets.token_hex(4)  # its statements are not prepared

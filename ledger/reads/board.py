@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledger.core import states as S
 from ledger.core.errors import InvalidInput
@@ -19,6 +19,9 @@ from ledger.core.rows import parse_dt
 from ledger.core.views import Link, _View
 from ledger.projections.counts import attach as attach_counts
 from ledger.reads.signals import OWNERS, signals_for
+
+if TYPE_CHECKING:
+    from ledger.stores.base import Store
 
 MAX_LIMIT = 500
 _BATCH = 200
@@ -70,7 +73,7 @@ class BoardPage(_View):
 
 
 def board(
-    store: Any,
+    store: Store,
     state: str | None = None,
     waiting_on: str | None = None,
     stalled: bool = False,

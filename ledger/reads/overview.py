@@ -12,13 +12,16 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledger.core import states as S
 from ledger.core.rows import iso
 from ledger.core.views import _View
 from ledger.projections.counts import attach as attach_counts
 from ledger.reads.signals import OWNERS, signals_for
+
+if TYPE_CHECKING:
+    from ledger.stores.base import Store
 
 PAGE = 500
 MAX_LISTED = 20
@@ -67,7 +70,7 @@ class Overview(_View):
     longest_waiting: list[StuckRun] = field(default_factory=list)
 
 
-def overview(store: Any) -> Overview:
+def overview(store: Store) -> Overview:
     """The overview, read in one consistent read transaction of `store`."""
     with store.read() as tx:
         now: datetime = tx.now()

@@ -1,4 +1,4 @@
-"""Keyset-paged reads of a run's items, attempts and history (issue 14, "paged reads").
+"""Keyset-paged reads of a run's items, attempts and history.
 
 Each read has one order and one cursor, both served by an index:
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledger.core import states as S
 from ledger.core.errors import InvalidInput, RunNotFound
@@ -20,6 +20,9 @@ from ledger.core.views import _View
 from ledger.projections.counts import attach as attach_counts
 from ledger.reads.board import _COLUMNS, BoardRow, _row
 from ledger.reads.signals import signals_for
+
+if TYPE_CHECKING:
+    from ledger.stores.base import Store, Tx
 
 MAX_LIMIT = 500
 # the attempts a page counts at most: the count reads one index entry per attempt, so
@@ -91,7 +94,7 @@ def _check(limit: int) -> None:
         raise InvalidInput(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
 
 
-def _run_exists(tx: Any, run_id: str) -> dict[str, Any]:
+def _run_exists(tx: Tx, run_id: str) -> dict[str, Any]:
     row: dict[str, Any] | None = tx.fetchone(
         f"SELECT {_COLUMNS} FROM lg_runs WHERE run_id = ?",  # noqa: S608 (our own names)
         (run_id,),
@@ -102,7 +105,7 @@ def _run_exists(tx: Any, run_id: str) -> dict[str, Any]:
     return row
 
 
-def board_row(store: Any, run_id: str) -> BoardRow:
+def board_row(store: Store, run_id: str) -> BoardRow:
     """One run's board row (its state, counts and delay signals)."""
     with store.read() as tx:
         row = _run_exists(tx, run_id)
@@ -110,7 +113,7 @@ def board_row(store: Any, run_id: str) -> BoardRow:
 
 
 def item_page(
-    store: Any, run_id: str, state: str | None = None, after: int | None = None, limit: int = 100
+    store: Store, run_id: str, state: str | None = None, after: int | None = None, limit: int = 100
 ) -> ItemPage:
     """The run's items after cursor `after` (manifest order), optionally in one state."""
     _check(limit)
@@ -157,7 +160,9 @@ def item_page(
     return ItemPage(now, total, out, out[-1].seq if len(rows) > limit else None)
 
 
-def attempt_page(store: Any, run_id: str, after: str | None = None, limit: int = 50) -> AttemptPage:
+def attempt_page(
+    store: Store, run_id: str, after: str | None = None, limit: int = 50
+) -> AttemptPage:
     """The run's attempts newest first, after cursor `after` (an attempt's `cursor`)."""
     _check(limit)
     key: tuple[str, str, int] | None = None

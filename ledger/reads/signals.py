@@ -22,11 +22,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledger.core import states as S
 from ledger.core.rows import iso, parse_dt
 from ledger.reads.queries import waiting_on as base_waiting_on
+
+if TYPE_CHECKING:
+    from ledger.stores.base import Tx
 
 DEFAULT_STALL_SECONDS = 900.0
 RATE_WINDOW_SECONDS = 300.0
@@ -82,7 +85,7 @@ def _marks(n: int) -> str:
     return ", ".join("?" * n)
 
 
-def signals_for(tx: Any, rows: Sequence[dict[str, Any]], now: datetime) -> dict[str, RunSignals]:
+def signals_for(tx: Tx, rows: Sequence[dict[str, Any]], now: datetime) -> dict[str, RunSignals]:
     """The signals of each run row (`lg_runs` columns run_id, state, counts, policy, review,
     created_at, updated_at, stopped_at; `counts` as `projections.counts.attach` gives them),
     by run id, read in transaction `tx`."""

@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
 
 from eventsourcing.domain import DomainEvent
@@ -28,6 +28,9 @@ from ledger.projections.schema import table_ddl
 from ledger.reads.queries import status_tx
 from ledger.stores.base import Store, Tx
 from ledger.stores.hashchain import as_uuid, oid_param
+
+if TYPE_CHECKING:
+    from ledger.service.ledger import Ledger
 
 _CHUNK = 400
 
@@ -98,7 +101,7 @@ def read_streams(
     return out
 
 
-def status_at(lg: Any, run_id: str, at: datetime) -> RunStatus:
+def status_at(lg: Ledger, run_id: str, at: datetime) -> RunStatus:
     """The run's status as accepted at time `at` (RunNotFound if it did not exist yet)."""
     with lg.store.read() as tx:
         row = tx.fetchone("SELECT run_id, root_run_id FROM lg_runs WHERE run_id = ?", (run_id,))

@@ -20,6 +20,8 @@ from ledger.stores.base import Store
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
+    from ledger.transfer.archive_file import ArchiveSummary
+    from ledger.transfer.exports import TransferSummary
 
 
 class LedgerMaintenance:
@@ -65,7 +67,7 @@ class LedgerMaintenance:
         runs: Any = None,
         since: datetime | None = None,
         progress: Callable[[int, int], None] | None = None,
-    ) -> Any:
+    ) -> TransferSummary:
         """Write the events (of `runs`, recorded since `since`) to the text file object `file`
         as history lines with their hashes and a closing line of stream heads
         (ledger/transfer/imports.py); returns a TransferSummary."""
@@ -88,7 +90,7 @@ class LedgerMaintenance:
     @typed_refusals
     def import_file(
         self, source: Any, progress: Callable[[int, int], None] | None = None, verify: bool = True
-    ) -> Any:
+    ) -> TransferSummary:
         """Check a history file (a path or text file object) and append its events with their
         hashes, projected, in one transaction; then verify (ledger/transfer/imports.py)."""
         from ledger.transfer.imports import import_file
@@ -107,7 +109,7 @@ class LedgerMaintenance:
         terminal_before: datetime | None = None,
         runs: list[str] | None = None,
         reason: str | None = None,
-    ) -> Any:
+    ) -> ArchiveSummary:
         """Move the events of runs terminal since before `terminal_before` (or of `runs`)
         into the verified archive file `to`, leaving one Archived event per run in its
         chain (operator role; ledger/transfer/archive.py). Resumes an interrupted archive."""
@@ -127,7 +129,7 @@ class LedgerMaintenance:
         return archived_run(self._facade(), run_id)
 
     @typed_refusals
-    def restore(self, actor: Actor, source: Any) -> Any:
+    def restore(self, actor: Actor, source: Any) -> ArchiveSummary:
         """Bring archived runs back from their archive file, once it is proven to hold the
         events that left (operator role; ledger/transfer/archive.py)."""
         from ledger.transfer.archive import restore

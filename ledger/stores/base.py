@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -208,18 +208,23 @@ class Store(ABC):
         self._lock = threading.Lock()
 
     @abstractmethod
-    def write(self) -> Any:
-        """Context manager: a write transaction (serialised per run)."""
+    def write(self) -> AbstractContextManager[Tx]:
+        """A write transaction (serialised per run): committed when the block ends, rolled
+        back when it raises."""
 
     @abstractmethod
-    def read(self) -> Any:
-        """Context manager: a consistent read transaction."""
+    def read(self) -> AbstractContextManager[Tx]:
+        """A consistent read transaction."""
 
     @abstractmethod
     def close(self) -> None: ...
 
     @abstractmethod
     def events_table(self) -> str: ...
+
+    def decode(self, stored: StoredEvent) -> DomainEvent:
+        """One stored event as its event object (every topic we store names a DomainEvent)."""
+        return cast(DomainEvent, self.mapper.to_domain_event(stored))
 
     def read_events(
         self, after: int, limit: int, upto: int | None = None

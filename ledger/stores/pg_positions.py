@@ -1,4 +1,4 @@
-"""PostgreSQL positions in commit-safe order without a table lock (schema version 4).
+"""PostgreSQL positions in commit-safe order without a table lock (schema version 5).
 
 A position is drawn from the events table's sequence when its row is inserted but
 becomes visible when its transaction commits, so a reader resuming "after the last

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -126,10 +126,10 @@ class PostgresStore(Store):
                 raise  # the ledger was closed: not transient
             raise _fault(e, uncertain=committing and write) from e
 
-    def write(self) -> Any:
+    def write(self) -> AbstractContextManager[PgTx]:
         return self._tx(True)
 
-    def read(self) -> Any:
+    def read(self) -> AbstractContextManager[PgTx]:
         return self._tx(False)
 
     def close(self) -> None:

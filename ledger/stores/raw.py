@@ -243,7 +243,7 @@ def occupied_positions(tx: Tx, positions: Sequence[int]) -> bool:
     return False
 
 
-def refuse_if_archived(tx: Any, run_id: str, state: str) -> None:
+def refuse_if_archived(tx: Tx, run_id: str, state: str) -> None:
     """RunArchived when the run's stream ends with an `Archived` event: its items, attempts
     and manifest are in the archive, not in the store."""
     last = last_event(tx, UUID(run_id))

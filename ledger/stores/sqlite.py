@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -164,10 +164,10 @@ class SqliteStore(Store):
             finally:
                 tx.cur.close()
 
-    def write(self) -> Any:
+    def write(self) -> AbstractContextManager[SqliteTx]:
         return self._tx(True)
 
-    def read(self) -> Any:
+    def read(self) -> AbstractContextManager[SqliteTx]:
         return self._tx(False)
 
     def close(self) -> None:

@@ -34,7 +34,7 @@ import os
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from ledger.core import args as A
@@ -58,6 +58,9 @@ from ledger.transfer.exports import export
 from ledger.transfer.history_file import ImportRefused, check_file
 from ledger.transfer.restore import restore
 
+if TYPE_CHECKING:
+    from ledger.service.ledger import Ledger
+
 DELETE_BATCH = 5000  # events per deleting transaction
 Checkpoint = Callable[[str], None]
 
@@ -70,7 +73,7 @@ def _quiet(_point: str) -> None:
 # archive
 # --------------------------------------------------------------------------
 def archive(
-    lg: Any,
+    lg: Ledger,
     actor: Actor,
     to: str | Path,
     terminal_before: datetime | None = None,
@@ -156,7 +159,7 @@ def _run_ids_arg(value: Any) -> list[str] | None:
     return out
 
 
-def _choose(lg: Any, before: datetime | None, named: list[str] | None) -> list[str]:
+def _choose(lg: Ledger, before: datetime | None, named: list[str] | None) -> list[str]:
     """The runs to archive now; typed errors for named runs that cannot be."""
     from ledger.core.rows import iso
 
@@ -198,7 +201,7 @@ def _choose(lg: Any, before: datetime | None, named: list[str] | None) -> list[s
     return chosen
 
 
-def _write_verified(lg: Any, path: Path, runs: list[str], checkpoint: Checkpoint) -> None:
+def _write_verified(lg: Ledger, path: Path, runs: list[str], checkpoint: Checkpoint) -> None:
     """Export the runs to `path` through a `.partial` file that is on disk and checked
     before it takes the final name."""
     partial = path.with_name(path.name + ".partial")
@@ -223,7 +226,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _archive_run(
-    lg: Any,
+    lg: Ledger,
     part: RunPart,
     path: Path,
     sha: str,
@@ -273,7 +276,7 @@ def _archive_run(
         Replayer("").apply(tx, [(position, event)])
 
 
-def _delete_archived(lg: Any, part: RunPart, checkpoint: Checkpoint, limit: int) -> int:
+def _delete_archived(lg: Ledger, part: RunPart, checkpoint: Checkpoint, limit: int) -> int:
     """Delete the run's events that are in the archive, whole streams at a time, a few
     thousand events per transaction; returns how many went."""
     deleted = 0
@@ -294,7 +297,7 @@ def _delete_archived(lg: Any, part: RunPart, checkpoint: Checkpoint, limit: int)
     return deleted
 
 
-def _delete_batch(lg: Any, batch: list[tuple[UUID, int]]) -> int:
+def _delete_batch(lg: Ledger, batch: list[tuple[UUID, int]]) -> int:
     with lg.store.write() as tx:
         return delete_stream_events(tx, batch)
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from ledger.core.archived import archived_record
@@ -19,6 +19,10 @@ from ledger.core.errors import InvalidInput
 from ledger.stores import hashchain as hc
 from ledger.stores.raw import RawEvent, read_stream_events, stream_heads
 from ledger.transfer.history_file import EventReader, ImportRefused
+
+if TYPE_CHECKING:
+    from ledger.service.ledger import Ledger
+    from ledger.stores.base import Tx
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ def _run_id_of(e: RawEvent) -> str | None:
     return str(run_id) if isinstance(run_id, str) else None
 
 
-def _archived_tx(tx: Any, stream: UUID) -> dict[str, Any] | None:
+def _archived_tx(tx: Tx, stream: UUID) -> dict[str, Any] | None:
     heads = stream_heads(tx, [stream])
     if stream not in heads:
         return None
@@ -130,13 +134,13 @@ def _archived_tx(tx: Any, stream: UUID) -> dict[str, Any] | None:
     return None
 
 
-def _archived(lg: Any, stream: UUID) -> dict[str, Any] | None:
+def _archived(lg: Ledger, stream: UUID) -> dict[str, Any] | None:
     """The record of the run's `Archived` event, if its stream ends with one."""
     with lg.store.read() as tx:
         return _archived_tx(tx, stream)
 
 
-def archived_run(lg: Any, run_id: str) -> dict[str, Any] | None:
+def archived_run(lg: Ledger, run_id: str) -> dict[str, Any] | None:
     """The record of an archived run's `Archived` event; None when it is not archived."""
     try:
         stream = run_stream_id(run_id)

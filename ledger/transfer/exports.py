@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 from uuid import UUID
 
 from ledger.core.domain import item_stream_id, run_stream_id
@@ -30,6 +30,10 @@ from ledger.transfer.history_file import (
     event_line,
     event_time,
 )
+
+if TYPE_CHECKING:
+    from ledger.service.ledger import Ledger
+    from ledger.stores.base import Tx
 
 
 class ExportRefused(LedgerError):
@@ -61,7 +65,7 @@ class TransferSummary:
         }
 
 
-def streams_of_runs(lg: Any, run_ids: Iterable[str]) -> set[UUID]:
+def streams_of_runs(lg: Ledger, run_ids: Iterable[str]) -> set[UUID]:
     """The stream ids holding the given runs' events (the run's and each item's)."""
     out: set[UUID] = set()
     with lg.store.read() as tx:
@@ -79,7 +83,7 @@ def streams_of_runs(lg: Any, run_ids: Iterable[str]) -> set[UUID]:
 
 
 def iter_events(
-    lg: Any, streams: set[UUID] | None = None, upto: int | None = None, after: int = 0
+    lg: Ledger, streams: set[UUID] | None = None, upto: int | None = None, after: int = 0
 ) -> Iterator[tuple[RawEvent, int]]:
     """Stored events in position order (of `streams` only, when given), a page per read
     transaction, up to the highest position when it starts; with the total to expect."""
@@ -107,7 +111,7 @@ def iter_events(
         after = last
 
 
-def _count(tx: Any, after: int, upto: int) -> int:
+def _count(tx: Tx, after: int, upto: int) -> int:
     from ledger.stores.raw import position_sql
 
     pos = position_sql(tx)
@@ -119,7 +123,7 @@ def _count(tx: Any, after: int, upto: int) -> int:
 
 
 def export(
-    lg: Any,
+    lg: Ledger,
     out: IO[str],
     runs: Iterable[str] | None = None,
     since: datetime | None = None,

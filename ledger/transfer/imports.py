@@ -20,7 +20,7 @@ import mmap
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 from uuid import UUID
 
 from ledger.core.errors import InvalidInput
@@ -49,6 +49,11 @@ from ledger.transfer.history_file import (
     parse_event,
 )
 
+if TYPE_CHECKING:
+    from ledger.projections.rebuild import Replayer
+    from ledger.service.ledger import Ledger
+    from ledger.stores.base import Tx
+
 # events an import appends and projects at a time. PostgreSQL writes a page while the
 # client reads, checks and projects the next (the transaction is pipelined), so the last
 # page's server work is the only part not overlapped: measured on 50,000 events
@@ -74,7 +79,7 @@ def _opened(source: str | Path | IO[str]) -> Iterator[IO[str]]:
 
 
 def import_file(
-    lg: Any,
+    lg: Ledger,
     source: str | Path | IO[str],
     progress: Progress | None = None,
     verify: bool = True,
@@ -116,7 +121,7 @@ def import_file(
 class _Target:
     """The target's side of an import: which events of the file it holds already."""
 
-    def __init__(self, tx: Any, chains: Chains) -> None:
+    def __init__(self, tx: Tx, chains: Chains) -> None:
         self.tx = tx
         self.chains = chains
         self.held: dict[UUID, tuple[int, str | None]] = {}
@@ -185,7 +190,7 @@ def _count_lines(path: Path) -> int:
 
 
 def _append_file(
-    lg: Any,
+    lg: Ledger,
     f: IO[str],
     progress: Progress | None,
     total: int = 0,
@@ -264,8 +269,8 @@ def _append_file(
 
 
 def _project(
-    tx: Any,
-    replayer: Any,
+    tx: Tx,
+    replayer: Replayer,
     decode: Callable[[Any], Any],
     positions: list[int],
     events: list[RawEvent],
@@ -312,7 +317,7 @@ def _project(
 
 
 def _new_events(
-    tx: Any, batch: list[RawEvent], held: dict[UUID, tuple[int, str | None]]
+    tx: Tx, batch: list[RawEvent], held: dict[UUID, tuple[int, str | None]]
 ) -> list[RawEvent]:
     """The batch's events the target does not hold yet; the ones it holds must have the
     same hash (ImportRefused otherwise: the target has other events under that id)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledger.core import states as S
 from ledger.core.errors import InvalidInput, NotAuthorized
@@ -34,8 +34,12 @@ from ledger.transfer.archive_file import (
 )
 from ledger.transfer.history_file import EventReader, ImportRefused, check_file
 
+if TYPE_CHECKING:
+    from ledger.service.ledger import Ledger
+    from ledger.stores.base import Tx
 
-def restore(lg: Any, actor: Actor, source: str | Path) -> ArchiveSummary:
+
+def restore(lg: Ledger, actor: Actor, source: str | Path) -> ArchiveSummary:
     """Bring the archived runs of a verified archive file back (see the module's docstring)."""
     from ledger.projections.rebuild import Replayer
 
@@ -85,7 +89,7 @@ def restore(lg: Any, actor: Actor, source: str | Path) -> ArchiveSummary:
             todo = [e for e in page if e.version > (held.get(e.stream) or (0, None))[0]]
             keep = not occupied_positions(tx, [e.position for e in todo])
             positions = append_raw(tx, todo, keep_positions=keep, reuse_free=keep)
-            decode = lg.store.mapper.to_domain_event
+            decode = lg.store.decode
             from eventsourcing.persistence import StoredEvent
 
             replayer.apply(
@@ -136,7 +140,7 @@ def _check_record(run_id: str, record: dict[str, Any], part: RunPart, sha: str, 
         )
 
 
-def _links_to_keep(tx: Any, restoring: dict[str, dict[str, Any]]) -> dict[str, str]:
+def _links_to_keep(tx: Tx, restoring: dict[str, dict[str, Any]]) -> dict[str, str]:
     """The links of the runs restored and of the runs they link to, as the store has them
     now: replaying a restored run's submit would add its reverse link to the linked run
     again, and the restored run's own row holds links added while it was archived."""

@@ -1,4 +1,4 @@
-"""The run-ledger benchmark cases (issue 7), run by scripts/bench.py.
+"""The run-ledger benchmark cases, run by scripts/bench.py.
 
 `run_all(config)` runs the selected cases and returns their rows;
 `format_table(rows, header)` prints them. Each case measures the ledger and its

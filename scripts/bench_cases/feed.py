@@ -1,4 +1,4 @@
-"""Case 10 (issue 16): the change feed on PostgreSQL.
+"""Case 10: the change feed on PostgreSQL.
 
 - Follower throughput: a PostgreSQL ledger filled to `feed_events` events; a `Follower`
   with a no-op handler reads every transition (external mode, and in-database mode with

@@ -1,5 +1,5 @@
 """Case P (`bench.py --peers`): the queues a user would pick instead, in the same run on
-the same server (issue 15).
+the same server.
 
 The ledger's claim(250)+record loop and each peer work N no-op items with P processes
 (Sizes.throughput_items, throughput_procs), measured the same way as case 8: items/s,

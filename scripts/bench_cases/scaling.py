@@ -1,4 +1,4 @@
-"""Case 8: does the PostgreSQL write path scale out? (issue 15)
+"""Case 8: does the PostgreSQL write path scale out?
 
 The ledger's claim(L)+record loop over N no-op items with 1, 2 and 8 processes on one
 run, and 4 runs x 2 processes (each pair on its own run), in the same run of the bench.
@@ -8,7 +8,7 @@ item (/proc/<pid>/stat of the database's backends, read while the workers are st
 connected; n/a when the server is on another machine), and the top wait events of
 the active backends sampled from `pg_stat_activity` every 100 ms.
 
-Goals (issue 15): 8 processes on one run >= 1.3x the 1-process figure; 4 runs x 2
+Goals: 8 processes on one run >= 1.3x the 1-process figure; 4 runs x 2
 processes >= 1.5x the 8 processes on one run; CPU <= 0.16 ms per item (client +
 server) and WAL <= 3,500 bytes per item, both with 8 processes.
 """

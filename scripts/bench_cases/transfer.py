@@ -1,4 +1,4 @@
-"""Case 9 (issue 18): export and import throughput vs raw reading and COPY of the same rows.
+"""Case 9: export and import throughput vs raw reading and COPY of the same rows.
 
 A SQLite ledger is filled to `transfer_events` events. Then, each measured in this run:
 
