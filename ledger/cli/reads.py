@@ -267,7 +267,7 @@ def audit(
         raise typer.BadParameter("give --json or --jsonl, not both")
     start_at, end_at = _parse_time(since), _parse_time(until)
     with _ledger(ctx) as lg:
-        found = lg.audit(
+        found = lg.iter_audit(
             run_id=run,
             actor=actor,
             role=role,

@@ -97,8 +97,32 @@ class LedgerReads:
         after: int | None = None,
         limit: int | None = None,
         page_size: int = 1000,
+    ) -> list[Transition]:
+        """Transitions filtered by run, actor id, role, target state and time, in position
+        order (newest first with `newest_first`); keyset-paged by position with `after` and
+        `limit`. A list, as every read returns; `iter_audit` streams a long one."""
+        return list(
+            self.iter_audit(
+                run_id, actor, role, state, since, until, newest_first, after, limit, page_size
+            )
+        )
+
+    def iter_audit(
+        self,
+        run_id: str | None = None,
+        actor: str | None = None,
+        role: str | None = None,
+        state: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        newest_first: bool = False,
+        after: int | None = None,
+        limit: int | None = None,
+        page_size: int = 1000,
     ) -> Iterator[Transition]:
-        """Transitions filtered by run, actor id, role, target state and time; keyset-paged by position."""
+        """`audit` as an iterator that reads `page_size` transitions per read transaction:
+        memory stays bounded however long the audit log is. The arguments are checked
+        before the first transition is read."""
         return queries.audit(
             self.store,
             run_id,
