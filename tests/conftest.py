@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from ledger import Actor, Ledger
-from tests.clock import ManualClock
-from tests.conftest_pg import *  # noqa: F403  (pg_server, pg_databases, pg_template_dsn, pg_dsn)
+from tests.support.clock import ManualClock
+from tests.support.pg_fixtures import *  # noqa: F403  (pg_server, pg_databases, pg_template_dsn, pg_dsn)
 
 
 def _install_schema(dsn: str) -> None:
@@ -21,7 +21,7 @@ def _install_schema(dsn: str) -> None:
     Ledger.open(dsn).close()
 
 
-from tests import pgserver  # noqa: E402
+from tests.support import pgserver  # noqa: E402
 
 if _install_schema not in pgserver.TEMPLATE_INITIALIZERS:
     pgserver.TEMPLATE_INITIALIZERS.append(_install_schema)
@@ -91,9 +91,9 @@ def finished_run(lg: Ledger, n: int = 3) -> str:
 
 @pytest.fixture
 def hold(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """`hold()`: a `HeldInTransaction` (tests/test_postgres.py) for this test: the next
+    """`hold()`: a `HeldInTransaction` (tests/stores/test_postgres.py) for this test: the next
     command it starts stops inside its transaction once its run is loaded. The hook on
     the run's load is undone after the test."""
-    from tests.test_postgres import HeldInTransaction
+    from tests.stores.test_postgres import HeldInTransaction
 
     return lambda: HeldInTransaction(monkeypatch)
