@@ -1,5 +1,6 @@
 """The `ledger` command through its real entry point (typer's CliRunner, and a subprocess)."""
 
+# ruff: noqa: F811  (the fixtures of tests/support/cli.py are imported, then requested by name)
 from __future__ import annotations
 
 import importlib.util
@@ -8,65 +9,25 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
 from ledger import Ledger
 from ledger.cli.entry import app
-from tests.conftest import CONTROLLER, WORKER, manifest
-
-runner = CliRunner()
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-    ]
+from tests.support.cli import (  # noqa: F401  (fixtures)
+    cli,
+    doc,
+    dsn,
+    lg,
+    ok,
+    runner,
+    submitted,
+    write_json,
 )
-def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A store that outlives one command (memory:// would not), already made (read
-    commands do not create a SQLite file; tests/cli/test_cli_person.py checks that)."""
-    if request.param == "sqlite":
-        made = f"sqlite:///{tmp_path}/ledger.db"
-        Ledger.open(made).close()
-        return made
-    return str(request.getfixturevalue("pg_dsn"))
-
-
-@pytest.fixture
-def lg(dsn: str) -> Iterator[Ledger]:
-    with Ledger.open(dsn) as ledger:
-        yield ledger
-
-
-def cli(dsn: str, *args: str) -> Result:
-    return runner.invoke(app, ["--dsn", dsn, *args])
-
-
-def ok(dsn: str, *args: str) -> Result:
-    result = cli(dsn, *args)
-    assert result.exit_code == 0, (result.stdout, result.stderr)
-    return result
-
-
-def doc(dsn: str, *args: str) -> Any:
-    """Run a read command with --json and parse its single JSON document."""
-    return json.loads(ok(dsn, *args, "--json").stdout)
-
-
-def write_json(path: Path, value: Any) -> str:
-    path.write_text(json.dumps(value))
-    return str(path)
-
-
-def submitted(dsn: str, tmp_path: Path, n: int = 2, **policy: Any) -> str:
-    run: str = doc(dsn, "submit", write_json(tmp_path / "m.json", manifest(n, **policy)))["run_id"]
-    return run
+from tests.support.runs import CONTROLLER, WORKER, manifest
 
 
 def snapshot(dsn: str) -> tuple[Any, ...]:

@@ -11,8 +11,8 @@ import pytest
 
 from ledger import Ledger
 from ledger.reads import paging
-from tests.cli.test_cli import cli, dsn, lg, ok  # noqa: F401  (fixtures)
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.support.cli import cli, dsn, lg, ok  # noqa: F401  (fixtures)
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import ledger
 from ledger import Ledger
 from ledger.cli.render import short_ids
 from ledger.core.errors import StoreUnavailable
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
 
 LEDGER = Path(sys.executable).parent / "ledger"  # the console script pip installed
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")

@@ -31,19 +31,22 @@ from ledger import (
     NotComplete,
 )
 from ledger.core import states as S
-from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
 from tests.support.drive import event_count, run_in
 from tests.support.findings import refused, run_transitions, verify_clean
+from tests.support.runs import (
+    CONTROLLER,
+    OPERATOR,
+    RECONCILER,
+    REVIEWER,
+    SUBMITTER,
+    WORKER,
+    manifest,
+    running,
+)
 
 QA = {"decision": "qa", "survives_amendment": False}
 QA_SURVIVES = {"decision": "qa", "survives_amendment": True}
-
-
-def running(lg: Ledger, n: int = 2, **policy: Any) -> str:
-    run_id = lg.submit(manifest(n, **policy), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    return run_id
 
 
 def approved(lg: Ledger, n: int = 2, **policy: Any) -> str:

@@ -9,9 +9,9 @@ import pytest
 
 from ledger import InvalidInput, LeaseLost, Ledger
 from ledger.core import states as S
-from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
 from tests.support.drive import event_count, submit
+from tests.support.runs import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 
 
 def test_event_times_come_from_the_injected_clock(lg: Ledger, clock: ManualClock) -> None:

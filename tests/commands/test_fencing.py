@@ -7,33 +7,18 @@ clock past its lease; no test sleeps.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from ledger import Actor, Lease, LeaseLost, Ledger
 from ledger.service.ledger import Outcome
-from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, SUBMITTER, manifest
 from tests.support.clock import ManualClock
+from tests.support.drive import event_count
+from tests.support.runs import CONTROLLER, OPERATOR, RECONCILER, running
 
 WORKER_A = Actor("worker-a", "worker")
 WORKER_B = Actor("worker-b", "worker")
 
 
-def event_count(lg: Ledger) -> int:
-    with lg.store.read() as tx:
-        row = tx.fetchone(f"SELECT COUNT(*) AS n FROM {lg.store.events_table()}")  # noqa: S608 (our own table/column names; values are bound parameters)
-    assert row is not None
-    return int(row["n"])
-
-
-def running(lg: Ledger, n: int = 1, **policy: Any) -> str:
-    run_id = lg.submit(manifest(n, **policy), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    return run_id
-
-
-# Every write a lease holder can make, as (name, call).
 WRITES = [
     ("heartbeat", lambda lg, lease: lg.heartbeat(lease)),
     ("accept", lambda lg, lease: lg.accept(lease, evidence={"receipt": "r"})),
@@ -60,7 +45,7 @@ def assert_fenced(lg: Ledger, lease: Lease) -> None:
 
 
 def test_paused_worker_cannot_write_after_its_lease_expired(lg: Ledger, clock: ManualClock) -> None:
-    run_id = running(lg, lease_seconds=30)
+    run_id = running(lg, 1, lease_seconds=30)
     (lease,) = lg.claim(run_id, WORKER_A)
     clock.advance(30.001)  # the worker stalls just past its lease; nobody reconciled yet
     assert lg.item(run_id, "i0").state == "in_progress"
@@ -88,7 +73,7 @@ def test_lease_is_live_up_to_its_expiry_and_heartbeats_extend_it(
 def test_stale_worker_cannot_write_after_the_item_was_reclaimed(
     lg: Ledger, clock: ManualClock
 ) -> None:
-    run_id = running(lg, lease_seconds=10, max_attempts=5)
+    run_id = running(lg, 1, lease_seconds=10, max_attempts=5)
     (stale,) = lg.claim(run_id, WORKER_A)
     clock.advance(11)
     assert lg.reconcile().expired_leases == 1
@@ -115,7 +100,7 @@ def test_stale_worker_cannot_write_after_the_item_was_reclaimed(
 def test_stale_lease_is_not_revived_by_a_token_for_an_older_attempt(
     lg: Ledger, clock: ManualClock
 ) -> None:
-    run_id = running(lg, lease_seconds=10, max_attempts=5)
+    run_id = running(lg, 1, lease_seconds=10, max_attempts=5)
     (a1,) = lg.claim(run_id, WORKER_A)
     clock.advance(11)
     lg.reconcile()
@@ -160,7 +145,7 @@ def test_failed_run_fences_live_leases(lg: Ledger, clock: ManualClock) -> None:
 def test_reconciler_with_a_late_clock_does_not_expire_a_live_lease(
     lg: Ledger, clock: ManualClock
 ) -> None:
-    run_id = running(lg, lease_seconds=30)
+    run_id = running(lg, 1, lease_seconds=30)
     (lease,) = lg.claim(run_id, WORKER_A)
     # a reconciler passing an explicit time before expiry changes nothing
     assert lg.reconcile(now=clock()).expired_leases == 0  # (a later one is refused: rule 14)

@@ -21,16 +21,10 @@ from ledger.commands.uow import UnitOfWork
 from ledger.core import domain
 from ledger.core import states as S
 from ledger.core.domain import Item, Run
-from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
 from tests.support.drive import event_count
 from tests.support.findings import verify_clean
-
-
-def running(lg: Ledger, n: int = 2, **policy: Any) -> str:
-    run_id = lg.submit(manifest(n, **policy), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    return run_id
+from tests.support.runs import CONTROLLER, OPERATOR, WORKER, running
 
 
 def refused(lg: Ledger, kind: str, fn: Callable[[], Any]) -> InvariantViolated:

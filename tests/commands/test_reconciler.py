@@ -28,24 +28,12 @@ from typing import Any
 import pytest
 
 from ledger import Actor, Lease, LeaseLost, Ledger, NotAuthorized
-from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
+from tests.support.drive import event_count
+from tests.support.runs import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest, running
 
 WAIT = 60.0  # seconds: a bound on waiting for other processes, never a timing assertion
 NEVER_BY_RECONCILER = {"accepted", "succeeded", "completed_with_errors"}
-
-
-def event_count(lg: Ledger) -> int:
-    with lg.store.read() as tx:
-        row = tx.fetchone(f"SELECT COUNT(*) AS n FROM {lg.store.events_table()}")  # noqa: S608 (our own table/column names; values are bound parameters)
-    assert row is not None
-    return int(row["n"])
-
-
-def running(lg: Ledger, n: int = 2, **policy: Any) -> str:
-    run_id = lg.submit(manifest(n, **policy), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    return run_id
 
 
 def reconciler_targets(lg: Ledger) -> set[str]:

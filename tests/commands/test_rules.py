@@ -29,7 +29,9 @@ from ledger import (
     StaleReview,
 )
 from ledger.core import states as S
-from tests.conftest import (
+from tests.support.clock import ManualClock
+from tests.support.drive import DECISION, event_count, item_zoo, run_in, submit
+from tests.support.runs import (
     CONTROLLER,
     OPERATOR,
     REVIEWER,
@@ -37,8 +39,6 @@ from tests.conftest import (
     WORKER,
     manifest,
 )
-from tests.support.clock import ManualClock
-from tests.support.drive import DECISION, event_count, item_zoo, run_in, submit
 
 W2 = Actor("w2", "worker")
 

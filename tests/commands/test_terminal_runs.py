@@ -39,10 +39,10 @@ from ledger import (
     NotAuthorized,
 )
 from ledger.core import states as S
-from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER
 from tests.support.clock import ManualClock
 from tests.support.drive import actor
 from tests.support.findings import refused, verify_clean
+from tests.support.runs import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER
 
 
 @dataclass

@@ -31,7 +31,6 @@ from ledger import (
     RunStatus,
 )
 from ledger.core import states as S
-from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
 from tests.support.drive import (
     DECISION,
@@ -42,6 +41,7 @@ from tests.support.drive import (
     run_in,
     submit,
 )
+from tests.support.runs import CONTROLLER, OPERATOR, RECONCILER, SUBMITTER, WORKER, manifest
 
 RUN_RULES = {r.command: r for r in S.RUN_TRANSITIONS}
 ITEM_RULES = {r.command: r for r in S.ITEM_TRANSITIONS}

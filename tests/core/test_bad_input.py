@@ -27,8 +27,9 @@ from ledger import Actor, Lease, Ledger, LedgerError
 from ledger.core import errors
 from ledger.core.errors import MAX_MESSAGE_BYTES
 from ledger.core.redact import MAX_ERROR_BYTES
-from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, STORES, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
+from tests.support.runs import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
+from tests.support.stores import STORES
 
 CORPUS = Path(__file__).parents[1] / "bad_inputs"
 CASES = sorted(

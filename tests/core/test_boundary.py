@@ -20,20 +20,8 @@ import pytest
 from ledger import Actor, InvalidInput, Ledger, ManifestInvalid, RunNotFound
 from ledger.core.validation import check_identifier, plain_json, safe_text, strict_loads
 from ledger.worker.worker import Accepted, Quarantine, Worker
-from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
-
-
-def _events(lg: Ledger) -> int:
-    with lg.store.read() as tx:
-        row = tx.fetchone(f"SELECT COUNT(*) AS n FROM {lg.store.events_table()}")  # noqa: S608  (our table)
-    assert row is not None
-    return int(row["n"])
-
-
-def _running(lg: Ledger, n: int = 3, **policy: Any) -> str:
-    run_id = lg.submit(manifest(n, **policy), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    return run_id
+from tests.support.drive import event_count
+from tests.support.runs import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest, running
 
 
 def _all_reads_are_strict_json(lg: Ledger, run_id: str) -> None:
@@ -56,14 +44,14 @@ def _all_reads_are_strict_json(lg: Ledger, run_id: str) -> None:
 def test_finding1_non_finite_evidence_is_refused_and_nothing_written(
     lg: Ledger, bad: float
 ) -> None:
-    run_id = _running(lg)
+    run_id = running(lg, 3)
     (lease,) = lg.claim(run_id, WORKER)
-    before = _events(lg)
+    before = event_count(lg)
     with pytest.raises(InvalidInput, match="NaN and Infinity"):
         lg.accept(lease, evidence={"score": bad})
     with pytest.raises(InvalidInput, match="NaN and Infinity"):
         lg.accept(lease, evidence={"scores": [1.0, {"deep": bad}]})
-    assert _events(lg) == before
+    assert event_count(lg) == before
     lg.accept(lease, evidence={"score": 0.5})
     _all_reads_are_strict_json(lg, run_id)
 
@@ -120,12 +108,12 @@ BAD_EVIDENCE = [
 
 @pytest.mark.parametrize("evidence", BAD_EVIDENCE, ids=range(len(BAD_EVIDENCE)))
 def test_finding3_bad_evidence_is_invalid_input(lg: Ledger, evidence: Any) -> None:
-    run_id = _running(lg)
+    run_id = running(lg, 3)
     (lease,) = lg.claim(run_id, WORKER)
-    before = _events(lg)
+    before = event_count(lg)
     with pytest.raises(InvalidInput):
         lg.accept(lease, evidence=evidence)
-    assert _events(lg) == before
+    assert event_count(lg) == before
 
 
 @pytest.mark.parametrize("payload", BAD_EVIDENCE, ids=range(len(BAD_EVIDENCE)))
@@ -138,7 +126,7 @@ def test_finding3_bad_payloads_are_manifest_invalid(lg: Ledger, payload: Any) ->
 
 
 def test_finding3_surrogates_in_free_text_never_escape_as_unicode_errors(lg: Ledger) -> None:
-    run_id = _running(lg, max_attempts=5)
+    run_id = running(lg, 3, max_attempts=5)
     m = manifest(1)
     m["scope"] = "bad \ud800 scope"
     with pytest.raises(ManifestInvalid):
@@ -165,7 +153,7 @@ def test_finding3_surrogates_in_free_text_never_escape_as_unicode_errors(lg: Led
 def test_finding3_times_at_the_calendars_ends_are_read_not_overflow(
     lg: Ledger, when: datetime
 ) -> None:
-    run_id = _running(lg)
+    run_id = running(lg, 3)
     assert list(lg.audit(since=when)) == [] or when.year == 1
     assert isinstance(list(lg.audit(until=when)), list)
     with contextlib.suppress(RunNotFound):  # "did not exist yet" at the first instant
@@ -260,7 +248,7 @@ def test_strict_json_units() -> None:
 
 
 def test_finding2_worker_records_every_outcome_whatever_the_handler_does(lg: Ledger) -> None:
-    run_id = _running(lg, 8, max_attempts=1)
+    run_id = running(lg, 8, max_attempts=1)
 
     class Unprintable(Exception):
         def __str__(self) -> str:
@@ -302,7 +290,7 @@ def test_finding2_worker_records_every_outcome_whatever_the_handler_does(lg: Led
 
 
 def test_finding2_a_ledger_error_while_recording_is_reported_per_item(lg: Ledger) -> None:
-    run_id = _running(lg, 3)
+    run_id = running(lg, 3)
     real_record = lg.record
     real_accept = lg.accept
 

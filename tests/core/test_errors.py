@@ -31,8 +31,8 @@ from ledger import (
     StaleReview,
 )
 from ledger.core import states as S
-from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.support.drive import DECISION, event_count, item_zoo, run_in, submit
+from tests.support.runs import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 
 BAD_ROLE = Actor("x", "janitor")
 GHOST = str(uuid.uuid4())

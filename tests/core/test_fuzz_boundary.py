@@ -31,8 +31,8 @@ from ledger import Actor, Lease, Ledger, LedgerError
 from ledger.core.states import ITEM_STATES, ROLES, RUN_STATES
 from ledger.core.validation import strict_loads
 from ledger.service.ledger import Outcome
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
 
 EXAMPLES = int(os.environ.get("LEDGER_FUZZ_EXAMPLES", "70"))
 # Not fed arbitrary values: opening a store and closing this one are not inputs.

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from ledger import Ledger
 from ledger.core.domain import item_stream_id
-from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 from tests.histories.load import from_json, import_stored, stored_events
 from tests.support.clock import ManualClock
+from tests.support.runs import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 
 REGISTERED = "ledger.domain:Item.Registered"
 HISTORY = Path(__file__).parents[1] / "histories" / "flaky_success.json"

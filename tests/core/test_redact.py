@@ -10,7 +10,7 @@ import pytest
 
 from ledger import Ledger
 from ledger.core.redact import MASK, clean_error, is_secret_key, redact, redact_evidence
-from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
+from tests.support.runs import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 
 LEDGER_TOKEN = "ledger_" + "Q3x9" * 10 + "abc"
 

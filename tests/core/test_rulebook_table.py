@@ -23,8 +23,8 @@ import pytest
 
 from ledger import Actor, AlreadyTerminal, IllegalTransition, Lease, Ledger
 from ledger.core import states as S
-from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER
 from tests.support.findings import refused, verify_clean
+from tests.support.runs import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER
 
 # ---------------------------------------------------------------------------
 # 1. SPEC.md's tables, transcribed

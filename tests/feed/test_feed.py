@@ -14,7 +14,7 @@ from ledger import InvalidInput, Ledger, RunNotFound, Transition
 from ledger.core.errors import FollowerBusy, FollowerNotFound
 from ledger.feed.follower import Follower, followers, reset
 from ledger.reads import feed as feed_module
-from tests.conftest import CONTROLLER, SUBMITTER, finished_run, manifest
+from tests.support.runs import CONTROLLER, SUBMITTER, finished_run, manifest
 
 WAIT = 30.0  # a bound on waiting, never a timing assertion
 

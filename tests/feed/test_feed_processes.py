@@ -31,17 +31,6 @@ SUBMITTER = Actor("sam", "submitter")
 CONTROLLER = Actor("ctl", "controller")
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def dsn(request: pytest.FixtureRequest, tmp_path: Any) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
-    value: str = request.getfixturevalue("pg_dsn")
-    return value
-
-
-# -- child processes (module level, for "spawn") ---------------------------------------
-
-
 def _write_runs(dsn: str, writer: int, runs: int) -> None:
     """Whole runs: submit, start, claim and accept every item, complete."""
     worker = Actor(f"w{writer}", "worker")

@@ -19,7 +19,7 @@ from psycopg._pipeline_base import BasePipeline
 
 from ledger import Ledger, Transition
 from ledger.feed.follower import Follower
-from tests.conftest import finished_run
+from tests.support.runs import finished_run
 
 
 def _table(lg: Ledger) -> None:

@@ -11,7 +11,6 @@ import threading
 import time
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,17 +25,9 @@ from ledger.feed.webhooks import (
     remove_webhook,
     sign,
 )
-from tests.conftest import finished_run
+from tests.support.runs import finished_run
 
 WAIT = 60.0  # a bound on waiting, never a timing assertion
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
-    value: str = request.getfixturevalue("pg_dsn")
-    return value
 
 
 def _secret() -> str:

@@ -4,6 +4,7 @@ mapping, bad input that must never be a 500, the OpenAPI document, and a
 schemathesis run against that document.
 """
 
+# ruff: noqa: F811  (the fixtures of tests/support/http_api.py are imported, then requested by name)
 from __future__ import annotations
 
 import json
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 
 from ledger import Actor, Ledger, NotAuthorized
@@ -26,115 +26,20 @@ from ledger.core.errors import InvalidInput
 from ledger.core.states import ROLES, RUN_COMMAND_ROLES, item_rule, run_rule
 from ledger.http import add_token, create_app
 from ledger.http.tokens import hash_token, parse_tokens
-from tests.conftest import manifest
 from tests.support.clock import ManualClock
+from tests.support.http_api import (  # noqa: F401  (fixtures)
+    Api,
+    actor_id,
+    api,
+    error_of,
+    ledger,
+    make_api,
+    tokens,
+    tokens_file,
+)
+from tests.support.runs import manifest
 
 ROOT = Path(__file__).resolve().parents[2]
-
-HTTP_STORES = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
-
-
-def actor_id(role: str) -> str:
-    return f"{role}-1"
-
-
-@pytest.fixture(params=HTTP_STORES)
-def http_dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
-    dsn: str = request.getfixturevalue("pg_dsn")
-    return dsn
-
-
-@pytest.fixture
-def ledger(http_dsn: str, clock: ManualClock) -> Iterator[Ledger]:
-    lg = Ledger.open(http_dsn, clock=clock)
-    try:
-        yield lg
-    finally:
-        lg.close()
-
-
-@pytest.fixture
-def tokens_file(tmp_path: Path) -> Path:
-    return tmp_path / "tokens"
-
-
-@pytest.fixture
-def tokens(tokens_file: Path) -> dict[str, str]:
-    """One token per role (actor `<role>-1`), plus a second worker under "worker-2"."""
-    made = {role: add_token(actor_id(role), role, tokens_file) for role in ROLES}
-    made["worker-2"] = add_token("worker-2", "worker", tokens_file)
-    return made
-
-
-class Api:
-    """A TestClient plus the tokens: `api.post(path, as_="worker", json=...)`."""
-
-    def __init__(self, client: TestClient, tokens: dict[str, str]) -> None:
-        self.client = client
-        self.tokens = tokens
-
-    def headers(self, as_: str | None) -> dict[str, str]:
-        return {} if as_ is None else {"Authorization": f"Bearer {self.tokens[as_]}"}
-
-    def get(self, path: str, as_: str | None = "operator", **kw: Any) -> Any:
-        return self.client.get(path, headers={**self.headers(as_), **kw.pop("headers", {})}, **kw)
-
-    def post(self, path: str, as_: str | None, **kw: Any) -> Any:
-        return self.client.post(path, headers={**self.headers(as_), **kw.pop("headers", {})}, **kw)
-
-    # a few steps used by many tests
-    def submit(self, m: dict[str, Any] | None = None) -> dict[str, Any]:
-        r = self.post("/runs", "submitter", json=m or manifest(3))
-        assert r.status_code == 201, r.text
-        body: dict[str, Any] = r.json()
-        return body
-
-    def running(self, m: dict[str, Any] | None = None) -> str:
-        run_id: str = self.submit(m)["run_id"]
-        r = self.post(f"/runs/{run_id}/start", "controller")
-        assert r.status_code == 200, r.text
-        return run_id
-
-    def claim(self, run_id: str, limit: int = 1, as_: str = "worker") -> list[dict[str, Any]]:
-        r = self.post(f"/runs/{run_id}/claim", as_, json={"limit": limit})
-        assert r.status_code == 200, r.text
-        leases: list[dict[str, Any]] = r.json()
-        return leases
-
-
-@pytest.fixture
-def make_api(
-    ledger: Ledger, tokens_file: Path, tokens: dict[str, str]
-) -> Iterator[Callable[..., Api]]:
-    clients: list[TestClient] = []
-
-    def make(public_reads: bool = False) -> Api:
-        client = TestClient(create_app(ledger, tokens_path=tokens_file, public_reads=public_reads))
-        client.__enter__()
-        clients.append(client)
-        return Api(client, tokens)
-
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
-
-
-@pytest.fixture
-def api(make_api: Callable[..., Api]) -> Api:
-    return make_api()
-
-
-def error_of(response: Any, status: int, error: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    body: dict[str, Any] = response.json()
-    assert body["error"] == error, body
-    assert isinstance(body["message"], str) and body["message"]
-    return body
 
 
 # --- the whole life of a run over HTTP --------------------------------------------

@@ -24,7 +24,7 @@ import pytest
 from ledger import Actor, Ledger
 from ledger.http import add_token
 from ledger.http.serve import make_server
-from tests.conftest import manifest
+from tests.support.runs import manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -3,7 +3,7 @@ tokens only to their holder and operators, the ledger's own actor ids unusable, 
 idempotency key reused by another actor refused after authorization without naming the
 other command, and /docs served from the package under the page's CSP and auth."""
 
-# ruff: noqa: F811  (the fixtures of tests/http/test_http.py are imported, then requested by name)
+# ruff: noqa: F811  (the fixtures of tests/support/http_api.py are imported, then requested by name)
 from __future__ import annotations
 
 import json
@@ -18,11 +18,10 @@ from ledger.cli.entry import app as cli_app
 from ledger.core.validation import RESERVED_ACTOR_IDS
 from ledger.http.tokens import add_token, parse_tokens
 from ledger.http.visibility import FINGERPRINT_PREFIX, fingerprint
-from tests.http.test_http import (  # noqa: F401  (fixtures)
+from tests.support.http_api import (  # noqa: F401  (fixtures)
     Api,
     api,
     error_of,
-    http_dsn,
     ledger,
     make_api,
     tokens,

@@ -20,17 +20,9 @@ from ledger import Ledger
 from ledger.http import add_token, create_app
 from ledger.http.serve import make_server
 from ledger.http.visibility import for_reader
-from tests.conftest import finished_run
+from tests.support.runs import finished_run
 
 WAIT = 30.0  # a bound on waiting, never a timing assertion
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
-    value: str = request.getfixturevalue("pg_dsn")
-    return value
 
 
 def test_events_pages_by_position_with_the_read_auth(dsn: str, tmp_path: Path) -> None:

@@ -3,24 +3,23 @@
 cursor; the body is `{"items": [...], "next": cursor | null}`, the next cursor also in
 the `X-Next-After` and `Link: <...>; rel="next"` headers."""
 
-# ruff: noqa: F811  (the fixtures of tests/http/test_http.py are imported, then requested by name)
+# ruff: noqa: F811  (the fixtures of tests/support/http_api.py are imported, then requested by name)
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
 
-from tests.conftest import manifest
-from tests.http.test_http import (  # noqa: F401  (fixtures)
+from tests.support.http_api import (  # noqa: F401  (fixtures)
     Api,
     api,
     error_of,
-    http_dsn,
     ledger,
     make_api,
     tokens,
     tokens_file,
 )
+from tests.support.runs import manifest
 
 
 def walk(api: Api, path: str, limit: int, **params: Any) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from ledger.core.views import RunStatus
 from ledger.http import add_token, create_app
 from ledger.http.commands import command_router, response_model
 from ledger.http.commands import router as commands_router
-from tests.conftest import manifest
+from tests.support.runs import manifest
 
 ROUTED = {name: spec for name, spec in COMMANDS.items() if isinstance(spec.http, Http)}
 

@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ledger import Ledger
 from ledger.http import add_token, create_app
-from tests.conftest import CONTROLLER, RECONCILER, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
+from tests.support.runs import CONTROLLER, RECONCILER, SUBMITTER, WORKER, manifest
 
 
 @pytest.fixture

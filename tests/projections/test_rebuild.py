@@ -22,9 +22,17 @@ from ledger.projections.rebuild import (
     tracked_position,
 )
 from ledger.service.ledger import Outcome
-from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.histories.load import import_stored, stored_events
 from tests.support.clock import ManualClock
+from tests.support.runs import (
+    CONTROLLER,
+    OPERATOR,
+    RECONCILER,
+    REVIEWER,
+    SUBMITTER,
+    WORKER,
+    manifest,
+)
 
 WORKER2 = Actor("w2", "worker")
 

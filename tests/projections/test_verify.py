@@ -15,10 +15,18 @@ from ledger.core.domain import Item, Run
 from ledger.core.rows import iso, item_from_row, run_from_row
 from ledger.projections.rebuild import position_column
 from ledger.stores.hashchain import HASH_COLUMN, event_hash, oid_param
-from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.histories.load import import_stored, stored_events
 from tests.projections.test_rebuild import Program
 from tests.support.clock import ManualClock
+from tests.support.runs import (
+    CONTROLLER,
+    OPERATOR,
+    RECONCILER,
+    REVIEWER,
+    SUBMITTER,
+    WORKER,
+    manifest,
+)
 
 
 def scenario(lg: Ledger, clock: ManualClock) -> dict[str, str]:

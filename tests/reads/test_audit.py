@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from ledger import Ledger, Transition
 from ledger.service.ledger import Outcome
-from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.projections.test_rebuild import PROGRAM, Program
 from tests.support.clock import ManualClock
+from tests.support.runs import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 
 ACTORS = ["sam", "ctl", "w1", "w2", "olga", "rita", "rec", "ledger", "nobody"]
 ROLES = ["submitter", "controller", "worker", "reviewer", "operator", "reconciler"]

@@ -12,8 +12,8 @@ from datetime import timedelta
 import pytest
 
 from ledger import Ledger
-from tests.conftest import CONTROLLER, RECONCILER, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
+from tests.support.runs import CONTROLLER, RECONCILER, SUBMITTER, WORKER, manifest
 
 
 def started(lg: Ledger, n: int = 4, **policy: object) -> str:

@@ -12,8 +12,8 @@ import pytest
 
 from ledger import InvalidInput, Ledger
 from ledger.reads import paging
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
 
 N = 23  # items: several pages of 5, the last one short
 

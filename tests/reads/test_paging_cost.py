@@ -26,8 +26,8 @@ import pytest
 from ledger import Ledger
 from ledger.core.rows import iso
 from ledger.reads import runpage
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
 
 SMALL, BIG = 600, 6000
 CLAIM = 100  # attempts per claim, all started at the same time

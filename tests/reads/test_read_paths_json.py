@@ -23,8 +23,8 @@ from ledger.core import states as S
 from ledger.core.validation import strict_loads
 from ledger.http import create_app
 from ledger.http.tokens import add_token
-from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
+from tests.support.runs import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 
 ODD = 'caf\u00e9 \U0001f9fe \u202e "q" \\ password=hunter2 \n tab\t'
 

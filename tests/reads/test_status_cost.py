@@ -21,9 +21,9 @@ import pytest
 
 from ledger import Ledger
 from ledger.reads import runpage
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 from tests.reads.test_paging_cost import GROWTH, cost, ledger_with_runs
 from tests.support.clock import ManualClock
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
 
 SMALL, BIG = 600, 6000
 CLAIMED = 20

@@ -10,8 +10,8 @@ import pytest
 
 from ledger import InvalidInput, Ledger
 from ledger.cli.entry import main
-from tests.conftest import CONTROLLER, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
+from tests.support.runs import CONTROLLER, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
 
 
 def started(lg: Ledger, n: int = 4, **policy: object) -> str:

@@ -9,8 +9,16 @@ from itertools import pairwise
 import pytest
 
 from ledger import InvalidInput, Ledger, RunNotFound, RunStatus
-from tests.conftest import CONTROLLER, OPERATOR, RECONCILER, REVIEWER, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
+from tests.support.runs import (
+    CONTROLLER,
+    OPERATOR,
+    RECONCILER,
+    REVIEWER,
+    SUBMITTER,
+    WORKER,
+    manifest,
+)
 
 
 def test_status_at_equals_each_status_seen_then(lg: Ledger, clock: ManualClock) -> None:

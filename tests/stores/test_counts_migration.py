@@ -16,7 +16,7 @@ import pytest
 
 from ledger import Ledger
 from ledger.stores.base import SCHEMA_VERSION
-from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
+from tests.support.runs import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 
 
 def some_runs(lg: Ledger) -> list[str]:

@@ -18,9 +18,9 @@ from ledger.stores import sqlite as sqlite_store
 from ledger.stores.base import SCHEMA_VERSION
 from ledger.stores.hashchain import LEGACY_HASH_TABLE, ddl, event_hash, oid_param
 from ledger.stores.raw import RawEvent, read_raw
-from tests.conftest import SUBMITTER, WORKER, manifest
 from tests.stores.test_counts_migration import some_runs
 from tests.stores.test_migrations import empty_databases
+from tests.support.runs import SUBMITTER, WORKER, manifest
 
 
 def hashes_as_v10(execute: Any, dialect: str) -> None:

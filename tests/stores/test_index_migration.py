@@ -20,10 +20,10 @@ from ledger.service.ledger import Outcome
 from ledger.stores import postgres as pg_store
 from ledger.stores import sqlite as sqlite_store
 from ledger.stores.base import SCHEMA_VERSION
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
 from tests.stores.test_counts_migration import some_runs
 from tests.stores.test_hash_migration import hash_column_added, hashes_as_v10
 from tests.stores.test_migrations import empty_databases
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
 
 AUDITS: dict[str, dict[str, Any]] = {
     "all": {},

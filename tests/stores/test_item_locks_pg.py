@@ -21,16 +21,9 @@ import pytest
 from ledger import Ledger
 from ledger.core.views import Actor
 from ledger.service.ledger import Outcome
-from tests.conftest import OPERATOR, SUBMITTER, WORKER
-from tests.stores.test_postgres import (
-    STOPS,
-    WAIT,
-    HeldInTransaction,
-    lock_waiters,
-    running_run,
-    start_thread,
-    wait_until,
-)
+from tests.support.hold import STOPS, WAIT, HeldInTransaction, lock_waiters
+from tests.support.runs import OPERATOR, SUBMITTER, WORKER, running
+from tests.support.waiting import start_thread, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -41,7 +34,7 @@ def test_item_commands_of_one_run_go_on_while_a_claim_holds_the_run(
     pg_dsn: str, hold: Callable[[], HeldInTransaction]
 ) -> None:
     with Ledger.open(pg_dsn) as held_lg, Ledger.open(pg_dsn) as lg:
-        run_id = running_run(lg, 10)
+        run_id = running(lg, 10)
         [first, second, third] = lg.claim(run_id, OTHER, limit=3)
         before = lg.status(run_id).revision
 
@@ -74,7 +67,7 @@ def test_item_commands_of_one_run_go_on_while_a_claim_holds_the_run(
 
 def test_a_claim_passes_over_items_another_transaction_holds(pg_dsn: str) -> None:
     with Ledger.open(pg_dsn) as lg:
-        run_id = running_run(lg, 6)
+        run_id = running(lg, 6)
         with psycopg.connect(pg_dsn) as conn:
             # another claim in flight holds i0 and i1 (locked, not yet committed)
             conn.execute(
@@ -96,7 +89,7 @@ def test_the_last_lease_ending_behind_a_stop_ends_the_run_in_its_transaction(
     command, draining = STOPS[stop]
     finished = {"cancel": ("cancel_finished", "canceled"), "pause": ("pause_finished", "paused")}
     with Ledger.open(pg_dsn) as stopper, Ledger.open(pg_dsn) as worker:
-        run_id = running_run(worker, 3)
+        run_id = running(worker, 3)
         [lease] = worker.claim(run_id, WORKER, limit=1)
         held = hold()
         held.start(lambda: command(stopper, run_id))  # the stop has the run, not committed
@@ -132,7 +125,7 @@ def test_the_last_lease_ending_behind_a_stop_ends_the_run_in_its_transaction(
 
 def test_compare_and_set_on_the_run_survives_workers(pg_dsn: str) -> None:
     with Ledger.open(pg_dsn) as lg:
-        run_id = running_run(lg, 4)
+        run_id = running(lg, 4)
         read = lg.status(run_id).revision
         for le in lg.claim(run_id, WORKER, limit=4):
             lg.accept(le)
@@ -143,7 +136,7 @@ def test_compare_and_set_on_the_run_survives_workers(pg_dsn: str) -> None:
 
 def test_every_count_of_an_open_run_equals_its_items(pg_dsn: str) -> None:
     with Ledger.open(pg_dsn) as lg:
-        run_id = running_run(lg, 30, max_attempts=2)
+        run_id = running(lg, 30, max_attempts=2)
         for k, le in enumerate(lg.claim(run_id, WORKER, limit=20)):
             if k % 3 == 0:
                 lg.accept(le)

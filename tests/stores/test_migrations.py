@@ -259,7 +259,7 @@ def test_sqlite_a_database_newer_than_the_code_is_refused(tmp_path: Path) -> Non
 
 
 def _some_history(lg: Ledger) -> None:
-    from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+    from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
 
     run_id = lg.submit(manifest(3), SUBMITTER).run_id
     lg.start(run_id, CONTROLLER)

@@ -10,7 +10,7 @@ import pytest
 
 from ledger import Ledger
 from ledger.stores.base import SCRATCH_MARK
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
 
 pytestmark = pytest.mark.postgres
 

@@ -17,7 +17,6 @@ import gc
 import secrets
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -29,10 +28,11 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from ledger import IllegalTransition, InvalidInput, LeaseLost, Ledger
-from ledger.reads import queries
 from ledger.stores.postgres import PostgresStore, _events_json
-from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
+from tests.support.hold import MONITOR, STOPS, HeldInTransaction, backends, lock_waiters
 from tests.support.pgserver import create_database, drop_database, free_port
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest, running
+from tests.support.waiting import start_thread, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -43,48 +43,12 @@ POOL_MIN, POOL_MAX = 2, 12
 # --------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------
-MONITOR = "ledger-test-monitor"  # application_name of the tests' own look-up connections
-
-
 def server_now(dsn: str) -> datetime:
     with psycopg.connect(dsn, autocommit=True, application_name=MONITOR) as conn:
         row = conn.execute("SELECT clock_timestamp()").fetchone()
     assert row is not None
     now: datetime = row[0]
     return now
-
-
-def wait_until(condition: Callable[[], Any], what: str) -> Any:
-    """Poll `condition` until it is truthy (bounded by WAIT); returns its value."""
-    deadline = time.monotonic() + WAIT
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-    return value
-
-
-def backends(dsn: str, where: str = "TRUE") -> int:
-    """Sessions connected to this test's database, other than the tests' own look-ups
-    (a look-up connection just closed may linger in pg_stat_activity for a moment)."""
-    with psycopg.connect(dsn, autocommit=True, application_name=MONITOR) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "  # noqa: S608 (our own table/column names; values are bound parameters)
-            "AND backend_type = 'client backend' AND application_name <> %s "
-            f"AND {where}",
-            (MONITOR,),
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def lock_waiters(dsn: str) -> int:
-    return backends(dsn, "wait_event_type = 'Lock'")
-
-
-def running_run(lg: Ledger, n: int, **policy: Any) -> str:
-    run_id = lg.submit(manifest(n, **policy), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    return run_id
 
 
 class SkewedDatetime(datetime):
@@ -131,7 +95,7 @@ def test_event_times_come_from_the_server_clock(
     assert abs(datetime.now(UTC) - server_now(pg_dsn)) < timedelta(hours=1)  # same machine
 
     before = server_now(pg_dsn)
-    run_id = running_run(lg, 3, lease_seconds=120)
+    run_id = running(lg, 3, lease_seconds=120)
     leases = lg.claim(run_id, WORKER, limit=2)
     lg.accept(leases[0])
     lg.heartbeat(leases[1])
@@ -155,7 +119,7 @@ def test_leases_expire_by_the_server_clock_not_the_process_clock(
     db_clock_ledger: Ledger, pg_dsn: str, skewed_process_clock: type[SkewedDatetime]
 ) -> None:
     lg = db_clock_ledger
-    run_id = running_run(lg, 2, lease_seconds=0.5)
+    run_id = running(lg, 2, lease_seconds=0.5)
     live, other = lg.claim(run_id, WORKER, limit=2)
 
     # the process clock runs a day ahead: by it every lease expired long ago
@@ -185,7 +149,7 @@ def test_a_server_in_another_time_zone_records_the_same_instants(pg_dsn: str) ->
     with Ledger.open(pg_dsn) as lg:
         before = server_now(pg_dsn)
         assert before.utcoffset() != timedelta(0)  # sessions really are in that zone
-        run_id = running_run(lg, 2, lease_seconds=60)
+        run_id = running(lg, 2, lease_seconds=60)
         [le] = lg.claim(run_id, WORKER)
         after = server_now(pg_dsn)
         assert before + timedelta(seconds=60) <= le.expires_at <= after + timedelta(seconds=60)
@@ -201,7 +165,7 @@ def test_a_command_waiting_for_the_run_lock_reads_the_clock_after_the_wait(
     """A worker whose lease expires while its outcome waits for the run's row lock has
     lost it: the clock that judges the lease is read once the lock is granted."""
     lg = db_clock_ledger
-    run_id = running_run(lg, 1, lease_seconds=0.5)
+    run_id = running(lg, 1, lease_seconds=0.5)
     [le] = lg.claim(run_id, WORKER)
     outcome: list[Any] = []
 
@@ -227,71 +191,13 @@ def test_a_command_waiting_for_the_run_lock_reads_the_clock_after_the_wait(
 # --------------------------------------------------------------------------
 # the run row lock: claims and a cancel or pause never interleave
 # --------------------------------------------------------------------------
-class HeldInTransaction:
-    """Makes the next command started by `start` stop inside its transaction, right after
-    it has loaded (and locked) its run, until `release()`. Commands of other threads
-    load their runs as usual."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.loaded = threading.Event()
-        self.go = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.result: list[Any] = []
-        original = queries.load_run
-
-        def load_and_hold(tx: Any, run_id: str, lock: bool | str = True) -> Any:
-            run = original(tx, run_id, lock)
-            if threading.current_thread() is self.thread:
-                self.loaded.set()
-                assert self.go.wait(WAIT)
-            return run
-
-        monkeypatch.setattr(queries, "load_run", load_and_hold)
-
-    def start(self, command: Callable[[], Any]) -> None:
-        def run() -> None:
-            try:
-                self.result.append(command())
-            except Exception as e:
-                self.result.append(e)
-
-        self.thread = threading.Thread(target=run)
-        self.thread.start()
-        assert self.loaded.wait(WAIT)
-
-    def release(self) -> Any:
-        self.go.set()
-        assert self.thread is not None
-        self.thread.join(WAIT)
-        [result] = self.result
-        return result
-
-
-def start_thread(command: Callable[[], Any], into: list[Any]) -> threading.Thread:
-    def run() -> None:
-        try:
-            into.append(command())
-        except Exception as e:
-            into.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t
-
-
-STOPS: dict[str, tuple[Callable[[Ledger, str], Any], str]] = {
-    "cancel": (lambda lg, run_id: lg.cancel(run_id, SUBMITTER, reason="stop"), "canceling"),
-    "pause": (lambda lg, run_id: lg.pause(run_id, OPERATOR, reason="hold"), "pausing"),
-}
-
-
 @pytest.mark.parametrize("stop", sorted(STOPS))
 def test_a_stop_waits_for_a_claim_holding_the_run_and_then_sees_its_leases(
     stop: str, pg_dsn: str, hold: Callable[[], HeldInTransaction]
 ) -> None:
     command, state_with_leases = STOPS[stop]
     with Ledger.open(pg_dsn) as claimer, Ledger.open(pg_dsn) as stopper:
-        run_id = running_run(claimer, 5)
+        run_id = running(claimer, 5)
         held = hold()
         held.start(lambda: claimer.claim(run_id, WORKER, limit=3))
 
@@ -322,7 +228,7 @@ def test_a_claim_that_began_before_a_stop_committed_claims_nothing(
 ) -> None:
     command, _ = STOPS[stop]
     with Ledger.open(pg_dsn) as claimer, Ledger.open(pg_dsn) as stopper:
-        run_id = running_run(claimer, 5)
+        run_id = running(claimer, 5)
         held = hold()
         held.start(lambda: command(stopper, run_id))  # the stop has read the run, not committed
 
@@ -348,7 +254,7 @@ def test_a_claim_that_began_before_a_stop_committed_claims_nothing(
 def test_every_connection_is_the_pools_and_close_leaves_none(pg_dsn: str) -> None:
     lg = Ledger.open(pg_dsn)
     try:
-        run_id = running_run(lg, 3)
+        run_id = running(lg, 3)
         lg.claim(run_id, WORKER, limit=3)
         assert isinstance(lg.store, PostgresStore)
         pool = lg.store.datastore.pool
@@ -364,7 +270,7 @@ def test_every_connection_is_the_pools_and_close_leaves_none(pg_dsn: str) -> Non
 
 def test_twelve_connections_at_most_and_the_thirteenth_caller_waits(pg_dsn: str) -> None:
     with Ledger.open(pg_dsn) as lg:
-        run_id = running_run(lg, 2)
+        run_id = running(lg, 2)
         assert isinstance(lg.store, PostgresStore)
         pool = lg.store.datastore.pool
         with ExitStack() as held:
@@ -385,7 +291,7 @@ def test_twelve_connections_at_most_and_the_thirteenth_caller_waits(pg_dsn: str)
 
 def test_many_threads_on_one_ledger_stay_within_the_pool(pg_dsn: str) -> None:
     with Ledger.open(pg_dsn) as lg:
-        run_id = running_run(lg, 60)
+        run_id = running(lg, 60)
         errors: list[BaseException] = []
         peak = 0
         stop = threading.Event()
@@ -423,7 +329,7 @@ def test_opening_and_closing_many_ledgers_leaks_nothing(pg_dsn: str) -> None:
         warnings.simplefilter("always")
         for _k in range(10):
             with Ledger.open(pg_dsn) as lg:
-                run_id = running_run(lg, 1)
+                run_id = running(lg, 1)
                 lg.status(run_id)
         del lg
         gc.collect()
@@ -433,7 +339,7 @@ def test_opening_and_closing_many_ledgers_leaks_nothing(pg_dsn: str) -> None:
 
 def test_a_closed_ledger_does_not_reconnect(pg_dsn: str) -> None:
     lg = Ledger.open(pg_dsn)
-    run_id = running_run(lg, 1)
+    run_id = running(lg, 1)
     lg.close()
     lg.close()  # twice is fine
     with pytest.raises(Exception):  # noqa: B017 - which error is the pool's business
@@ -453,7 +359,7 @@ def test_every_dsn_parameter_reaches_the_server(pg_dsn: str) -> None:
         pg_dsn, "application_name=ledger-dsn-test&options=-c%20statement_timeout%3D4321"
     )
     with Ledger.open(dsn) as lg:
-        run_id = running_run(lg, 1)
+        run_id = running(lg, 1)
         with lg.store.read() as tx:
             row = tx.fetchone("SELECT current_setting('statement_timeout') AS v")
         assert row == {"v": "4321ms"}
@@ -469,7 +375,7 @@ def test_a_dsn_without_host_port_or_user_uses_the_libpq_environment(
     monkeypatch.setenv("PGPORT", str(info["port"]))
     monkeypatch.setenv("PGUSER", str(info["user"]))
     with Ledger.open(f"postgresql:///{info['dbname']}") as lg:
-        run_id = running_run(lg, 1)
+        run_id = running(lg, 1)
     with Ledger.open(pg_dsn) as lg:  # the same database
         assert lg.status(run_id).state == "running"
 
@@ -530,7 +436,7 @@ def test_a_role_with_table_privileges_only_can_use_a_migrated_database(
         assert row == (False,)
     before = server_now(pg_dsn)
     with Ledger.open(as_role(pg_dsn, login_role)) as lg:
-        run_id = running_run(lg, 2)
+        run_id = running(lg, 2)
         for le in lg.claim(run_id, WORKER, limit=2):
             lg.accept(le)
         assert lg.complete(run_id, CONTROLLER).state == "succeeded"

@@ -11,7 +11,6 @@ waiting must not overtake it (it waits, then finds the run canceled).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +19,8 @@ import pytest
 
 from ledger import IllegalTransition, Ledger
 from ledger.reads.queries import load_run
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -36,13 +36,6 @@ def _lock_waiters(dsn: str) -> int:
         ).fetchone()
     assert row is not None
     return int(row[0])
-
-
-def _wait_until(condition: Callable[[], Any], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def _thread(target: Callable[[], Any], out: dict[str, Any], name: str) -> threading.Thread:
@@ -75,11 +68,13 @@ def test_a_claim_made_while_a_cancel_waits_does_not_overtake_it(pg_dsn: str) -> 
         try:
             assert held.wait(WAIT)
             canceler = _thread(lambda: lg.cancel(run_id, SUBMITTER, "stop"), out, "cancel")
-            _wait_until(lambda: _lock_waiters(pg_dsn) >= 1, "the cancel to wait for the run")
+            wait_until(lambda: _lock_waiters(pg_dsn) >= 1, "the cancel to wait for the run", WAIT)
             claimer = _thread(lambda: lg.claim(run_id, WORKER, limit=5), out, "claim")
             # the claim queues behind the cancel (or, wrongly, returns leases at once)
-            _wait_until(
-                lambda: "claim" in out or _lock_waiters(pg_dsn) >= 2, "the claim to queue or end"
+            wait_until(
+                lambda: "claim" in out or _lock_waiters(pg_dsn) >= 2,
+                "the claim to queue or end",
+                WAIT,
             )
             assert "claim" not in out, f"a claim overtook the waiting cancel: {out['claim']}"
         finally:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ledger import Actor, Lease, Ledger
 from ledger.core import states as S
-from tests.conftest import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
+from tests.support.runs import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER, manifest
 
 ALL_ACTORS: dict[str, Actor] = {
     S.SUBMITTER: SUBMITTER,

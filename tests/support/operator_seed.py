@@ -14,8 +14,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ledger import Actor, Ledger
-from tests.conftest import manifest
 from tests.support.clock import ManualClock
+from tests.support.runs import manifest
 
 SUBMITTER = Actor("sam", "submitter")
 CONTROLLER = Actor("ctl", "controller")

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 from typer.testing import CliRunner
 
 from ledger import Ledger
@@ -51,18 +50,6 @@ def outcome(data: dict[str, Any]) -> list[tuple[Any, ...]]:
         )
         for s in data["scenarios"]
     ]
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-    ]
-)
-def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/demo.db"
-    return str(request.getfixturevalue("pg_dsn"))
 
 
 def test_each_scenario_ends_as_designed(dsn: str) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -30,8 +29,8 @@ from ledger import Actor, InvalidInput, Ledger, NotComplete
 from ledger.commands.idempotency import decode, encode
 from ledger.core.errors import CommitUncertain, StoreUnavailable
 from ledger.service.ledger import Outcome
-from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 from tests.support.clock import ManualClock
+from tests.support.drive import event_count
 from tests.support.pgserver import (
     TEST_SETTINGS,
     PgServer,
@@ -39,29 +38,10 @@ from tests.support.pgserver import (
     memory_tmp_parent,
     with_dbname,
 )
+from tests.support.runs import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest, running
+from tests.support.waiting import wait_until
 
 WAIT = 30.0  # a bound on waiting for another thread or the server, never a timing assertion
-
-
-def event_count(lg: Ledger) -> int:
-    with lg.store.read() as tx:
-        row = tx.fetchone(f"SELECT COUNT(*) AS n FROM {lg.store.events_table()}")  # noqa: S608 (our own table/column names; values are bound parameters)
-    assert row is not None
-    return int(row["n"])
-
-
-def running(lg: Ledger, n: int = 2, **policy: Any) -> str:
-    run_id = lg.submit(manifest(n, **policy), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    return run_id
-
-
-def wait_until(condition: Any, what: str) -> Any:
-    deadline = time.monotonic() + WAIT
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-    return value
 
 
 # --------------------------------------------------------------------------

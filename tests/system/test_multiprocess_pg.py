@@ -25,6 +25,7 @@ import pytest
 
 from ledger import Actor, Conflict, IllegalTransition, Ledger, Transition
 from ledger.service.ledger import Outcome
+from tests.support.runs import running
 
 pytestmark = pytest.mark.postgres
 
@@ -225,12 +226,6 @@ def big_manifest(n: int, **policy: Any) -> dict[str, Any]:
     }
 
 
-def running_run(lg: Ledger, n: int, **policy: Any) -> str:
-    run_id = lg.submit(big_manifest(n, **policy), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    return run_id
-
-
 def assert_one_live_lease_at_a_time(history: Sequence[Transition]) -> dict[str, int]:
     """Walks the history in position order: an item is claimed only when it holds no
     live lease, and every lease ends before the next claim. Returns claims per item."""
@@ -315,7 +310,7 @@ class ConnectionWatch:
 def test_four_processes_share_one_run_without_overlapping_leases(pg_dsn: str) -> None:
     n = 2000
     with Ledger.open(pg_dsn) as lg:
-        run_id = running_run(lg, n)
+        run_id = running(lg, n, manifest_of=big_manifest)
     children = Children()
     go = SPAWN.Event()
     try:
@@ -352,7 +347,7 @@ def test_four_processes_share_one_run_without_overlapping_leases(pg_dsn: str) ->
 def test_a_fifth_process_cancels_midway_and_no_claim_follows_it(pg_dsn: str) -> None:
     n = 2000
     with Ledger.open(pg_dsn) as lg:
-        run_id = running_run(lg, n)
+        run_id = running(lg, n, manifest_of=big_manifest)
     children = Children()
     go = SPAWN.Event()
     try:
@@ -411,7 +406,7 @@ def test_claims_racing_a_cancel_or_pause_never_commit_after_it(pg_dsn: str) -> N
         children.start(_round_stopper, pg_dsn, stop_queue)
         with Ledger.open(pg_dsn) as lg:
             for r, command in enumerate(rounds):
-                run_id = running_run(lg, n)
+                run_id = running(lg, n, manifest_of=big_manifest)
                 for q in run_queues:
                     q.put(run_id)
                 stop_queue.put((run_id, command, 20 + 10 * r))
@@ -453,7 +448,10 @@ def test_sixteen_processes_on_two_runs_one_canceled_midway(pg_dsn: str) -> None:
     no claim commits after the cancel, in-flight attempts finish and are kept."""
     n = 600
     with Ledger.open(pg_dsn) as lg:
-        first, second = running_run(lg, n), running_run(lg, n)
+        first, second = (
+            running(lg, n, manifest_of=big_manifest),
+            running(lg, n, manifest_of=big_manifest),
+        )
     children = Children()
     go = SPAWN.Event()
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ledger import Ledger
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
 
 
 def test_submit_claim_accept_complete(lg: Ledger) -> None:

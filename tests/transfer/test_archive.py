@@ -20,7 +20,7 @@ from ledger import Actor, Ledger
 from ledger.core.errors import IllegalTransition, InvalidInput, NotAuthorized
 from ledger.projections.checksums import checksums
 from ledger.stores.raw import max_position, read_raw
-from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
+from tests.support.runs import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from ledger.service.copy import copy_ledger
 from ledger.stores.raw import append_raw, max_position
 from ledger.transfer import imports as transfer
 from ledger.transfer.history_file import ImportRefused
-from tests.conftest import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 

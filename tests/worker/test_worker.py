@@ -9,22 +9,10 @@ from datetime import datetime
 from typing import Any
 
 from ledger import Accepted, Actor, Lease, Ledger, Quarantine, Rejected, Worker
-from tests.conftest import CONTROLLER, OPERATOR, SUBMITTER
 from tests.support.clock import ManualClock
+from tests.support.runs import CONTROLLER, OPERATOR, SUBMITTER, items_from_one, running
 
 WAIT = 10.0  # seconds; a bound on waiting for another thread, never a timing assertion
-
-
-def running_run(lg: Ledger, n: int, **policy: Any) -> str:
-    manifest = {
-        "source_version": "src-1",
-        "config_version": "cfg-1",
-        "items": [{"item_id": f"i{k}", "payload": {"k": k}} for k in range(1, n + 1)],
-        "policy": policy,
-    }
-    run_id = lg.submit(manifest, SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    return run_id
 
 
 def states(lg: Ledger, run_id: str) -> dict[str, str]:
@@ -32,7 +20,7 @@ def states(lg: Ledger, run_id: str) -> dict[str, str]:
 
 
 def test_outcomes_are_recorded(lg: Ledger) -> None:
-    run_id = running_run(lg, 5, max_attempts=3)
+    run_id = running(lg, 5, max_attempts=3, manifest_of=items_from_one)
     calls: dict[str, int] = {}
     lock = threading.Lock()
 
@@ -75,7 +63,7 @@ def test_outcomes_are_recorded(lg: Ledger) -> None:
 
 
 def test_a_handler_returning_nothing_is_a_failed_attempt_not_a_success(lg: Ledger) -> None:
-    run_id = running_run(lg, 1, max_attempts=1)
+    run_id = running(lg, 1, max_attempts=1, manifest_of=items_from_one)
     summary = Worker(lg, run_id, lambda lease: None, concurrency=1).run()  # type: ignore[arg-type,return-value]
     assert states(lg, run_id) == {"i1": "quarantined"}
     assert summary.accepted == 0 and summary.quarantined == 1
@@ -92,7 +80,7 @@ def wait_for(predicate: Callable[[], bool], what: str) -> None:
 
 
 def test_heartbeats_extend_the_lease(lg: Ledger, clock: ManualClock) -> None:
-    run_id = running_run(lg, 1, lease_seconds=30)
+    run_id = running(lg, 1, lease_seconds=30, manifest_of=items_from_one)
     first_expiry: list[datetime] = []
 
     def handle(lease: Lease) -> Accepted:
@@ -119,7 +107,7 @@ def _lease_expiry(lg: Ledger, run_id: str) -> datetime:
 def test_without_heartbeats_an_expired_lease_is_lost_and_nothing_is_written(
     lg: Ledger, clock: ManualClock
 ) -> None:
-    run_id = running_run(lg, 1, lease_seconds=30)
+    run_id = running(lg, 1, lease_seconds=30, manifest_of=items_from_one)
 
     def handle(lease: Lease) -> Accepted:
         clock.advance(40)  # past the lease; the worker never heartbeats (interval 1 h)
@@ -137,7 +125,7 @@ def test_without_heartbeats_an_expired_lease_is_lost_and_nothing_is_written(
 
 
 def test_a_fenced_lease_stops_the_worker_writing(lg: Ledger) -> None:
-    run_id = running_run(lg, 3)
+    run_id = running(lg, 3, manifest_of=items_from_one)
 
     def handle(lease: Lease) -> Accepted:
         lg.fail(
@@ -159,7 +147,7 @@ def test_a_fenced_lease_stops_the_worker_writing(lg: Ledger) -> None:
 
 
 def test_cancel_stops_claiming_and_keeps_the_in_flight_outcome(lg: Ledger) -> None:
-    run_id = running_run(lg, 5)
+    run_id = running(lg, 5, manifest_of=items_from_one)
     handled: list[str] = []
 
     def handle(lease: Lease) -> Accepted:
@@ -179,7 +167,7 @@ def test_cancel_stops_claiming_and_keeps_the_in_flight_outcome(lg: Ledger) -> No
 
 
 def test_pause_stops_claiming(lg: Ledger) -> None:
-    run_id = running_run(lg, 4)
+    run_id = running(lg, 4, manifest_of=items_from_one)
     paused = threading.Event()
 
     def handle(lease: Lease) -> Accepted:
@@ -216,7 +204,7 @@ def test_worker_on_a_run_that_is_not_running_returns_at_once(lg: Ledger) -> None
 
 
 def test_concurrency_bounds_the_leases_held(lg: Ledger) -> None:
-    run_id = running_run(lg, 9)
+    run_id = running(lg, 9, manifest_of=items_from_one)
     live = 0
     peak = 0
     lock = threading.Lock()
@@ -241,7 +229,7 @@ def test_concurrency_bounds_the_leases_held(lg: Ledger) -> None:
 
 
 def test_with_every_thread_busy_the_worker_tops_up_its_prefetch_in_large_claims(lg: Ledger) -> None:
-    run_id = running_run(lg, 60)
+    run_id = running(lg, 60, manifest_of=items_from_one)
     worker: Worker
     claims: list[tuple[int, int]] = []  # (leases held when claiming, limit asked)
     real_claim = lg.claim
@@ -263,7 +251,7 @@ def test_with_every_thread_busy_the_worker_tops_up_its_prefetch_in_large_claims(
 def test_a_lease_taken_over_is_lost_and_the_worker_writes_nothing(
     lg: Ledger, clock: ManualClock
 ) -> None:
-    run_id = running_run(lg, 1, lease_seconds=30)
+    run_id = running(lg, 1, lease_seconds=30, manifest_of=items_from_one)
     other = Actor("w2", "worker")
 
     def handle(lease: Lease) -> Accepted:
@@ -303,8 +291,8 @@ def test_the_batched_record_path_and_the_one_by_one_path_agree(lg: Ledger) -> No
             return Rejected("odd_one_out")
         return Accepted()
 
-    batched = running_run(lg, 6)
-    one_by_one = running_run(lg, 6)
+    batched = running(lg, 6, manifest_of=items_from_one)
+    one_by_one = running(lg, 6, manifest_of=items_from_one)
     a = Worker(lg, batched, handle, concurrency=3).run()
     proxy: Any = WithoutRecord(lg)
     b = Worker(proxy, one_by_one, handle, concurrency=3).run()
@@ -313,7 +301,7 @@ def test_the_batched_record_path_and_the_one_by_one_path_agree(lg: Ledger) -> No
 
 
 def test_evidence_the_ledger_refuses_becomes_a_failed_attempt(lg: Ledger) -> None:
-    run_id = running_run(lg, 2, max_attempts=1)
+    run_id = running(lg, 2, max_attempts=1, manifest_of=items_from_one)
 
     def handle(lease: Lease) -> Accepted:
         if lease.item_id == "i1":
@@ -345,7 +333,7 @@ def test_a_conflicting_write_is_retried(lg: Ledger) -> None:
                 raise Conflict("another writer changed the run first", 1, "running")
             return self._inner.record(outcomes)
 
-    run_id = running_run(lg, 3)
+    run_id = running(lg, 3, manifest_of=items_from_one)
     proxy = ConflictOnce(lg)
     summary = Worker(proxy, run_id, lambda lease: Accepted(), concurrency=3).run()  # type: ignore[arg-type]
     assert proxy.conflicts == 1

@@ -9,7 +9,7 @@ from typing import Any
 
 from ledger import Accepted, Lease, Ledger, Worker
 from ledger.worker.worker import MAX_ADAPTIVE_PREFETCH
-from tests.worker.test_worker import running_run
+from tests.support.runs import items_from_one, running
 
 
 def _claim_limits(lg: Ledger) -> list[int]:
@@ -26,7 +26,7 @@ def _claim_limits(lg: Ledger) -> list[int]:
 
 
 def test_fast_handlers_grow_the_claims_up_to_the_cap(lg: Ledger) -> None:
-    run_id = running_run(lg, 700)
+    run_id = running(lg, 700, manifest_of=items_from_one)
     limits = _claim_limits(lg)
     summary = Worker(lg, run_id, lambda lease: Accepted(), concurrency=2).run()
     assert summary.accepted == 700
@@ -39,7 +39,7 @@ def test_fast_handlers_grow_the_claims_up_to_the_cap(lg: Ledger) -> None:
 def test_slow_handlers_keep_the_claims_small(lg: Ledger) -> None:
     # lease_seconds=1: queued leases should drain within 0.1 s; each handler takes
     # at least 0.05 s, so at most 2 + 2 * 0.1 / 0.05 = 6 leases are held at once
-    run_id = running_run(lg, 16, lease_seconds=1)
+    run_id = running(lg, 16, lease_seconds=1, manifest_of=items_from_one)
     limits = _claim_limits(lg)
 
     def slow(lease: Lease) -> Accepted:
@@ -52,7 +52,7 @@ def test_slow_handlers_keep_the_claims_small(lg: Ledger) -> None:
 
 
 def test_an_explicit_prefetch_is_kept(lg: Ledger) -> None:
-    run_id = running_run(lg, 60)
+    run_id = running(lg, 60, manifest_of=items_from_one)
     limits = _claim_limits(lg)
     worker = Worker(lg, run_id, lambda lease: Accepted(), concurrency=2, prefetch=4)
     assert worker.run().accepted == 60
