@@ -4,7 +4,7 @@
     python scripts/rebuild_crash.py --dsn postgresql://postgres@127.0.0.1:5432/crash
     python scripts/rebuild_crash.py --events 200000 --kills 10 --seed 7
 
-Without --dsn it starts a throwaway PostgreSQL (tests/pgserver.PgServer, durable
+Without --dsn it starts a throwaway PostgreSQL (tests/support/pgserver.PgServer, durable
 settings). The ledger gets --events events (made in bulk on memory ledgers with
 claims and records of 1,000 items, then imported with their hashes), unless the
 database already holds that many. A clean rebuild gives the reference checksums

@@ -1,8 +1,8 @@
 """Drive runs and items into any state through the public commands, for table-driven tests.
 
 Every helper only uses `Ledger`'s public commands, so a state reached here is a state
-a real caller can reach. Used by tests/commands/test_transitions.py, test_rules.py and
-test_errors.py.
+a real caller can reach. Used by tests/commands/test_transitions.py and test_rules.py and
+tests/core/test_errors.py.
 """
 
 from __future__ import annotations
