@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--snapshot",
         action="store_true",
-        help="copy ledger/, projections/, scripts/ and tests/pgserver.py to a "
+        help="copy ledger/, projections/, scripts/ and tests/support/pgserver.py to a "
         "temporary directory first and run from there, so edits made to "
         "the working tree during a long run cannot break it",
     )
@@ -123,7 +123,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 SNAPSHOT_ENV = "BENCH_SNAPSHOT_OF"
-SNAPSHOT_PARTS = ("ledger", "projections", "scripts", "tests/__init__.py", "tests/pgserver.py")
+SNAPSHOT_PARTS = (
+    "ledger",
+    "projections",
+    "scripts",
+    "tests/__init__.py",
+    "tests/support/__init__.py",
+    "tests/support/pgserver.py",
+)
 
 
 def run_from_snapshot(argv: list[str]) -> int:
@@ -217,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         if needs_pg and args.dsn:
             pg = PgTarget(args.dsn)
         elif needs_pg:
-            from tests.pgserver import PgServer
+            from tests.support.pgserver import PgServer
 
             say("starting a throwaway PostgreSQL (durable settings, data on disk)")
             server = PgServer(tmp_parent=tmp).start()  # settings=None: durable defaults

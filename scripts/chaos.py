@@ -48,7 +48,7 @@ sys.path[:0] = [p for p in (str(HERE.parent),) if p not in sys.path]
 from ledger import Accepted, Actor, Lease, Ledger, LedgerError, Worker
 from ledger.core.domain import Item
 from ledger.core.rows import iso
-from tests.pgserver import DURABLE_SETTINGS, PgServer, create_database, with_dbname
+from tests.support.pgserver import DURABLE_SETTINGS, PgServer, create_database, with_dbname
 
 SUBMITTER = Actor("chaos-submitter", "submitter")
 CONTROLLER = Actor("chaos-controller", "controller")

@@ -3,7 +3,7 @@
 Each scenario runs on a memory ledger with a manual clock; the file keeps the
 stored events exactly as today's code writes them (topic, state as JSON,
 originator id and version, position) and what the ledger showed at the end
-(status, items, attempts, history of every run). tests/test_histories.py loads
+(status, items, attempts, history of every run). tests/transfer/test_histories.py loads
 the events into a fresh store of every kind, rebuilds the projections and checks
 they still show the same. The files are a contract with the past:
 
@@ -12,7 +12,7 @@ they still show the same. The files are a contract with the past:
   needs to rewrite an existing file.
 * Never regenerate a file to make the replay test pass. A failure means stored
   events would no longer load or would project differently: evolve the event
-  instead (see tests/test_histories.py: ``class_version`` plus a static
+  instead (see tests/transfer/test_histories.py: ``class_version`` plus a static
   ``upcast_v1_v2(state)`` on the event class, so old stored events are upgraded
   as they are read).
 """
@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ledger import Actor, Ledger
 from ledger.service.ledger import Outcome
-from tests.clock import ManualClock
 from tests.histories.load import stored_events, to_json
+from tests.support.clock import ManualClock
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "histories"
 SUBMITTER = Actor("sam", "submitter")

@@ -4,7 +4,7 @@
     python scripts/rebuild_crash.py --dsn postgresql://postgres@127.0.0.1:5432/crash
     python scripts/rebuild_crash.py --events 200000 --kills 10 --seed 7
 
-Without --dsn it starts a throwaway PostgreSQL (tests/pgserver.PgServer, durable
+Without --dsn it starts a throwaway PostgreSQL (tests/support/pgserver.PgServer, durable
 settings). The ledger gets --events events (made in bulk on memory ledgers with
 claims and records of 1,000 items, then imported with their hashes), unless the
 database already holds that many. A clean rebuild gives the reference checksums
@@ -38,8 +38,8 @@ from ledger import Actor, Ledger
 from ledger.projections.checksums import checksums
 from ledger.projections.rebuild import TRACKING_NAME, rebuild, tracked_position
 from ledger.service.ledger import Outcome
-from tests.clock import ManualClock
 from tests.histories.load import import_stored, stored_events
+from tests.support.clock import ManualClock
 
 SUBMITTER = Actor("sam", "submitter")
 CONTROLLER = Actor("ctl", "controller")
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     dsn = args.dsn
     if dsn is None:
-        from tests.pgserver import PgServer, create_database
+        from tests.support.pgserver import PgServer, create_database
 
         server = PgServer().start()
         create_database(server.admin_dsn, "crash")

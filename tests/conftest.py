@@ -1,7 +1,9 @@
-"""Shared fixtures: one behavioural suite over every store.
+"""Shared fixtures, for the tests in every folder: one behavioural suite over every store.
 
 `store_dsn` is parametrised over memory, a SQLite file and PostgreSQL (a fresh
-database per test; marked `postgres`, so `-m postgres` selects those).
+database per test; marked `postgres`, so `-m postgres` selects those); `dsn` over the
+two that outlive one connection, a SQLite file and PostgreSQL. The helpers they use
+live in tests/support/.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from ledger import Actor, Ledger
-from tests.clock import ManualClock
-from tests.conftest_pg import *  # noqa: F403  (pg_server, pg_databases, pg_template_dsn, pg_dsn)
+from ledger import Ledger
+from tests.support.clock import ManualClock
+from tests.support.pg_fixtures import *  # noqa: F403  (pg_server, pg_databases, pg_template_dsn, pg_dsn)
+from tests.support.stores import FILE_STORES, STORES, dsn_for
 
 
 def _install_schema(dsn: str) -> None:
@@ -21,28 +24,24 @@ def _install_schema(dsn: str) -> None:
     Ledger.open(dsn).close()
 
 
-from tests import pgserver  # noqa: E402
+from tests.support import pgserver  # noqa: E402
 
 if _install_schema not in pgserver.TEMPLATE_INITIALIZERS:
     pgserver.TEMPLATE_INITIALIZERS.append(_install_schema)
-
-STORES = [
-    pytest.param("memory", id="memory"),
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
 
 
 @pytest.fixture(params=STORES)
 def store_dsn(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     """A DSN for an empty ledger on each store."""
-    kind = request.param
-    if kind == "memory":
-        return "memory://"
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
-    dsn: str = request.getfixturevalue("pg_dsn")
-    return dsn
+    return dsn_for(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=FILE_STORES)
+def dsn(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """A DSN for an empty ledger on a store that outlives one connection (a SQLite file
+    that is not made yet, or a fresh PostgreSQL database), for tests whose processes,
+    commands or servers each open it."""
+    return dsn_for(request.param, request, tmp_path)
 
 
 @pytest.fixture
@@ -60,40 +59,11 @@ def lg(store_dsn: str, clock: ManualClock) -> Iterator[Ledger]:
         ledger.close()
 
 
-SUBMITTER = Actor("sam", "submitter")
-CONTROLLER = Actor("ctl", "controller")
-WORKER = Actor("w1", "worker")
-REVIEWER = Actor("rita", "reviewer")
-OPERATOR = Actor("olga", "operator")
-RECONCILER = Actor("rec", "reconciler")
-
-
-def manifest(n: int = 3, **policy: Any) -> dict[str, Any]:
-    """A small valid manifest with items i0..i{n-1}."""
-    return {
-        "source_version": "exports/2026-11-28",
-        "config_version": "cfg-1",
-        "scope": "test",
-        "items": [{"item_id": f"i{k}", "payload": {"n": k}} for k in range(n)],
-        "policy": policy,
-    }
-
-
-def finished_run(lg: Ledger, n: int = 3) -> str:
-    """A run of `n` items, each claimed and accepted, then completed (succeeded)."""
-    run_id = lg.submit(manifest(n), SUBMITTER).run_id
-    lg.start(run_id, CONTROLLER)
-    for lease in lg.claim(run_id, WORKER, limit=n):
-        lg.accept(lease)
-    lg.complete(run_id, CONTROLLER)
-    return run_id
-
-
 @pytest.fixture
 def hold(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """`hold()`: a `HeldInTransaction` (tests/test_postgres.py) for this test: the next
+    """`hold()`: a `HeldInTransaction` (tests/support/hold.py) for this test: the next
     command it starts stops inside its transaction once its run is loaded. The hook on
     the run's load is undone after the test."""
-    from tests.test_postgres import HeldInTransaction
+    from tests.support.hold import HeldInTransaction
 
     return lambda: HeldInTransaction(monkeypatch)

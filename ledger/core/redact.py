@@ -2,7 +2,7 @@
 redacted.
 
 `redact` covers the shapes secrets take in error text and reasons (see
-tests/test_redact.py for the table): URL userinfo (a password, or a token as the user), `Authorization:`
+tests/core/test_redact.py for the table): URL userinfo (a password, or a token as the user), `Authorization:`
 headers (Bearer, Basic, Token), `key=value` / `key: value` / JSON `"key": "value"`
 pairs whose key names a secret (`password`, `DB_PASSWORD`, `PGPASSWORD`,
 `client_secret`, `access_token`, `api_key`, `aws_secret_access_key`, ...) in query

@@ -35,7 +35,7 @@ def _not_json(o: Any) -> Any:
 # json.dumps with these arguments builds a JSONEncoder and then its C encoder on every
 # call: a third of its time for the small values of a projection row (measured in an
 # import's profile). The C encoder built once writes the very same text (no circular
-# check: a projection value is never circular; tests/test_rows_json.py compares them).
+# check: a projection value is never circular; tests/projections/test_rows_json.py compares them).
 _C_ENCODER = getattr(json.encoder, "c_make_encoder", None)
 _ENCODE = (
     _C_ENCODER(None, _not_json, json.encoder.encode_basestring, None, ":", ",", True, False, True)

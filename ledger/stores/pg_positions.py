@@ -34,7 +34,7 @@ on purpose right after `nextval`/`setval` (sequence changes survive a rollback, 
 lock does not; any error releases it the same way).
 
 Both functions are SECURITY DEFINER so that a login role with only USAGE on the
-sequence (tests/test_postgres.py) can run them: reading `last_value` needs SELECT and
+sequence (tests/stores/test_postgres.py) can run them: reading `last_value` needs SELECT and
 `setval` UPDATE on it.
 """
 

@@ -6,7 +6,7 @@ the same transaction (which takes a cluster-wide lock at commit). Here an insert
 announces and reserves its positions (pg_positions.py) and readers stop below
 `ledger_readable_position()`; wake-ups for `subscribe()` are sent after commit, at most
 one per `WAKE_INTERVAL_S` per process (`Waker`). The library's own recorder test cases
-run against this class (tests/test_recorders.py).
+run against this class (tests/stores/test_recorders.py).
 """
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
 # fails only when both are off. The defences: verify settles the pipeline right after the
 # ROLLBACK (ledger/projections/rebuild.py `settle_ddl`), and the statements on verify's scratch
 # tables, whose names are new on every verify, are never prepared (nothing of theirs to
-# remove, and a long-lived process does not keep them; tests/test_pg_prepared.py).
+# remove, and a long-lived process does not keep them; tests/stores/test_pg_prepared.py).
 # The cache size plays no part in it (the case passes at psycopg's 100): it is 2,000 so
 # the ledger's own statements, a few hundred texts, stay prepared rather than evicted.
 PREPARED_MAX = 2_000

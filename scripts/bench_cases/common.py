@@ -174,14 +174,14 @@ class PgTarget:
     keep: bool = False
 
     def dsn(self, dbname: str) -> str:
-        from tests.pgserver import with_dbname
+        from tests.support.pgserver import with_dbname
 
         return with_dbname(self.admin_dsn, dbname)
 
     @contextmanager
     def database(self, label: str) -> Iterator[str]:
         """A fresh database for one case, dropped afterwards (unless keep)."""
-        from tests.pgserver import create_database, drop_database
+        from tests.support.pgserver import create_database, drop_database
 
         name = f"bench_{self.tag}_{label}"
         create_database(self.admin_dsn, name)

@@ -1,0 +1,28 @@
+"""`ledger top --once` on a seeded ledger: the tallies, and the stuck runs listed first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ledger.cli.entry import main
+from tests.support.operator_seed import seed
+
+
+def test_top_lists_the_stuck_runs_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dsn = f"sqlite:///{tmp_path}/ledger.db"
+    runs = seed(dsn, finished=3)
+    capsys.readouterr()
+    assert main(["--dsn", dsn, "top", "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "5 open runs" in out
+    assert "stalled 1" in out and "expired leases 3 in 1 runs" in out
+    assert "reviewer 1 (oldest 2h 00m)" in out
+    lines = [line for line in out.splitlines() if "│" in line]
+    order = [name for line in lines for name, run_id in runs.items() if run_id in line]
+    # stuck first (the dead worker's run, the idle one), then the longest waits
+    assert order[:2] == ["dead", "idle"]
+    assert order[2] == "review"
+    assert "3 EXPIRED" in lines[0] and "reconciler" in lines[0]
+    assert "STALLED" in lines[1]

@@ -1,0 +1,1 @@
+"""Tests of projections: rebuild, verify, the comparison of tables, the rows' JSON."""

@@ -1,0 +1,1 @@
+"""Tests of the stores: recorders, migrations, PostgreSQL, positions, the hash chain, SQLite concurrency, statements."""

@@ -1,0 +1,1 @@
+"""Tests of export, import, archive, saved histories."""
