@@ -161,3 +161,46 @@ def test_a_root_over_many_events_is_one_pass(tmp_path: Any) -> None:
         assert head.root == M.root([M.leaf_hash(bytes.fromhex(e.hash or "")) for e in events])
     finally:
         lg.close()
+
+
+def test_the_cli_signs_proves_and_catches_a_truncation(tmp_path: Any) -> None:
+    from tests.test_cli import cli
+
+    dsn = f"sqlite:///{tmp_path}/l.db"
+    lg = Ledger.open(dsn)
+    try:
+        finished_run(lg)
+    finally:
+        lg.close()
+    keys, cp = tmp_path / "keys", tmp_path / "cp"
+    assert cli(dsn, "checkpoint", "keygen", "host", "--out", str(keys)).exit_code == 0
+    assert (keys / "host.key").stat().st_mode & 0o777 == 0o600
+    r = cli(dsn, "checkpoint", "sign", "--key", str(keys / "host.key"), "--out", str(cp))
+    assert r.exit_code == 0, r.output
+    vkey = str(keys / "host.vkey")
+    r = cli(dsn, "verify", "--no-progress", "--checkpoint", str(cp), "--vkey", vkey)
+    assert r.exit_code == 0, r.output
+    size = cp.read_text().split("\n")[1]
+    r = cli(dsn, "checkpoint", "prove", "--index", "2", "--size", size)
+    assert r.exit_code == 0, r.output
+    (tmp_path / "p.json").write_text(r.stdout)
+    r = cli(
+        dsn,
+        "checkpoint",
+        "check-proof",
+        str(tmp_path / "p.json"),
+        "--checkpoint",
+        str(cp),
+        "--vkey",
+        vkey,
+    )
+    assert r.exit_code == 0 and r.stdout.startswith("ok "), r.output
+    lg = Ledger.open(dsn)
+    try:
+        delete_newest(lg, 1)
+        lg.rebuild_projections()
+    finally:
+        lg.close()
+    r = cli(dsn, "verify", "--no-progress", "--json", "--checkpoint", str(cp), "--vkey", vkey)
+    assert r.exit_code == 1
+    assert "checkpoint_truncated" in {p["kind"] for p in json.loads(r.stdout)["problems"]}
