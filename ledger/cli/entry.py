@@ -34,6 +34,7 @@ from ledger.cli import feed as cli_feed
 from ledger.cli import tokens as cli_tokens
 from ledger.cli import top as cli_top
 from ledger.cli import transfer as cli_transfer
+from ledger.cli import checkpoint as cli_checkpoint
 
 # isort: on
 from ledger.cli.app import (
@@ -79,6 +80,7 @@ __all__ = [
     "_refuse_key",
     "app",
     "cli_admin",
+    "cli_checkpoint",
     "cli_feed",
     "cli_reads",
     "cli_runs",

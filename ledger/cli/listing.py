@@ -32,7 +32,17 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "Keeping the record",
-        ("verify", "export", "import", "copy", "archive", "restore", "projections", "keys"),
+        (
+            "verify",
+            "checkpoint",
+            "export",
+            "import",
+            "copy",
+            "archive",
+            "restore",
+            "projections",
+            "keys",
+        ),
     ),
     ("Serving and following", ("serve", "token", "followers", "webhooks", "demo")),
 )

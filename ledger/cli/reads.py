@@ -5,6 +5,7 @@ the long ones print page by page."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -304,11 +305,24 @@ def verify(
     ] = False,
     as_json: JsonOpt = False,
     no_progress: Annotated[bool, typer.Option("--no-progress")] = False,
+    checkpoint: Annotated[
+        list[Path] | None,
+        typer.Option("--checkpoint", help="Also check against this signed checkpoint file"),
+    ] = None,
+    vkey: Annotated[
+        list[Path] | None,
+        typer.Option("--vkey", help="A verifier key file the checkpoints must be signed by"),
+    ] = None,
 ) -> None:
     """Replay every event and check the rules, hash chains and projections (exit 1 on problems)."""
+    from ledger.cli.checkpoint import read_checkpoint_args
+
+    checkpoints, vkeys = read_checkpoint_args(checkpoint, vkey)
     with _ledger(ctx) as lg, _core_feature("verify"):
         report = lg.verify(
-            None if no_progress else VerifyProgress(lambda line: typer.echo(line, err=True))
+            None if no_progress else VerifyProgress(lambda line: typer.echo(line, err=True)),
+            checkpoints=checkpoints,
+            vkeys=vkeys,
         )
     if as_json:
         _emit_json(report)

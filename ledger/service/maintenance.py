@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,15 +35,30 @@ class LedgerMaintenance:
         return cast("Ledger", self)
 
     @typed_refusals
-    def verify(self, progress: Callable[[str, int, int], None] | None = None) -> VerifyReport:
+    def verify(
+        self,
+        progress: Callable[[str, int, int], None] | None = None,
+        checkpoints: list[str] | None = None,
+        vkeys: list[str] | None = None,
+    ) -> VerifyReport:
         """Replay every event and report broken rules and projection drift. `progress(stage,
         done, total)` follows it: "replay" after each batch (events done, events stored), then
-        "compare" and "chains" as they start."""
+        "compare" and "chains" as they start. With `checkpoints` (signed checkpoint texts) and
+        `vkeys` (verifier keys), also check the ledger against each (service/checkpoints.py)."""
         from ledger.projections.verify import verify
 
         if progress is not None and not callable(progress):
             raise InvalidInput("progress must be a callable (stage, done, total)")
-        return verify(self._facade(), progress)
+        if checkpoints:
+            from ledger.service.checkpoints import check_checkpoints, parse_verifiers
+
+            parse_verifiers(vkeys or [])  # refuse bad keys before the replay
+        report = verify(self._facade(), progress)
+        if checkpoints:
+            found = check_checkpoints(self._facade(), checkpoints, vkeys or [])
+            if found:
+                report = replace(report, ok=False, problems=[*report.problems, *found])
+        return report
 
     @typed_refusals
     def prune_idempotency_keys(self, older_than: timedelta) -> int:

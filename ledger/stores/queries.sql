@@ -160,3 +160,10 @@ SELECT 1 AS x FROM {events} WHERE {position} {in_list} LIMIT 1
 SELECT c.relname AS tab, a.attname AS col, format_type(a.atttypid, a.atttypmod) AS typ
 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
 WHERE a.attrelid = ANY(CAST(? AS regclass[])) AND a.attnum > 0 AND NOT a.attisdropped
+
+-- the Merkle tree's leaves (ledger/stores/leaves.py): each event's recorded hash, and what
+-- an event without one is hashed from
+-- name: merkle_leaves
+SELECT e.{position} AS position, e.originator_id AS oid, e.originator_version AS version,
+  e.topic, e.hash AS hash, CASE WHEN e.hash IS NULL THEN e.state END AS state
+FROM {events} e WHERE e.{position} > ? AND e.{position} <= ? ORDER BY e.{position} LIMIT ?
