@@ -34,10 +34,6 @@ WHERE name = ? AND position = ? RETURNING name;
 -- PostgreSQL only: this transaction's commit does not wait for the disk
 SET LOCAL synchronous_commit = off;
 
--- ---------------------------------------------------------------------------
--- follower.py
--- ---------------------------------------------------------------------------
-
 -- name: followers
 SELECT * FROM lg_followers ORDER BY name;
 
@@ -60,10 +56,6 @@ WHERE position > ? AND (command {in_list} OR to_state {in_list});
 SELECT COUNT(*) AS n, MIN(at) AS oldest FROM lg_transitions
 WHERE position > ? AND run_id = ? AND (command {in_list} OR to_state {in_list});
 
--- ---------------------------------------------------------------------------
--- locks.py: a follower's session lock (PostgreSQL, on a connection of its own)
--- ---------------------------------------------------------------------------
-
 -- name: try_session_lock
 SELECT pg_try_advisory_lock(?);
 
@@ -72,10 +64,6 @@ SELECT 1;
 
 -- name: session_unlock
 SELECT pg_advisory_unlock(?);
-
--- ---------------------------------------------------------------------------
--- webhooks.py
--- ---------------------------------------------------------------------------
 
 -- name: add_webhook
 INSERT INTO lg_webhooks (webhook_id, url, secret, run_id, kinds, created_at)

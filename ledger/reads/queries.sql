@@ -34,15 +34,6 @@ SELECT * FROM lg_runs WHERE state = ? ORDER BY seq DESC LIMIT ?;
 -- name: runs_of_root
 SELECT * FROM lg_runs WHERE root_run_id = ? ORDER BY seq;
 
--- ---------------------------------------------------------------------------
--- queries.py: audit, keyset-paged by position
--- ---------------------------------------------------------------------------
--- One statement per index the read is led by (the first filter given of run, actor,
--- target state, role, time) and per order. The other filters are checked per row:
--- a CAST-to-text IS NULL test OR the condition, both parameters the filter's value (or None).
--- The cursor and the readable bound are always given (-1 or 2**63 - 1 when there is
--- none), each a range on the position column every one of these indexes has second.
-
 -- name: audit_run_asc
 -- audit, oldest first: the run's transitions (lg_transitions_run)
 SELECT * FROM lg_transitions
@@ -293,10 +284,6 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND position <= ?
 ORDER BY position DESC, ord DESC LIMIT ?;
 
--- ---------------------------------------------------------------------------
--- paging.py: keyset-paged items, attempts and history of a run
--- ---------------------------------------------------------------------------
-
 -- name: item_seq
 SELECT seq FROM lg_items WHERE run_id = ? AND item_id = ?;
 
@@ -348,10 +335,6 @@ SELECT * FROM lg_transitions WHERE run_id = ? AND position <= ? ORDER BY positio
 -- name: history_page_after_upto
 SELECT * FROM lg_transitions WHERE run_id = ? AND position > ? AND position <= ?
 ORDER BY position, ord LIMIT ?;
-
--- ---------------------------------------------------------------------------
--- board.py and runpage.py: the board's runs, a run's page
--- ---------------------------------------------------------------------------
 
 -- name: board_in_state
 SELECT seq, run_id, state, counts, policy, review, created_at, updated_at, started_at,
@@ -429,10 +412,6 @@ SELECT item_id, attempt, worker_id, started_at, expires_at, finished_at, stage,
 outcome, error FROM lg_attempts WHERE run_id = ? AND (started_at, item_id, attempt) < (?, ?, ?)
 ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?;
 
--- ---------------------------------------------------------------------------
--- overview.py
--- ---------------------------------------------------------------------------
-
 -- name: open_runs_by_state
 SELECT state, COUNT(*) AS n FROM lg_runs WHERE state IN ({open_run_states}) GROUP BY state;
 
@@ -444,10 +423,6 @@ WHERE state = {s_in_progress} AND lease_expires_at < ?;
 -- name: open_runs_page
 SELECT seq, run_id, state, counts, policy, review, created_at, updated_at, stopped_at, scope
 FROM lg_runs WHERE state IN ({open_run_states}) AND seq > ? ORDER BY seq LIMIT ?;
-
--- ---------------------------------------------------------------------------
--- signals.py: the delay signals of runs
--- ---------------------------------------------------------------------------
 
 -- name: run_signals
 -- One statement for every signal but the lease holders (a round trip each cost more than
@@ -484,10 +459,6 @@ SELECT DISTINCT run_id, lease_worker FROM lg_items
 WHERE run_id {in_list} AND state = ? AND lease_expires_at >= ?
 ORDER BY run_id, lease_worker;
 
--- ---------------------------------------------------------------------------
--- timetravel.py: the events of given streams
--- ---------------------------------------------------------------------------
-
 -- name: run_and_root
 SELECT run_id, root_run_id FROM lg_runs WHERE run_id = ?;
 
@@ -504,10 +475,6 @@ FROM {events} WHERE originator_id {in_list};
 -- name: stream_first_events
 SELECT {position} AS position, originator_id, originator_version, topic, state
 FROM {events} WHERE originator_id {in_list} AND originator_version = 1;
-
--- ---------------------------------------------------------------------------
--- feed.py: the change feed (lg_transitions in position order)
--- ---------------------------------------------------------------------------
 
 -- name: feed_head
 SELECT COALESCE(MAX(position), 0) AS head FROM lg_transitions;
