@@ -11,7 +11,7 @@ asked for on a dialect (then cached):
   `{readable_column}` the extra columns PostgreSQL reads in the same statement,
   `{in_list}` a membership test against one bound list (`tx_list(tx, values)`);
 - the rule tables' slots (`rule_slots()`): every state name as a quoted literal
-  (`{s_pending}`, `{s_running}`, ...), every role likewise (`{r_worker}`, ...), and the state sets of `ledger.core.states`
+  (`{s_pending}`, `{s_running}`, ...) and the state sets of `ledger.core.states`
   as lists of literals (`{terminal_run_states}`, `{open_run_states}`, ...);
 - identifiers chosen at run time (a scratch table of verify) as keyword arguments of
   `Statements.sql`, quoted as identifiers by the dialect (PostgreSQL through
@@ -79,7 +79,7 @@ def literals(values: Sequence[str] | frozenset[str]) -> str:
 def rule_slots() -> dict[str, str]:
     """The rule tables' slots: each state as `{s_NAME}`, the state sets by name."""
     out = {f"s_{state}": literal(state) for state in (*S.RUN_STATES, *S.ITEM_STATES)}
-    out.update({f"r_{role}": literal(role) for role in S.ROLES})
+    out.update({f"r_{role}": literal(role) for role in S.ROLES})  # each role: `{r_worker}`, ...
     out.update(
         terminal_run_states=literals(S.TERMINAL_RUN_STATES),
         open_run_states=literals(S.OPEN_RUN_STATES),
