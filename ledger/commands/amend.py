@@ -8,6 +8,7 @@ from typing import Any
 
 from ledger.commands.lineage import manifest_of, parse_items
 from ledger.commands.runs import _policy
+from ledger.commands.sql import SQL
 from ledger.commands.uow import UnitOfWork, check_revision, require_role, require_run_state, stamp
 from ledger.core import args as A
 from ledger.core import states as S
@@ -75,15 +76,7 @@ def amend(
         )
         if weakened:
             govern(run, actor, reason, weakened)
-        rows = {
-            r["item_id"]: r
-            for r in tx.fetchall(
-                "SELECT item_id, required, payload, state, in_manifest, revision, attempts, "
-                "lease_token, lease_worker, lease_expires_at, eligible_at, last_error, reason, "
-                "updated_at, run_id FROM lg_items WHERE run_id = ? ORDER BY seq",
-                (run_id,),
-            )
-        }
+        rows = {r["item_id"]: r for r in tx.fetchall(SQL.sql(tx, "items_to_amend"), (run_id,))}
         added, replaced = [], []
         for it in new_items:
             d = it.model_dump(mode="json")
@@ -183,11 +176,7 @@ def weakenings(tx: Tx, run: Run, old: Any, new: Any) -> list[str]:
     if new.partial_delivery and not old.partial_delivery:
         out.append("enables partial_delivery")
     elif new.partial_delivery:
-        required = tx.fetchone(
-            "SELECT COUNT(*) AS n FROM lg_items WHERE run_id = ? AND in_manifest = 1 "
-            "AND required = 1",
-            (run.run_id,),
-        )
+        required = tx.fetchone(SQL.sql(tx, "required_items_counted"), (run.run_id,))
         n = int((required or {"n": 0})["n"])
         # compared on the run's size, and on a large one, so "50%" vs 3 compares fairly
         if any(new.tolerated(k) > old.tolerated(k) for k in (n, 10_000_000)):
@@ -202,14 +191,7 @@ def weakenings(tx: Tx, run: Run, old: Any, new: Any) -> list[str]:
 
 def had_failures(tx: Tx, run: Run) -> bool:
     """Whether any attempt of the run has failed or expired."""
-    return (
-        tx.fetchone(
-            "SELECT attempt FROM lg_attempts WHERE run_id = ? "
-            "AND outcome IN ('failed', 'lease_expired') LIMIT 1",
-            (run.run_id,),
-        )
-        is not None
-    )
+    return tx.fetchone(SQL.sql(tx, "run_retried"), (run.run_id,)) is not None
 
 
 def govern(run: Run, actor: Actor, reason: str | None, weakened: list[str]) -> None:

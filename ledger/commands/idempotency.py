@@ -37,6 +37,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Union
 
+from ledger.commands.sql import SQL
 from ledger.core import errors as E
 from ledger.core.errors import CommitUncertain, InvalidInput, LedgerError, StoreUnavailable
 from ledger.core.validation import check_identifier
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 T = TypeVar("T")
 
-TABLE = "ledger_idempotency"
+TABLE = "ledger_idempotency"  # (its statements name it: commands.sql, idempotency_*)
 # Pauses between attempts after a transient fault: about 20 s in all, enough for a
 # PostgreSQL fast restart or a failover of a pooled connection.
 RETRY_DELAYS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 2.5, 4.0, 5.0, 5.0)
@@ -218,11 +219,7 @@ def prune(store: Store, before: datetime) -> int:
     after = ""
     while True:
         with store.write() as tx:
-            rows = tx.fetchall(
-                f"SELECT idempotency_key, recorded_at FROM {TABLE} WHERE idempotency_key > ? "  # noqa: S608 (our own table/column names; values are bound parameters)
-                "ORDER BY idempotency_key LIMIT ?",
-                (after, PRUNE_PAGE),
-            )
+            rows = tx.fetchall(SQL.sql(tx, "idempotency_page"), (after, PRUNE_PAGE))
             if not rows:
                 return removed
             after = rows[-1]["idempotency_key"]
@@ -232,15 +229,12 @@ def prune(store: Store, before: datetime) -> int:
                 if datetime.fromisoformat(r["recorded_at"]) < before
             ]
             if old:
-                tx.executemany(f"DELETE FROM {TABLE} WHERE idempotency_key = ?", old)  # noqa: S608 (our own table/column names; values are bound parameters)
+                tx.executemany(SQL.sql(tx, "idempotency_forget"), old)
                 removed += len(old)
 
 
 def lookup(tx: Tx, key: str) -> dict[str, Any] | None:
-    return tx.fetchone(
-        f"SELECT command, fingerprint, response FROM {TABLE} WHERE idempotency_key = ?",  # noqa: S608 (our own table/column names; values are bound parameters)
-        (key,),
-    )
+    return tx.fetchone(SQL.sql(tx, "idempotency_lookup"), (key,))
 
 
 def reused(key: str) -> InvalidInput:
@@ -286,8 +280,7 @@ def refuse_reuse(call: Callable[[], Any], key: str) -> None:
 def record(tx: Tx, key: str, name: str, fp: str, run_id: str | None, result: Any) -> None:
     # RETURNING, not rowcount: the answer is read back even when statements are pipelined
     inserted = tx.fetchall(
-        f"INSERT INTO {TABLE} (idempotency_key, command, fingerprint, run_id, response, recorded_at) "  # noqa: S608 (our own table/column names; values are bound parameters)
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key",
+        SQL.sql(tx, "idempotency_record"),
         (
             key,
             name,

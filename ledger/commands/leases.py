@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ledger.commands.runs import finish_if_drained
+from ledger.commands.sql import SQL
 from ledger.commands.uow import UnitOfWork, require_item_run_state, stamp
 from ledger.core import args as A
 from ledger.core import states as S
@@ -56,28 +57,17 @@ def claim(
         policy = run.policy
         # PostgreSQL: items another claim of this run holds are passed over (its share
         # lock on the run lets claims run side by side; rule 3: one live lease per item)
-        skip = tx.claim_lock_suffix()
         deadline_passed = (
             policy.get("item_deadline_seconds") is not None
             and run.started_at is not None
             and now > run.started_at + timedelta(seconds=policy["item_deadline_seconds"])
         )
         if deadline_passed:
-            rows = tx.fetchall(
-                "SELECT * FROM lg_items WHERE run_id = ? AND state = 'pending' "  # noqa: S608 (a lock clause of our own; values are bound)
-                "ORDER BY seq LIMIT ?" + skip,
-                (run_id, limit),
-            )
+            rows = tx.fetchall(SQL.sql(tx, "claimable_pending"), (run_id, limit))
         else:
-            # two index range scans (run_id, state, seq) instead of one scan over every
-            # item of the run: an OR across states defeats the index on both stores
+            # two index range scans (commands.sql, claimable)
             rows = tx.fetchall(
-                "SELECT * FROM (SELECT * FROM (SELECT * FROM lg_items WHERE run_id = ? "  # noqa: S608 (a lock clause of our own; values are bound)
-                f"AND state = 'pending' ORDER BY seq LIMIT ?{skip}) AS p UNION ALL SELECT * FROM "
-                "(SELECT * FROM lg_items WHERE run_id = ? AND state = 'retryable' AND "
-                f"(eligible_at IS NULL OR eligible_at <= ?) ORDER BY seq LIMIT ?{skip}) AS r) AS c "
-                "ORDER BY seq LIMIT ?",
-                (run_id, limit, run_id, iso(now), limit, limit),
+                SQL.sql(tx, "claimable"), (run_id, limit, run_id, iso(now), limit, limit)
             )
         leases, items = [], []
         for row in rows:

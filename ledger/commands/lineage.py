@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ledger.commands.runs import _policy
+from ledger.commands.sql import SQL
 from ledger.commands.uow import UnitOfWork, require_role
 from ledger.core import args as A
 from ledger.core import states as S
@@ -47,17 +47,11 @@ def manifest_of(run: Run, items: list[dict[str, Any]], policy: dict[str, Any]) -
     }
 
 
-def current_manifest(
-    tx: Tx, run: Run, where: str = "", params: Sequence[Any] = ()
-) -> dict[str, Any]:
-    """The run's latest input (its items still in the manifest, optionally filtered)."""
+def current_manifest(tx: Tx, run: Run, which: str = "") -> dict[str, Any]:
+    """The run's latest input (its items still in the manifest; `which`: all of them, or
+    "_accepted" or "_not_accepted" ones: commands.sql, manifest*)."""
     refuse_if_archived(tx, run.run_id, run.state)  # its items left with its events
-    rows = tx.fetchall(
-        "SELECT item_id, required, payload FROM lg_items WHERE run_id = ? AND in_manifest = 1"  # noqa: S608 (`where` is our own fixed filter, values bound)
-        + where
-        + " ORDER BY seq",
-        (run.run_id, *params),
-    )
+    rows = tx.fetchall(SQL.sql(tx, "manifest" + which), (run.run_id,))
     items = [
         {
             "item_id": r["item_id"],
@@ -78,12 +72,7 @@ def one_open(tx: Tx, original: Run, command: str, relation: str | None = None) -
     """SPEC rule 15: Conflict when the run already has an open linked run of the relation
     (the original's row is locked, so two concurrent ones cannot both pass)."""
     relations = (relation,) if relation else RELATIONS[command]
-    marks = ", ".join("?" for _ in S.TERMINAL_RUN_STATES)
-    for row in tx.fetchall(
-        f"SELECT run_id, state, links FROM lg_runs WHERE root_run_id = ? AND state NOT IN ({marks}) "  # noqa: S608 (placeholders only)
-        "ORDER BY seq",
-        (original.root_run_id, *sorted(S.TERMINAL_RUN_STATES)),
-    ):
+    for row in tx.fetchall(SQL.sql(tx, "open_runs_of_root"), (original.root_run_id,)):
         for link in json.loads(row["links"]):
             if link["run_id"] == original.run_id and link["relation"] in relations:
                 raise Conflict(
@@ -215,10 +204,7 @@ def repair(
             )
         corrected = config_version is not None or policy is not None
         if fixed:
-            known = {
-                r["item_id"]
-                for r in tx.fetchall("SELECT item_id FROM lg_items WHERE run_id = ?", (run_id,))
-            }
+            known = {r["item_id"] for r in tx.fetchall(SQL.sql(tx, "item_ids"), (run_id,))}
             manifest = manifest_of(
                 original, [f.model_dump(mode="json") for f in fixed], original.policy
             )
@@ -235,7 +221,7 @@ def repair(
             manifest["items"] = [by_id[i] for i in dict.fromkeys(items)]
             relation = "repair_of"
         else:
-            manifest = current_manifest(tx, original, " AND state <> 'accepted'")
+            manifest = current_manifest(tx, original, "_not_accepted")
             relation = "repair_of"
         if corrected:
             # seed 000: the linked run carries the corrected configuration
@@ -296,7 +282,7 @@ def compensate(
                 original, [g.model_dump(mode="json") for g in given], original.policy
             )
         else:
-            manifest = current_manifest(tx, original, " AND state = 'accepted'")
+            manifest = current_manifest(tx, original, "_accepted")
             if ids is not None:
                 by_id = {i["item_id"]: i for i in current_manifest(tx, original)["items"]}
                 missing = [i for i in ids if i not in by_id]

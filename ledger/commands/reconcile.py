@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ledger.commands.runs import finish_if_drained
+from ledger.commands.sql import SQL
 from ledger.commands.uow import UnitOfWork, require_role, stamp
 from ledger.core import args as A
 from ledger.core import states as S
@@ -34,15 +35,8 @@ def reconcile(
                 "reconcile may look back, never ahead"
             )
         t = now or clock
-        stale = tx.fetchall(
-            "SELECT DISTINCT run_id FROM lg_items WHERE state = 'in_progress' AND "
-            "lease_expires_at < ?",
-            (iso(t),),
-        )
-        open_runs = tx.fetchall(
-            "SELECT run_id FROM lg_runs WHERE state IN "
-            "('running', 'awaiting_review', 'pausing', 'paused', 'canceling')"
-        )
+        stale = tx.fetchall(SQL.sql(tx, "runs_with_expired_leases"), (iso(t),))
+        open_runs = tx.fetchall(SQL.sql(tx, "runs_to_reconcile"))
     run_ids = list(dict.fromkeys([r["run_id"] for r in stale] + [r["run_id"] for r in open_runs]))
     for run_id in run_ids:
         # each run's pass retried on its own: a fault on one run neither repeats nor
@@ -65,11 +59,7 @@ def reconcile_run(
             return 0, 0, 0, 0  # its items never change (SPEC rule 12)
         now = now_arg or tx.now()
         policy = run.policy
-        rows = tx.fetchall(
-            "SELECT * FROM lg_items WHERE run_id = ? AND state = 'in_progress' AND "
-            "lease_expires_at < ? ORDER BY seq",
-            (run_id, iso(now)),
-        )
+        rows = tx.fetchall(SQL.sql(tx, "expired_leases_of_run"), (run_id, iso(now)))
         deadline = policy.get("item_deadline_seconds")
         past_item_deadline = (
             deadline is not None
@@ -101,10 +91,7 @@ def reconcile_run(
             )
             items.append(item)
         if past_item_deadline:
-            for row in tx.fetchall(
-                "SELECT * FROM lg_items WHERE run_id = ? AND state = 'retryable' ORDER BY seq",
-                (run_id,),
-            ):
+            for row in tx.fetchall(SQL.sql(tx, "retryable_items"), (run_id,)):
                 item = uow.materialize(row, now)
                 item.transition(
                     "deadline",

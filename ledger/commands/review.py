@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from ledger.commands.runs import fence, run_transition
+from ledger.commands.sql import SQL
 from ledger.commands.uow import UnitOfWork
 from ledger.core import args as A
 from ledger.core import states as S
@@ -94,11 +95,7 @@ def four_eyes(tx: Tx, run: Run, reviewer: Actor) -> None:
             f"{reviewer.id!r} submitted run {run.run_id} and may not decide its review "
             "(four eyes: another reviewer decides)"
         )
-    amended = tx.fetchone(
-        "SELECT position FROM lg_transitions WHERE run_id = ? AND item_id IS NULL "
-        "AND command IN ('amend', 'weaken_acceptance') AND actor_id = ? LIMIT 1",
-        (run.run_id, reviewer.id),
-    )
+    amended = tx.fetchone(SQL.sql(tx, "run_amended_by"), (run.run_id, reviewer.id))
     if amended is not None:
         raise NotAuthorized(
             f"{reviewer.id!r} amended run {run.run_id} and may not decide its review "

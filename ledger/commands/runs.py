@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from ledger.commands.sql import SQL
 from ledger.commands.uow import LEDGER, UnitOfWork, require_run_state, stamp
 from ledger.core import args as A
 from ledger.core import states as S
@@ -213,16 +214,8 @@ def complete(
                     state=run.state,
                     allowed=rule.sources,
                 )
-        rows = tx.fetchall(
-            "SELECT item_id, state, required, reason FROM lg_items WHERE run_id = ? "
-            "AND in_manifest = 1 AND state <> 'accepted' ORDER BY seq",
-            (run_id,),
-        )
-        required_total = tx.fetchone(
-            "SELECT COUNT(*) AS n FROM lg_items WHERE run_id = ? AND "
-            "in_manifest = 1 AND required = 1",
-            (run_id,),
-        )
+        rows = tx.fetchall(SQL.sql(tx, "manifest_items_not_accepted"), (run_id,))
+        required_total = tx.fetchone(SQL.sql(tx, "required_items_counted"), (run_id,))
         assert required_total is not None
         missing = [r for r in rows if r["required"]]
         policy = _policy(run.policy)
@@ -300,10 +293,7 @@ def fail(
 
 def fence(uow: UnitOfWork, tx: Tx, run: Run, now: datetime, why: str) -> None:
     """End every live lease of the run: its attempts end abandoned, its items retryable."""
-    rows = tx.fetchall(
-        "SELECT * FROM lg_items WHERE run_id = ? AND state = 'in_progress' ORDER BY seq",
-        (run.run_id,),
-    )
+    rows = tx.fetchall(SQL.sql(tx, "leased_items"), (run.run_id,))
     items = []
     for row in rows:
         item = uow.materialize(row, now)
@@ -358,21 +348,13 @@ def finish_if_drained(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> str |
 
 def cancel_reason(tx: Tx, run: Run) -> str:
     """The reason of the run's cancel (the stop reason of a cancel that finishes later)."""
-    row = tx.fetchone(
-        "SELECT reason FROM lg_transitions WHERE run_id = ? AND item_id IS NULL "
-        "AND command = 'cancel' ORDER BY position DESC LIMIT 1",
-        (run.run_id,),
-    )
+    row = tx.fetchone(SQL.sql(tx, "cancel_reason"), (run.run_id,))
     return (row or {}).get("reason") or "canceled"
 
 
 def skip_remaining(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> None:
     """Skip the canceled run's items that were never claimed or are waiting to retry."""
-    rows = tx.fetchall(
-        "SELECT * FROM lg_items WHERE run_id = ? AND state IN ('pending', 'retryable') "
-        "ORDER BY seq",
-        (run.run_id,),
-    )
+    rows = tx.fetchall(SQL.sql(tx, "waiting_items"), (run.run_id,))
     items = []
     for row in rows:
         item = uow.materialize(row, now)

@@ -21,6 +21,7 @@ from uuid import UUID
 
 from ledger.commands import invariants
 from ledger.commands.idempotency import retry_transient
+from ledger.commands.sql import SQL
 from ledger.core import states as S
 from ledger.core.domain import (
     Item,
@@ -34,6 +35,7 @@ from ledger.core.rows import item_from_row
 from ledger.core.views import Actor
 from ledger.reads import queries
 from ledger.stores.base import Store, StreamConflict, Tx
+from ledger.stores.named import tx_list
 
 if TYPE_CHECKING:
     from eventsourcing.domain import DomainEvent
@@ -189,11 +191,9 @@ class UnitOfWork:
             ids.sort()
         for k in range(0, len(ids), 500):
             chunk = ids[k : k + 500]
-            marks = ", ".join("?" for _ in chunk)
             for row in tx.fetchall(
-                f"SELECT * FROM lg_items WHERE run_id = ? AND item_id IN ({marks})"  # noqa: S608 (placeholders only)
-                + (" ORDER BY item_id" + tx.lock_suffix() if lock else ""),
-                (run_id, *chunk),
+                SQL.sql(tx, "items_by_id_locked" if lock else "items_by_id"),
+                (run_id, tx_list(tx, chunk)),
             ):
                 out[row["item_id"]] = row
         return out

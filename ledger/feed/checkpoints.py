@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledger.core.errors import FollowerBusy, FollowerNotFound
 from ledger.core.rows import iso
+from ledger.feed.sql import SQL
 from ledger.reads import feed
 
 if TYPE_CHECKING:
@@ -27,15 +28,14 @@ def ensure(tx: Tx, name: str, flt: feed.FeedFilter, position: int = 0) -> None:
     """The checkpoint row of `name`, created at `position` if missing."""
     now = iso(tx.now())
     tx.execute(
-        "INSERT INTO lg_followers (name, position, run_id, kinds, created_at, updated_at, owner) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
+        SQL.sql(tx, "create_checkpoint"),
         (name, position, flt.run_id, flt.kinds_json(), now, now, owner()),
     )
 
 
 def checkpoint(tx: Tx, name: str) -> int | None:
     """The position of follower `name`, None when there is no such follower."""
-    row = tx.fetchone("SELECT position FROM lg_followers WHERE name = ?", (name,))
+    row = tx.fetchone(SQL.sql(tx, "checkpoint"), (name,))
     return None if row is None else int(row["position"])
 
 
@@ -47,10 +47,9 @@ def position(tx: Tx, name: str) -> int:
 
 
 def checkpoint_sql(tx: Tx, lock: bool = True) -> str:
-    return (
-        f"SELECT position{tx.now_column()}{tx.readable_column()} FROM lg_followers "  # noqa: S608 (our own table/column names; values are bound parameters)
-        "WHERE name = ?" + (tx.lock_suffix() if lock else "")
-    )
+    """The checkpoint's statement (parameter: the name) with the database clock and the
+    readable bound, its row locked (PostgreSQL) with `lock`."""
+    return SQL.sql(tx, "checkpoint_with_bound_locked" if lock else "checkpoint_with_bound")
 
 
 def locked_position(tx: Tx, name: str) -> tuple[int, int | None]:
@@ -82,8 +81,7 @@ def set_position(
     batch was read: the write goes with the next batch's read, or alone, in one round
     trip that has no clock reading before it)."""
     tx.execute(
-        "UPDATE lg_followers SET position = ?, updated_at = ?, owner = ?, run_id = ?, kinds = ? "
-        "WHERE name = ? AND position = ?",
+        SQL.sql(tx, "move_checkpoint"),
         (after, iso(at or tx.now()), owner(), flt.run_id, flt.kinds_json(), name, before),
     )
 
@@ -94,7 +92,7 @@ def relax_commit(tx: Tx) -> None:
     lost in a server crash (its last fraction of a second) delivers its batch again.
     In-database mode keeps the durable commit: the handler's rows are in it."""
     if tx.store.dialect == "postgres":
-        tx.execute("SET LOCAL synchronous_commit = off")
+        tx.execute(SQL.sql(tx, "relax_commit"))
 
 
 def moved(name: str) -> str:
@@ -108,8 +106,7 @@ def advance(tx: Tx, name: str, before: int, after: int, flt: feed.FeedFilter) ->
     """Move the checkpoint from `before` to `after`, refusing (and so rolling back the
     batch) when someone else moved it meanwhile (a reset, or a holder of a lost lock)."""
     done = tx.fetchall(
-        "UPDATE lg_followers SET position = ?, updated_at = ?, owner = ?, run_id = ?, kinds = ? "
-        "WHERE name = ? AND position = ? RETURNING name",
+        SQL.sql(tx, "advance_checkpoint"),
         (after, iso(tx.now()), owner(), flt.run_id, flt.kinds_json(), name, before),
     )
     if not done:

@@ -49,6 +49,7 @@ from ledger.core.validation import check_identifier
 from ledger.core.views import Transition, _View
 from ledger.feed import checkpoints as cp
 from ledger.feed.locks import FollowerLock
+from ledger.feed.sql import SQL
 from ledger.reads import feed
 
 if TYPE_CHECKING:
@@ -264,7 +265,7 @@ class Follower:
             answers = tx.send_both(
                 cp.checkpoint_sql(tx, lock=False),
                 (self.name,),
-                feed.UNFILTERED_PAGE,
+                feed.unfiltered_page_sql(tx),
                 (start, self.batch),
             )
         first, rows = answers()
@@ -288,7 +289,10 @@ class Follower:
         rows: list[Any] | None = None
         if start is not None and not (self.filter.run_id or self.filter.kinds):
             first, rows = tx.fetch_both(
-                cp.checkpoint_sql(tx), (self.name,), feed.UNFILTERED_PAGE, (start, self.batch)
+                cp.checkpoint_sql(tx),
+                (self.name,),
+                feed.unfiltered_page_sql(tx),
+                (start, self.batch),
             )
             position, bound = cp.checkpoint_row(tx, first, self.name)
         else:
@@ -314,7 +318,7 @@ class Follower:
         with self.lg.store.write() as tx:  # one round trip on PostgreSQL: nothing read in it
             cp.relax_commit(tx)
             cp.set_position(tx, self.name, before, after, self.filter, read_at)
-            answer = tx.send("SELECT position FROM lg_followers WHERE name = ?", (self.name,))
+            answer = tx.send(SQL.sql(tx, "checkpoint"), (self.name,))
         rows = answer()
         if not rows:
             raise FollowerNotFound(self.name)
@@ -356,15 +360,11 @@ def followers(lg: Ledger) -> list[FollowerStatus]:
     out: list[FollowerStatus] = []
     with lg.store.read() as tx:
         now = tx.now()
-        for row in tx.fetchall("SELECT * FROM lg_followers ORDER BY name"):
+        for row in tx.fetchall(SQL.sql(tx, "followers")):
             kinds = json.loads(row["kinds"]) if row["kinds"] else []
             flt = feed.FeedFilter(row["run_id"], tuple(kinds))
-            where, params = flt.sql()
-            lag = tx.fetchone(
-                "SELECT COUNT(*) AS n, MIN(at) AS oldest FROM lg_transitions WHERE position > ?"  # noqa: S608 (fixed conditions; values are bound parameters)
-                + where,
-                (row["position"], *params),
-            )
+            suffix, params = flt.variant(tx)
+            lag = tx.fetchone(SQL.sql(tx, "lag" + suffix), (row["position"], *params))
             assert lag is not None
             oldest = parse_dt(lag["oldest"])
             out.append(
@@ -396,7 +396,7 @@ def reset(lg: Ledger, name: Any, to: Any = 0) -> int:
             top = feed.head(tx)
             if to > top:
                 raise InvalidInput(f"to must be at most the feed's head, position {top}; got {to}")
-            row = tx.fetchone("SELECT run_id, kinds FROM lg_followers WHERE name = ?", (name,))
+            row = tx.fetchone(SQL.sql(tx, "follower_filter"), (name,))
             assert row is not None
             kinds = tuple(json.loads(row["kinds"])) if row["kinds"] else ()
             cp.advance(tx, name, before, to, feed.FeedFilter(row["run_id"], kinds))

@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ledger.core.errors import FollowerBusy, StoreUnavailable
+from ledger.feed.sql import SQL
 
 if TYPE_CHECKING:
     from ledger.stores.base import Store
@@ -24,6 +25,13 @@ if TYPE_CHECKING:
 RETRY_S = 0.2  # a waiting acquire looks again this often
 _LOCAL: dict[tuple[int, str], threading.Lock] = {}
 _LOCAL_GUARD = threading.Lock()
+
+
+def _pg(name: str) -> str:
+    """Statement `name` of feed.sql for the lock's own psycopg connection (`%s` marks)."""
+    from ledger.stores.postgres import to_pg
+
+    return to_pg(SQL.sql("postgres", name))
 
 
 def _key(name: str) -> int:
@@ -77,9 +85,7 @@ class FollowerLock:
             except psycopg.OperationalError as e:
                 raise StoreUnavailable(f"the database is unavailable ({e})") from e
         try:
-            row = self._conn.execute(
-                "SELECT pg_try_advisory_lock(%s)", (_key(self.name),)
-            ).fetchone()
+            row = self._conn.execute(_pg("try_session_lock"), (_key(self.name),)).fetchone()
         except psycopg.OperationalError as e:  # its connection died (a server restart)
             with contextlib.suppress(psycopg.Error, OSError):
                 self._conn.close()
@@ -120,7 +126,7 @@ class FollowerLock:
             try:
                 if not _readable(self._conn):
                     return
-                self._conn.execute("SELECT 1")
+                self._conn.execute(_pg("session_alive"))
             except psycopg.Error as e:
                 self.held, self.lost = False, True
                 raise FollowerBusy(
@@ -138,7 +144,7 @@ class FollowerLock:
             # its backend has exited, after close() returns, so a next holder asking
             # at once could still find the name taken.
             with contextlib.suppress(psycopg.Error):
-                self._conn.execute("SELECT pg_advisory_unlock(%s)", (_key(self.name),))
+                self._conn.execute(_pg("session_unlock"), (_key(self.name),))
             with contextlib.suppress(OSError, psycopg.Error):
                 self._conn.close()  # ends the session (and so any lock it still held)
             self._conn = None

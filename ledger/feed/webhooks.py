@@ -40,6 +40,7 @@ from ledger.core.views import Transition, _View
 from ledger.core.visibility import for_reader
 from ledger.feed.checkpoints import checkpoint, ensure
 from ledger.feed.follower import Follower
+from ledger.feed.sql import SQL
 from ledger.reads import feed
 
 if TYPE_CHECKING:
@@ -149,8 +150,7 @@ def add_webhook(
         position = feed.head(tx) if start is None else start
         now = iso(tx.now())
         tx.execute(
-            "INSERT INTO lg_webhooks (webhook_id, url, secret, run_id, kinds, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            SQL.sql(tx, "add_webhook"),
             (webhook_id, url, secret.strip(), flt.run_id, flt.kinds_json(), now),
         )
         ensure(tx, FOLLOWER_PREFIX + webhook_id, flt, position)
@@ -171,7 +171,7 @@ def _webhook(row: dict[str, Any], position: int | None) -> Webhook:
 def get_webhook(lg: Ledger, webhook_id: str) -> Webhook:
     check_identifier(webhook_id, "webhook_id")
     with lg.store.read() as tx:
-        row = tx.fetchone("SELECT * FROM lg_webhooks WHERE webhook_id = ?", (webhook_id,))
+        row = tx.fetchone(SQL.sql(tx, "webhook"), (webhook_id,))
         if row is None:
             raise WebhookNotFound(webhook_id)
         return _webhook(row, checkpoint(tx, FOLLOWER_PREFIX + webhook_id))
@@ -180,7 +180,7 @@ def get_webhook(lg: Ledger, webhook_id: str) -> Webhook:
 def list_webhooks(lg: Ledger) -> list[Webhook]:
     """Every webhook, oldest first, with its delivery position."""
     with lg.store.read() as tx:
-        rows = tx.fetchall("SELECT * FROM lg_webhooks ORDER BY created_at, webhook_id")
+        rows = tx.fetchall(SQL.sql(tx, "webhooks"))
         return [_webhook(r, checkpoint(tx, FOLLOWER_PREFIX + r["webhook_id"])) for r in rows]
 
 
@@ -188,12 +188,10 @@ def remove_webhook(lg: Ledger, webhook_id: str) -> None:
     """Stop delivering to a webhook; its delivery records stay."""
     check_identifier(webhook_id, "webhook_id")
     with lg.store.write() as tx:
-        gone = tx.fetchall(
-            "DELETE FROM lg_webhooks WHERE webhook_id = ? RETURNING webhook_id", (webhook_id,)
-        )
+        gone = tx.fetchall(SQL.sql(tx, "remove_webhook"), (webhook_id,))
         if not gone:
             raise WebhookNotFound(webhook_id)
-        tx.execute("DELETE FROM lg_followers WHERE name = ?", (FOLLOWER_PREFIX + webhook_id,))
+        tx.execute(SQL.sql(tx, "remove_follower"), (FOLLOWER_PREFIX + webhook_id,))
 
 
 def deliveries(lg: Ledger, webhook_id: str | None = None, limit: int = 100) -> list[Delivery]:
@@ -203,17 +201,9 @@ def deliveries(lg: Ledger, webhook_id: str | None = None, limit: int = 100) -> l
         check_identifier(webhook_id, "webhook_id")
     with lg.store.read() as tx:
         if webhook_id is None:
-            rows = tx.fetchall(
-                "SELECT * FROM lg_webhook_deliveries "
-                "ORDER BY at DESC, position DESC, attempt DESC LIMIT ?",
-                (limit,),
-            )
+            rows = tx.fetchall(SQL.sql(tx, "deliveries"), (limit,))
         else:
-            rows = tx.fetchall(
-                "SELECT * FROM lg_webhook_deliveries WHERE webhook_id = ? "
-                "ORDER BY at DESC, position DESC, attempt DESC LIMIT ?",
-                (webhook_id, limit),
-            )
+            rows = tx.fetchall(SQL.sql(tx, "deliveries_of_webhook"), (webhook_id, limit))
     return [
         Delivery(
             webhook_id=r["webhook_id"],
@@ -291,7 +281,7 @@ class Dispatcher:
 
     def _spawn(self, webhook_id: str) -> None:
         with self.lg.store.read() as tx:
-            row = tx.fetchone("SELECT * FROM lg_webhooks WHERE webhook_id = ?", (webhook_id,))
+            row = tx.fetchone(SQL.sql(tx, "webhook"), (webhook_id,))
         if row is None:
             return
         key = secret_key(row["secret"])
@@ -331,11 +321,7 @@ class Dispatcher:
     def _deliver(self, webhook_id: str, url: str, key: bytes, t: Transition) -> None:
         """POST one transition until a 2xx answer (or stop), recording each attempt."""
         with self.lg.store.read() as tx:
-            row = tx.fetchone(
-                "SELECT MAX(attempt) AS n, MAX(ok) AS ok FROM lg_webhook_deliveries "
-                "WHERE webhook_id = ? AND position = ?",
-                (webhook_id, t.position),
-            )
+            row = tx.fetchone(SQL.sql(tx, "delivery_tries"), (webhook_id, t.position))
         if row is not None and row["ok"]:
             return  # delivered before a restart
         attempt = int(row["n"] or 0) if row is not None else 0
@@ -350,8 +336,7 @@ class Dispatcher:
             ok = status is not None and 200 <= status < 300
             with self.lg.store.write() as tx:
                 tx.execute(
-                    "INSERT INTO lg_webhook_deliveries (webhook_id, position, attempt, message_id, "
-                    "status, ok, error, at, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    SQL.sql(tx, "record_delivery"),
                     (
                         webhook_id,
                         t.position,
@@ -364,13 +349,7 @@ class Dispatcher:
                         ms,
                     ),
                 )
-                if (
-                    not ok
-                    and tx.fetchone(
-                        "SELECT 1 AS x FROM lg_webhooks WHERE webhook_id = ?", (webhook_id,)
-                    )
-                    is None
-                ):
+                if not ok and tx.fetchone(SQL.sql(tx, "webhook_exists"), (webhook_id,)) is None:
                     raise _Stopped
             if ok:
                 return

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ledger.http.sql import SQL
+
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
     from ledger.stores.base import Store
@@ -54,20 +56,13 @@ class TransitionTally:
                     # a transition counted late is counted, one skipped never would be
                     bound = tx.readable_position()
                     top = tx.fetchone(
-                        "SELECT MAX(position) AS p FROM (SELECT position FROM lg_transitions "  # noqa: S608 (our own names; values bound)
-                        "WHERE position > ?"
-                        + ("" if bound is None else " AND position <= ?")
-                        + " ORDER BY position LIMIT ?) page",
+                        SQL.sql(tx, "tally_end" if bound is None else "tally_end_upto"),
                         (self.after, *(() if bound is None else (bound,)), _TALLY_PAGE),
                     )
                     upto = top["p"] if top else None
                     if upto is None:
                         break
-                    for r in tx.fetchall(
-                        "SELECT command, COUNT(*) AS n FROM lg_transitions "
-                        "WHERE position > ? AND position <= ? GROUP BY command",
-                        (self.after, upto),
-                    ):
+                    for r in tx.fetchall(SQL.sql(tx, "tally_by_command"), (self.after, upto)):
                         self.by_command[r["command"]] = self.by_command.get(r["command"], 0) + int(
                             r["n"]
                         )

@@ -19,6 +19,7 @@ from ledger.core.rows import parse_dt
 from ledger.core.views import Link, _View
 from ledger.projections.counts import attach as attach_counts
 from ledger.reads.signals import OWNERS, signals_for
+from ledger.reads.sql import SQL
 
 if TYPE_CHECKING:
     from ledger.stores.base import Store
@@ -26,11 +27,6 @@ if TYPE_CHECKING:
 MAX_LIMIT = 500
 _BATCH = 200
 _MAX_BATCHES = 25  # at most 5,000 runs read per filtered page
-_COLUMNS = (
-    "seq, run_id, state, counts, policy, review, created_at, updated_at, started_at, "
-    "stopped_at, stop_reason, scope, summary, failure_kind, failure_reason, "
-    "cancel_requested, links, item_count"
-)
 
 
 @dataclass(frozen=True)
@@ -93,14 +89,10 @@ def board(
         isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63
     ):
         raise InvalidInput("after must be a non-negative cursor")
-    if state is not None:
-        states: tuple[str, ...] = (state,)
-    elif terminal:
-        states = tuple(s for s in S.RUN_STATES if s in S.TERMINAL_RUN_STATES)
-    else:
-        states = tuple(s for s in S.RUN_STATES if s not in S.TERMINAL_RUN_STATES)
+    # the state given (a parameter), else the terminal or the open states (queries.sql)
+    states: tuple[str, ...] = () if state is None else (state,)
+    name = "board_in_state" if state is not None else "board_terminal" if terminal else "board_open"
     filtered = waiting_on is not None or stalled
-    marks = ", ".join("?" * len(states))
     out: list[BoardRow] = []
     cursor = after
     next_after: int | None = None
@@ -109,9 +101,7 @@ def board(
         for _ in range(_MAX_BATCHES):
             want = _BATCH if filtered else limit - len(out) + 1
             rows = tx.fetchall(
-                f"SELECT {_COLUMNS} FROM lg_runs WHERE state IN ({marks})"  # noqa: S608 (our own table/column names; values are bound parameters)
-                + ("" if cursor is None else " AND seq < ?")
-                + " ORDER BY seq DESC LIMIT ?",
+                SQL.sql(tx, name if cursor is None else name + "_before"),
                 (*states, *(() if cursor is None else (cursor,)), want),
             )
             attach_counts(tx, rows)

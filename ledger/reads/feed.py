@@ -25,6 +25,8 @@ from ledger.core import states as S
 from ledger.core.errors import InvalidInput, RunNotFound
 from ledger.core.validation import check_identifier
 from ledger.core.views import Transition
+from ledger.reads.sql import SQL
+from ledger.stores.named import tx_list
 
 if TYPE_CHECKING:
     from ledger.stores.base import Store, Tx
@@ -74,18 +76,20 @@ class FeedFilter:
             run_id = check_identifier(run_id, "run_id")
         return cls(run_id, check_kinds(kinds))
 
-    def sql(self) -> tuple[str, list[Any]]:
-        """The WHERE conditions (joined by AND, leading ' AND ') and their parameters."""
-        where = ""
+    def variant(self, tx: Tx) -> tuple[str, list[Any]]:
+        """Which named statement of a feed read applies: the suffix of its name (empty
+        when nothing is filtered, `_of_run`, `_of_kinds` or `_of_run_kinds`), and the
+        filter's parameters, after the position's (the kinds one list, given twice)."""
+        suffix = ""
         params: list[Any] = []
         if self.run_id is not None:
-            where += " AND run_id = ?"
+            suffix += "_of_run"
             params.append(self.run_id)
         if self.kinds:
-            marks = ", ".join("?" for _ in self.kinds)
-            where += f" AND (command IN ({marks}) OR to_state IN ({marks}))"
-            params += [*self.kinds, *self.kinds]
-        return where, params
+            suffix += "_of_kinds" if self.run_id is None else "_kinds"
+            kinds = tx_list(tx, self.kinds)
+            params += [kinds, kinds]
+        return suffix, params
 
     def kinds_json(self) -> str | None:
         return json.dumps(list(self.kinds)) if self.kinds else None
@@ -128,17 +132,14 @@ def head(tx: Tx) -> int:
 def _head_below(tx: Tx, bound: int | None) -> int:
     """The highest transition position at or below `bound` (None: of all)."""
     if bound is None:
-        row = tx.fetchone("SELECT COALESCE(MAX(position), 0) AS head FROM lg_transitions")
+        row = tx.fetchone(SQL.sql(tx, "feed_head"))
     else:
-        row = tx.fetchone(
-            "SELECT COALESCE(MAX(position), 0) AS head FROM lg_transitions WHERE position <= ?",
-            (bound,),
-        )
+        row = tx.fetchone(SQL.sql(tx, "feed_head_upto"), (bound,))
     return int(row["head"]) if row else 0
 
 
-# the Transition fields in the order the feed's SELECT reads them; evidence and at are
-# filled as their stored text, decoded on first read (views._Decoded)
+# the Transition fields in the order the feed's SELECT reads them (queries.sql, feed_page*);
+# evidence and at are filled as their stored text, decoded on first read (views._Decoded)
 _FIELDS = (
     "run_id",
     "item_id",
@@ -153,11 +154,12 @@ _FIELDS = (
     "position",
     "command",
 )
-_COLUMNS = ", ".join(_FIELDS)
 _POSITION = _FIELDS.index("position")
-UNFILTERED_PAGE = (
-    f"SELECT {_COLUMNS} FROM lg_transitions WHERE position > ? ORDER BY position, ord LIMIT ?"  # noqa: S608 (fixed conditions; values are bound parameters)
-)
+
+
+def unfiltered_page_sql(tx: Tx) -> str:
+    """The unfiltered page's statement (parameters: after, limit): the plain keyset read."""
+    return SQL.sql(tx, "feed_page")
 
 
 def page(
@@ -177,20 +179,15 @@ def page(
     the head needs no statement of its own: the page then holds every transition up to
     it, so a short page's cursor is its last position."""
     bound = tx.readable_position() if upto is None else upto
-    where, params = flt.sql()
-    if not where:
+    suffix, params = flt.variant(tx)
+    if not suffix:
         if bound is not None and bound <= after:
             return [], after
-        return unfiltered_page(tx.fetch_rows(UNFILTERED_PAGE, (after, limit)), after, bound)
+        return unfiltered_page(tx.fetch_rows(unfiltered_page_sql(tx), (after, limit)), after, bound)
     top = _head_below(tx, bound)  # transitions that do not match may lie past the last match
     if top <= after:
         return [], after
-    rows = tx.fetch_rows(
-        f"SELECT {_COLUMNS} FROM lg_transitions WHERE position > ?"  # noqa: S608 (fixed conditions; values are bound parameters)
-        + where
-        + " ORDER BY position, ord LIMIT ?",
-        (after, *params, limit),
-    )
+    rows = tx.fetch_rows(SQL.sql(tx, "feed_page" + suffix), (after, *params, limit))
     found = transitions(_upto(rows, top))
     return found, found[-1].position if len(found) == limit else top
 
@@ -198,7 +195,7 @@ def page(
 def unfiltered_page(
     rows: Sequence[Sequence[Any]], after: int, bound: int | None
 ) -> tuple[list[Transition], int]:
-    """`page` without a filter from the rows of `UNFILTERED_PAGE` (parameters: after,
+    """`page` without a filter from the rows of `unfiltered_page_sql` (parameters: after,
     limit), sent after the readable `bound` was read (a caller may send both at once,
     `Tx.fetch_both`): every transition up to the bound is on the page unless it is full,
     so the cursor is the last one's position either way (or `after` when none)."""
@@ -370,5 +367,5 @@ def events(
 
 def check_run(tx: Tx, run_id: str) -> None:
     """RunNotFound unless the run exists (a feed of a mistyped run would stay empty)."""
-    if tx.fetchone("SELECT run_id FROM lg_runs WHERE run_id = ?", (run_id,)) is None:
+    if tx.fetchone(SQL.sql(tx, "run_exists"), (run_id,)) is None:
         raise RunNotFound(run_id)

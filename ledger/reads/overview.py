@@ -19,6 +19,7 @@ from ledger.core.rows import iso
 from ledger.core.views import _View
 from ledger.projections.counts import attach as attach_counts
 from ledger.reads.signals import OWNERS, signals_for
+from ledger.reads.sql import SQL
 
 if TYPE_CHECKING:
     from ledger.stores.base import Store
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 PAGE = 500
 MAX_LISTED = 20
 OPEN_STATES: tuple[str, ...] = tuple(s for s in S.RUN_STATES if s not in S.TERMINAL_RUN_STATES)
-_COLUMNS = "seq, run_id, state, counts, policy, review, created_at, updated_at, stopped_at, scope"
 
 
 @dataclass(frozen=True)
@@ -75,18 +75,9 @@ def overview(store: Store) -> Overview:
     with store.read() as tx:
         now: datetime = tx.now()
         by_state = {s: 0 for s in OPEN_STATES}
-        marks = ", ".join("?" * len(OPEN_STATES))
-        for r in tx.fetchall(
-            f"SELECT state, COUNT(*) AS n FROM lg_runs WHERE state IN ({marks}) GROUP BY state",  # noqa: S608 (our own table/column names; values are bound parameters)
-            OPEN_STATES,
-        ):
+        for r in tx.fetchall(SQL.sql(tx, "open_runs_by_state")):
             by_state[r["state"]] = int(r["n"])
-        lease = tx.fetchone(
-            # the state as a literal: PostgreSQL's lg_items_lease holds only leased items
-            "SELECT COUNT(*) AS n, COUNT(DISTINCT run_id) AS runs FROM lg_items "
-            "WHERE state = 'in_progress' AND lease_expires_at < ?",
-            (iso(now),),
-        )
+        lease = tx.fetchone(SQL.sql(tx, "expired_leases"), (iso(now),))
         by_owner = {o: 0 for o in OWNERS if o != "nobody"}
         oldest: dict[str, OldestWait] = {}
         items = {s: 0 for s in S.ITEM_STATES}
@@ -95,11 +86,7 @@ def overview(store: Store) -> Overview:
         stalled = 0
         after = -1
         while True:
-            rows = tx.fetchall(
-                f"SELECT {_COLUMNS} FROM lg_runs WHERE state IN ({marks}) AND seq > ? "  # noqa: S608 (our own table/column names; values are bound parameters)
-                "ORDER BY seq LIMIT ?",
-                (*OPEN_STATES, after, PAGE),
-            )
+            rows = tx.fetchall(SQL.sql(tx, "open_runs_page"), (after, PAGE))
             if not rows:
                 break
             after = rows[-1]["seq"]

@@ -26,6 +26,7 @@ from ledger.core.rows import parse_dt
 from ledger.core.states import ITEM_STATES
 from ledger.core.views import Attempt, ItemStatus, Transition
 from ledger.reads.queries import _dt, item_row, item_status, load_run, transition
+from ledger.reads.sql import SQL
 from ledger.stores.base import Store, Tx
 
 MAX_PAGE = 10_000  # the largest page one call reads (HTTP's maximum too)
@@ -53,9 +54,7 @@ def _check_state(state: Any) -> str | None:
 # items
 # --------------------------------------------------------------------------
 def _item_seq(tx: Tx, run_id: str, item_id: str) -> int:
-    row = tx.fetchone(
-        "SELECT seq FROM lg_items WHERE run_id = ? AND item_id = ?", (run_id, item_id)
-    )
+    row = tx.fetchone(SQL.sql(tx, "item_seq"), (run_id, item_id))
     if row is None:
         raise InvalidInput(f"after: run {run_id} has no item {item_id!r}")
     return int(row["seq"])
@@ -63,14 +62,8 @@ def _item_seq(tx: Tx, run_id: str, item_id: str) -> int:
 
 def _items_page(tx: Tx, run_id: str, state: str | None, seq: int, n: int) -> list[dict[str, Any]]:
     if state is None:
-        return tx.fetchall(
-            "SELECT * FROM lg_items WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-            (run_id, seq, n),
-        )
-    return tx.fetchall(
-        "SELECT * FROM lg_items WHERE run_id = ? AND state = ? AND seq > ? ORDER BY seq LIMIT ?",
-        (run_id, state, seq, n),
-    )
+        return tx.fetchall(SQL.sql(tx, "items_page"), (run_id, seq, n))
+    return tx.fetchall(SQL.sql(tx, "items_page_in_state"), (run_id, state, seq, n))
 
 
 def iter_items(
@@ -135,20 +128,8 @@ def _attempt(r: dict[str, Any]) -> Attempt:
     )
 
 
-# the run's attempts ordered by (started_at, item seq, attempt): the range on started_at
-# uses lg_attempts_started, the rest of the key is compared after the join
-_RUN_ATTEMPTS = (
-    "SELECT a.*, i.seq AS item_seq FROM lg_attempts a JOIN lg_items i ON a.run_id = i.run_id "
-    "AND a.item_id = i.item_id WHERE a.run_id = ? AND a.started_at >= ? AND (a.started_at > ? "
-    "OR i.seq > ? OR (i.seq = ? AND a.attempt > ?)) ORDER BY a.started_at, i.seq, a.attempt "
-    "LIMIT ?"
-)
-_RUN_ATTEMPTS_UPTO = (
-    "SELECT a.*, i.seq AS item_seq FROM lg_attempts a JOIN lg_items i ON a.run_id = i.run_id "
-    "AND a.item_id = i.item_id WHERE a.run_id = ? AND a.started_at >= ? AND a.started_at <= ? "
-    "AND (a.started_at > ? OR i.seq > ? OR (i.seq = ? AND a.attempt > ?)) "
-    "ORDER BY a.started_at, i.seq, a.attempt LIMIT ?"
-)
+# the SQLite text of the run's attempt page (tests read its plan)
+_RUN_ATTEMPTS = SQL.sql("sqlite", "run_attempts_page")
 
 AttemptKey = tuple[str, int, int]  # started_at, item seq, attempt
 
@@ -174,12 +155,7 @@ def iter_attempts(
                 raise InvalidInput(f"after {after!r} is not an attempt of item {item!r}")
         start: Any = None
         if cursor is not None:
-            row = tx.fetchone(
-                "SELECT a.started_at, i.seq FROM lg_attempts a JOIN lg_items i ON "
-                "a.run_id = i.run_id AND a.item_id = i.item_id "
-                "WHERE a.run_id = ? AND a.item_id = ? AND a.attempt = ?",
-                (run_id, cursor[0], cursor[1]),
-            )
+            row = tx.fetchone(SQL.sql(tx, "attempt_key"), (run_id, cursor[0], cursor[1]))
             if row is None:
                 raise InvalidInput(f"after: run {run_id} has no attempt {after!r}")
             start = (row["started_at"], int(row["seq"]), cursor[1])
@@ -190,11 +166,7 @@ def iter_attempts(
             number = 0 if key is None else key[2]
             return _read(
                 store,
-                lambda tx: tx.fetchall(
-                    "SELECT * FROM lg_attempts WHERE run_id = ? AND item_id = ? AND attempt > ? "
-                    "ORDER BY attempt LIMIT ?",
-                    (run_id, one, number, n),
-                ),
+                lambda tx: tx.fetchall(SQL.sql(tx, "item_attempts_page"), (run_id, one, number, n)),
             )
 
         return _pages(item_page, lambda rows: ("", 0, rows[-1]["attempt"]), _attempt, start, limit)
@@ -206,15 +178,14 @@ def iter_attempts(
             # the page ends at or before the n-th start time after the cursor's: found
             # on the index alone, it bounds the join and sort to about one page (else
             # PostgreSQL hashes the whole run's items for every page)
-            end = tx.fetchone(
-                "SELECT started_at FROM lg_attempts WHERE run_id = ? AND started_at > ? "
-                "ORDER BY started_at LIMIT 1 OFFSET ?",
-                (run_id, at, n - 1),
-            )
+            end = tx.fetchone(SQL.sql(tx, "run_attempts_page_end"), (run_id, at, n - 1))
             if end is None:
-                return tx.fetchall(_RUN_ATTEMPTS, (run_id, at, at, seq, seq, number, n))
+                return tx.fetchall(
+                    SQL.sql(tx, "run_attempts_page"), (run_id, at, at, seq, seq, number, n)
+                )
             return tx.fetchall(
-                _RUN_ATTEMPTS_UPTO, (run_id, at, end["started_at"], at, seq, seq, number, n)
+                SQL.sql(tx, "run_attempts_page_upto"),
+                (run_id, at, end["started_at"], at, seq, seq, number, n),
             )
 
         return _read(store, read)
@@ -251,21 +222,18 @@ def iter_history(
 
     def page(pos: int | None, n: int) -> list[dict[str, Any]]:
         def read(tx: Tx) -> list[dict[str, Any]]:
-            where = "run_id = ?"
             params: list[Any] = [run_id]
+            name = "history_page"
             if pos is not None:
-                where += " AND position > ?"
+                name += "_after"
                 params.append(pos)
             # a client paging by position must not pass one a slower writer may still
             # fill in (rule 18), as audit does
             bound = tx.readable_position() if paged_by_client else None
             if bound is not None:
-                where += " AND position <= ?"
+                name += "_upto"
                 params.append(bound)
-            return tx.fetchall(
-                f"SELECT * FROM lg_transitions WHERE {where} ORDER BY position, ord LIMIT ?",  # noqa: S608 (our own columns; values bound)
-                (*params, n),
-            )
+            return tx.fetchall(SQL.sql(tx, name), (*params, n))
 
         return _read(store, read)
 

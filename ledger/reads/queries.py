@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -32,6 +32,7 @@ from ledger.core.views import (
     Transition,
 )
 from ledger.projections.counts import attach as attach_counts
+from ledger.reads.sql import SQL
 from ledger.stores.base import Store, Tx
 
 # --------------------------------------------------------------------------
@@ -80,11 +81,7 @@ def load_run(tx: Tx, run_id: str, lock: bool | str = True) -> Run:
 
 def item_row(tx: Tx, run_id: str, item_id: str, lock: bool = False) -> dict[str, Any]:
     """One item's row (locked for the transaction when `lock`, on PostgreSQL); ItemNotFound."""
-    row = tx.fetchone(
-        "SELECT * FROM lg_items WHERE run_id = ? AND item_id = ?"  # noqa: S608 (a lock clause of our own; values are bound)
-        + (tx.lock_suffix() if lock else ""),
-        (run_id, item_id),
-    )
+    row = tx.fetchone(SQL.sql(tx, "item_locked" if lock else "item"), (run_id, item_id))
     if row is None:
         raise ItemNotFound(run_id, item_id)
     return row
@@ -104,7 +101,7 @@ def _dt(text: str) -> datetime:
 def status_tx(tx: Tx, run_id: str) -> RunStatus:
     """The run's status inside an open transaction, with who owns its delay by the
     transaction's clock (SPEC rule 19)."""
-    row = tx.fetchone("SELECT * FROM lg_runs WHERE run_id = ?", (run_id,))
+    row = tx.fetchone(SQL.sql(tx, "run"), (run_id,))
     if row is None:
         raise RunNotFound(run_id)
     attach_counts(tx, [row])
@@ -113,14 +110,7 @@ def status_tx(tx: Tx, run_id: str) -> RunStatus:
 
 def status_of_row(tx: Tx, row: dict[str, Any]) -> RunStatus:
     """A run row as RunStatus, with its first 20 items not accepted."""
-    # `seq + 0`: ordered by an expression, SQLite reads the few items in those states on
-    # the (run_id, state, seq) index and sorts them, instead of walking every item of the
-    # run in seq order on (run_id, seq) until it has found 20 (or none)
-    na = tx.fetchall(
-        "SELECT item_id, state, required, reason FROM lg_items WHERE run_id = ? AND "
-        "state IN ('rejected', 'skipped', 'quarantined') ORDER BY seq + 0 LIMIT 20",
-        (row["run_id"],),
-    )
+    na = tx.fetchall(SQL.sql(tx, "not_accepted_items"), (row["run_id"],))
     return status_from_row(row, na)
 
 
@@ -258,12 +248,9 @@ def runs(store: Store, state: str | None = None, limit: int = 100) -> list[RunSt
         raise InvalidInput(f"limit must be an integer from 1 to 10000, got {limit!r}")
     with store.read() as tx:
         if state is None:
-            rows = tx.fetchall("SELECT * FROM lg_runs ORDER BY seq DESC LIMIT ?", (limit,))
+            rows = tx.fetchall(SQL.sql(tx, "runs_newest"), (limit,))
         else:
-            rows = tx.fetchall(
-                "SELECT * FROM lg_runs WHERE state = ? ORDER BY seq DESC LIMIT ?",
-                (state, limit),
-            )
+            rows = tx.fetchall(SQL.sql(tx, "runs_newest_in_state"), (state, limit))
         attach_counts(tx, rows)
         return with_signals(tx, rows, [status_of_row(tx, row) for row in rows])
 
@@ -317,9 +304,7 @@ def lineage(store: Store, run_id: str) -> list[RunStatus]:
     run_id = A.run_id(run_id)
     with store.read() as tx:
         run = load_run(tx, run_id, lock=False)
-        rows = tx.fetchall(
-            "SELECT * FROM lg_runs WHERE root_run_id = ? ORDER BY seq", (run.root_run_id,)
-        )
+        rows = tx.fetchall(SQL.sql(tx, "runs_of_root"), (run.root_run_id,))
         attach_counts(tx, rows)
         return with_signals(tx, rows, [status_of_row(tx, row) for row in rows])
 
@@ -362,67 +347,120 @@ def audit(
         or not 1 <= page_size <= 10_000
     ):
         raise InvalidInput("page_size must be an integer from 1 to 10000")
-    where: list[str] = []
-    params: list[Any] = []
-    for col, val in (("run_id", run_id), ("actor_id", actor)):
-        if val is not None:
-            where.append(f"{col} = ?")
-            params.append(val)
-    # A role or state as a literal (each checked above against the fixed names), so the
-    # planner can tell whether PostgreSQL's partial index covers it (ledger/projections/schema.py,
-    # schema v9): a bound value would get a generic plan that never uses a partial index.
-    for col, val in (("role", role), ("to_state", state)):
-        if val is not None:
-            assert val.isidentifier() and val.islower(), val
-            where.append(f"{col} = '{val}'")
-    if since is not None:
-        where.append("at >= ?")
-        params.append(iso(utc_time(since, "since")))
-    if until is not None:
-        where.append("at <= ?")
-        params.append(iso(utc_time(until, "until")))
-    return _audit_pages(store, where, params, newest_first, after, limit, page_size)
+    return _audit_pages(
+        store,
+        _AuditFilter(
+            run_id,
+            actor,
+            role,
+            state,
+            None if since is None else iso(utc_time(since, "since")),
+            None if until is None else iso(utc_time(until, "until")),
+        ),
+        newest_first,
+        after,
+        limit,
+        page_size,
+    )
+
+
+_NO_POSITION = 2**63 - 1  # above every position: the bound of a read without one
+# the role and target states PostgreSQL's partial indexes of lg_transitions leave out
+# (ledger/projections/schema.py, schema v9): an audit of one is not led by those indexes
+_UNINDEXED_ROLES = frozenset({S.WORKER})
+_UNINDEXED_STATES = frozenset({S.IN_PROGRESS, S.ACCEPTED})
+_LEADING = {
+    "run": ("run_id",),
+    "actor": ("actor",),
+    "role": ("role",),
+    "role_any": ("role",),
+    "state": ("state",),
+    "state_any": ("state",),
+    "at": ("since", "until"),
+    "since": ("since",),
+}
+
+
+@dataclass(frozen=True)
+class _AuditFilter:
+    """The filters of an audit (None: not filtered), times as their stored text."""
+
+    run_id: str | None
+    actor: str | None
+    role: str | None
+    state: str | None
+    since: str | None
+    until: str | None
+
+    def lead(self, dialect: str) -> str:
+        """The lead of the named statement (queries.sql, audit_*): the filter whose index
+        the read walks. The run, the actor, a target state or role the store's index
+        holds, a time range when nothing else is filtered (SQLite, with no statistics on
+        `at`, searches lg_transitions_at and sorts: the `_sorted` statements), else none
+        ("all": in position order, each filter checked per row)."""
+        if self.run_id is not None:
+            return "run"
+        if self.actor is not None:
+            return "actor"
+        # SQLite indexes every target state and role (and, with statistics, knows a
+        # state is the more selective); PostgreSQL's partial indexes leave some out
+        if self.state is not None and dialect == "sqlite":
+            return "state_any"
+        if self.state is not None and self.state not in _UNINDEXED_STATES:
+            return "state"
+        if self.role is not None and dialect == "sqlite":
+            return "role_any"
+        if self.role is not None and self.role not in _UNINDEXED_ROLES:
+            return "role"
+        if self.role is not None or self.state is not None:
+            return "all"
+        if self.until is not None:
+            time = "at"
+        elif self.since is not None:
+            time = "since"
+        else:
+            return "all"
+        return time + "_sorted" if dialect == "sqlite" else time
+
+    def params(self, lead: str) -> list[Any]:
+        """The statement's filter parameters: one for each filter it is led by, two (the
+        value twice, or None twice) for each it checks per row; a statement led by time
+        has no other filter."""
+        base = lead.removesuffix("_sorted")
+        leading = _LEADING.get(base, ())
+        out: list[Any] = []
+        for name in ("run_id", "actor", "role", "state", "since", "until"):
+            value = getattr(self, name)
+            if name in leading:
+                out.append("" if value is None else value)  # a range from '' holds every time
+            elif base not in ("at", "since"):
+                out += [value, value]
+        return out
 
 
 def _audit_pages(
     store: Store,
-    where: list[str],
-    params: list[Any],
+    flt: _AuditFilter,
     newest_first: bool,
     after: int | None,
     limit: int | None,
     page_size: int,
 ) -> Iterator[Transition]:
-    order = "DESC" if newest_first else "ASC"
-    cmp = "<" if newest_first else ">"
+    lead = flt.lead(store.dialect)
+    name = f"audit_{lead}_{'desc' if newest_first else 'asc'}"
+    params = flt.params(lead)
     cursor = after
     remaining = limit
     while True:
-        w = list(where)
-        p = list(params)
-        if cursor is not None:
-            w.append(f"position {cmp} ?")
-            p.append(cursor)
         n = page_size if remaining is None else min(page_size, remaining)
-        # SQLite keeps no statistics on `at`: ordered by the plain column it scans every
-        # row in position order; `+position` makes it search lg_transitions_at and sort
-        by = (
-            "+position"
-            if store.dialect == "sqlite" and where and all(c.startswith("at ") for c in where)
-            else "position"
-        )
+        start = cursor if cursor is not None else (_NO_POSITION if newest_first else -1)
         with store.read() as tx:
             # never past a position a slower writer may still fill in (rule 18)
             bound = tx.readable_position()
-            if bound is not None:
-                w.append("position <= ?")
-                p.append(bound)
-            sql = (
-                "SELECT * FROM lg_transitions"  # noqa: S608 (our own columns; values bound)
-                + (" WHERE " + " AND ".join(w) if w else "")
-                + f" ORDER BY {by} {order}, ord {order} LIMIT ?"
+            rows = tx.fetchall(
+                SQL.sql(tx, name),
+                (*params, start, _NO_POSITION if bound is None else bound, n),
             )
-            rows = tx.fetchall(sql, (*p, n))
         for r in rows:
             yield transition(r)
         if remaining is not None:

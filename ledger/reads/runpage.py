@@ -18,8 +18,9 @@ from ledger.core.errors import InvalidInput, RunNotFound
 from ledger.core.rows import iso, parse_dt
 from ledger.core.views import _View
 from ledger.projections.counts import attach as attach_counts
-from ledger.reads.board import _COLUMNS, BoardRow, _row
+from ledger.reads.board import BoardRow, _row
 from ledger.reads.signals import signals_for
+from ledger.reads.sql import SQL
 
 if TYPE_CHECKING:
     from ledger.stores.base import Store, Tx
@@ -95,10 +96,7 @@ def _check(limit: int) -> None:
 
 
 def _run_exists(tx: Tx, run_id: str) -> dict[str, Any]:
-    row: dict[str, Any] | None = tx.fetchone(
-        f"SELECT {_COLUMNS} FROM lg_runs WHERE run_id = ?",  # noqa: S608 (our own names)
-        (run_id,),
-    )
+    row: dict[str, Any] | None = tx.fetchone(SQL.sql(tx, "board_run"), (run_id,))
     if row is None:
         raise RunNotFound(run_id)
     attach_counts(tx, [row])
@@ -126,15 +124,12 @@ def item_page(
     with store.read() as tx:
         run = _run_exists(tx, run_id)
         now = tx.now()
-        where = "run_id = ?" + ("" if state is None else " AND state = ?")
+        name = "run_items_page" if state is None else "run_items_page_in_state"
         params: list[Any] = [run_id, *(() if state is None else (state,))]
         counts = json.loads(run["counts"])
         total = int(counts.get(state, 0)) if state is not None else int(run["item_count"])
         rows = tx.fetchall(
-            "SELECT item_id, seq, state, required, attempts, lease_worker, lease_expires_at, "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"reason, last_error, updated_at FROM lg_items WHERE {where}"
-            + ("" if after is None else " AND seq > ?")
-            + " ORDER BY seq LIMIT ?",
+            SQL.sql(tx, name if after is None else name + "_after"),
             (*params, *(() if after is None else (after,)), limit + 1),
         )
     now_text = iso(now)
@@ -176,17 +171,10 @@ def attempt_page(
         _run_exists(tx, run_id)
         now = tx.now()
         total_row = tx.fetchone(
-            # ordered by the index's own order, so the planner reads the run's index
-            # entries, never a table scan that may pass other runs' attempts first
-            "SELECT COUNT(*) AS n FROM (SELECT 1 FROM lg_attempts WHERE run_id = ? "
-            "ORDER BY started_at LIMIT ?) t",
-            (run_id, ATTEMPT_COUNT_CAP + 1),
+            SQL.sql(tx, "run_attempts_counted"), (run_id, ATTEMPT_COUNT_CAP + 1)
         )
         rows = tx.fetchall(
-            "SELECT item_id, attempt, worker_id, started_at, expires_at, finished_at, stage, "  # noqa: S608 (our own table/column names; values are bound parameters)
-            "outcome, error FROM lg_attempts WHERE run_id = ?"
-            + ("" if key is None else " AND (started_at, item_id, attempt) < (?, ?, ?)")
-            + " ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?",
+            SQL.sql(tx, "run_attempts_newest" if key is None else "run_attempts_newest_before"),
             (run_id, *(key or ()), limit + 1),
         )
     now_text = iso(now) or ""

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 from ledger.core import states as S
 from ledger.core.rows import iso, parse_dt
 from ledger.reads.queries import waiting_on as base_waiting_on
+from ledger.reads.sql import SQL
+from ledger.stores.named import tx_list
 
 if TYPE_CHECKING:
     from ledger.stores.base import Tx
@@ -36,8 +38,8 @@ RATE_WINDOW_SECONDS = 300.0
 # Owners whose delay is a person's (or a process's) decision, in the order the overview lists them.
 OWNERS: tuple[str, ...] = ("reconciler", "reviewer", "operator", "controller", "workers", "nobody")
 # Item states that still need a worker before the run can finish.
+# the open item states (as written in queries.sql, run_signals: optional_open)
 _REMAINING = (S.PENDING, S.IN_PROGRESS, S.RETRYABLE)
-_FINISHED = tuple(sorted(S.FINAL_ITEM_STATES))
 _MAX_ACTORS = 5
 _BATCH = 500
 
@@ -81,10 +83,6 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def _marks(n: int) -> str:
-    return ", ".join("?" * n)
-
-
 def signals_for(tx: Tx, rows: Sequence[dict[str, Any]], now: datetime) -> dict[str, RunSignals]:
     """The signals of each run row (`lg_runs` columns run_id, state, counts, policy, review,
     created_at, updated_at, stopped_at; `counts` as `projections.counts.attach` gives them),
@@ -99,48 +97,19 @@ def signals_for(tx: Tx, rows: Sequence[dict[str, Any]], now: datetime) -> dict[s
     ids = [r["run_id"] for r in rows]
     open_ids = [r["run_id"] for r in rows if r["state"] not in S.TERMINAL_RUN_STATES]
     now_text = iso(now)
-    marks = _marks(len(ids))
     window_start = iso(now - timedelta(seconds=RATE_WINDOW_SECONDS))
-    # One statement for every signal but the lease holders (a round trip each cost more
-    # than the reads): per run, its latest transition, its expired leases, its items
-    # finished in the rate window and its required items still open.
-    #
-    # The latest transition is read backwards on the (run_id, position, ord) index, the
-    # run id given as a range, not an equality: with equality PostgreSQL may walk the
-    # primary key backwards from the newest position instead, filtering by run, through
-    # every transition written since this run's last one (33 ms against 0.2 ms for a run
-    # with 200,000 newer events of other runs; bench case 5).
-    #
-    # Finished items count from the first position stamped inside the window (an index
-    # seek on lg_transitions_at), so only the run's recent transitions are read. Positions
-    # follow the store's clock (one clock per store stamps every event in commit order);
-    # were that clock set back, the rate would undercount, never overcount.
+    # one statement for every signal but the lease holders (queries.sql, run_signals)
     found = tx.fetchall(
-        "SELECT r.run_id, "  # noqa: S608 (our own table/column names; values are bound parameters)
-        "(SELECT t.at FROM lg_transitions t WHERE t.run_id >= r.run_id AND t.run_id <= r.run_id "
-        "ORDER BY t.run_id DESC, t.position DESC, t.ord DESC LIMIT 1) AS last_at, "
-        "(SELECT COUNT(*) FROM lg_items i WHERE i.run_id = r.run_id AND i.state = ? "
-        "AND i.lease_expires_at < ?) AS expired_n, "
-        "(SELECT MIN(i.lease_expires_at) FROM lg_items i WHERE i.run_id = r.run_id "
-        "AND i.state = ? AND i.lease_expires_at < ?) AS expired_oldest, "
-        "(SELECT COUNT(*) FROM lg_transitions t WHERE t.run_id = r.run_id AND t.position >= "
-        "(SELECT w.position FROM lg_transitions w WHERE w.at >= ? ORDER BY w.at, w.position "
-        "LIMIT 1) AND t.item_id IS NOT NULL "
-        f"AND t.to_state IN ({_marks(len(_FINISHED))}) AND t.at >= ? AND t.at <= ?) AS finished, "
-        "(SELECT COUNT(*) FROM lg_items i WHERE i.run_id = r.run_id AND i.required = 0 "
-        f"AND i.state IN ({_marks(len(_REMAINING))})) AS optional_open "
-        f"FROM lg_runs r WHERE r.run_id IN ({marks})",
+        SQL.sql(tx, "run_signals"),
         (
             S.IN_PROGRESS,
             now_text,
             S.IN_PROGRESS,
             now_text,
             window_start,
-            *_FINISHED,
             window_start,
             now_text,
-            *_REMAINING,
-            *ids,
+            tx_list(tx, ids),
         ),
     )
     open_set = set(open_ids)
@@ -168,10 +137,7 @@ def signals_for(tx: Tx, rows: Sequence[dict[str, Any]], now: datetime) -> dict[s
     holders: dict[str, list[str]] = {}
     if open_ids:
         for r in tx.fetchall(
-            "SELECT DISTINCT run_id, lease_worker FROM lg_items "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"WHERE run_id IN ({_marks(len(open_ids))}) AND state = ? AND lease_expires_at >= ? "
-            "ORDER BY run_id, lease_worker",
-            (*open_ids, S.IN_PROGRESS, now_text),
+            SQL.sql(tx, "lease_holders"), (tx_list(tx, open_ids), S.IN_PROGRESS, now_text)
         ):
             holders.setdefault(r["run_id"], []).append(r["lease_worker"])
     result: dict[str, RunSignals] = {}

@@ -23,11 +23,13 @@ from eventsourcing.persistence import StoredEvent
 from ledger.core.domain import Run, item_stream_id
 from ledger.core.errors import RunNotFound
 from ledger.core.views import RunStatus
-from ledger.projections.rebuild import Replayer, position_column
+from ledger.projections.rebuild import Replayer
 from ledger.projections.schema import table_ddl
 from ledger.reads.queries import status_tx
+from ledger.reads.sql import SQL
 from ledger.stores.base import Store, Tx
 from ledger.stores.hashchain import as_uuid, oid_param
+from ledger.stores.named import tx_list
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -76,18 +78,11 @@ def read_streams(
 ) -> list[tuple[int, DomainEvent]]:
     """Every event of the given streams (or only their first), decoded, in position order."""
     store: Store = tx.store
-    pos = position_column(store)
     out: list[tuple[int, DomainEvent]] = []
     for i in range(0, len(stream_ids), _CHUNK):
         chunk = stream_ids[i : i + _CHUNK]
-        marks = ", ".join("?" for _ in chunk)
-        sql = (
-            f"SELECT {pos} AS position, originator_id, originator_version, topic, state "  # noqa: S608 (our own table/column names; values are bound parameters)
-            f"FROM {store.events_table()} WHERE originator_id IN ({marks})"
-        )
-        if first_only:
-            sql += " AND originator_version = 1"
-        for r in tx.fetchall(sql, [oid_param(store.dialect, s) for s in chunk]):
+        sql = SQL.sql(tx, "stream_first_events" if first_only else "stream_events")
+        for r in tx.fetchall(sql, (tx_list(tx, [oid_param(store.dialect, s) for s in chunk]),)):
             stored = StoredEvent(
                 originator_id=as_uuid(r["originator_id"]),
                 originator_version=r["originator_version"],
@@ -104,19 +99,13 @@ def read_streams(
 def status_at(lg: Ledger, run_id: str, at: datetime) -> RunStatus:
     """The run's status as accepted at time `at` (RunNotFound if it did not exist yet)."""
     with lg.store.read() as tx:
-        row = tx.fetchone("SELECT run_id, root_run_id FROM lg_runs WHERE run_id = ?", (run_id,))
+        row = tx.fetchone(SQL.sql(tx, "run_and_root"), (run_id,))
         if row is None:
             raise RunNotFound(run_id)
-        item_ids = [
-            r["item_id"]
-            for r in tx.fetchall("SELECT item_id FROM lg_items WHERE run_id = ?", (run_id,))
-        ]
+        item_ids = [r["item_id"] for r in tx.fetchall(SQL.sql(tx, "item_ids"), (run_id,))]
         linked = [
             UUID(r["run_id"])
-            for r in tx.fetchall(
-                "SELECT run_id FROM lg_runs WHERE root_run_id = ? AND run_id <> ?",
-                (row["root_run_id"], run_id),
-            )
+            for r in tx.fetchall(SQL.sql(tx, "linked_runs"), (row["root_run_id"], run_id))
         ]
         events = read_streams(tx, [UUID(run_id)] + [item_stream_id(run_id, i) for i in item_ids])
         events += [

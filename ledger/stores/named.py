@@ -82,6 +82,7 @@ def literals(values: Sequence[str] | frozenset[str]) -> str:
 def rule_slots() -> dict[str, str]:
     """The rule tables' slots: each state as `{s_NAME}`, the state sets by name."""
     out = {f"s_{state}": literal(state) for state in (*S.RUN_STATES, *S.ITEM_STATES)}
+    out.update({f"r_{role}": literal(role) for role in S.ROLES})  # each role: `{r_worker}`, ...
     out.update(
         terminal_run_states=literals(S.TERMINAL_RUN_STATES),
         open_run_states=literals(S.OPEN_RUN_STATES),

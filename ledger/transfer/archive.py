@@ -57,6 +57,7 @@ from ledger.transfer.archive_file import (
 from ledger.transfer.exports import export
 from ledger.transfer.history_file import ImportRefused, check_file
 from ledger.transfer.restore import restore
+from ledger.transfer.sql import SQL
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -164,7 +165,6 @@ def _choose(lg: Ledger, before: datetime | None, named: list[str] | None) -> lis
     from ledger.core.rows import iso
 
     terminal = sorted(S.TERMINAL_RUN_STATES)
-    marks = ", ".join("?" for _ in terminal)
     chosen: list[str] = []
     with lg.store.read() as tx:
         if named:
@@ -173,7 +173,7 @@ def _choose(lg: Ledger, before: datetime | None, named: list[str] | None) -> lis
                     rid = str(UUID(run_id))
                 except ValueError:
                     raise InvalidInput(f"run id {run_id!r} is not a run id (a UUID)") from None
-                row = tx.fetchone("SELECT state, stopped_at FROM lg_runs WHERE run_id = ?", (rid,))
+                row = tx.fetchone(SQL.sql(tx, "run_state"), (rid,))
                 if row is None:
                     raise RunNotFound(run_id)
                 if row["state"] not in S.TERMINAL_RUN_STATES:
@@ -191,10 +191,7 @@ def _choose(lg: Ledger, before: datetime | None, named: list[str] | None) -> lis
                 chosen.append(rid)
             return chosen
         assert before is not None
-        rows = tx.fetchall(
-            f"SELECT run_id FROM lg_runs WHERE state IN ({marks}) AND stopped_at < ? ORDER BY seq",  # noqa: S608 (our own table/column names; values are bound parameters)
-            [*terminal, iso(before)],
-        )
+        rows = tx.fetchall(SQL.sql(tx, "terminal_runs_stopped_before"), (iso(before),))
         for r in rows:
             if _archived_tx(tx, run_stream_id(r["run_id"])) is None:
                 chosen.append(r["run_id"])
@@ -246,7 +243,7 @@ def _archive_run(
                     f"run {part.run_id}: stream {oid} is at {held.get(oid)} in the store but "
                     f"{(version, hx)} in {str(path)!r}: the file is not this run's archive"
                 )
-        row = tx.fetchone("SELECT * FROM lg_runs WHERE run_id = ?", (part.run_id,))
+        row = tx.fetchone(SQL.sql(tx, "run"), (part.run_id,))
         if row is None:
             raise RunNotFound(part.run_id)
         version, head_hash = part.streams[part.stream]

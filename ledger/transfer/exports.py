@@ -30,6 +30,7 @@ from ledger.transfer.history_file import (
     event_line,
     event_time,
 )
+from ledger.transfer.sql import SQL
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -74,10 +75,10 @@ def streams_of_runs(lg: Ledger, run_ids: Iterable[str]) -> set[UUID]:
                 stream = run_stream_id(run_id)
             except ValueError:
                 raise InvalidInput(f"run id {run_id!r} is not a run id (a UUID)") from None
-            if not tx.fetchone("SELECT 1 AS x FROM lg_runs WHERE run_id = ?", (str(stream),)):
+            if not tx.fetchone(SQL.sql(tx, "run_exists"), (str(stream),)):
                 raise RunNotFound(run_id)
             out.add(stream)
-            for r in tx.fetchall("SELECT item_id FROM lg_items WHERE run_id = ?", (str(stream),)):
+            for r in tx.fetchall(SQL.sql(tx, "item_ids"), (str(stream),)):
                 out.add(item_stream_id(str(stream), r["item_id"]))
     return out
 
@@ -112,13 +113,7 @@ def iter_events(
 
 
 def _count(tx: Tx, after: int, upto: int) -> int:
-    from ledger.stores.raw import position_sql
-
-    pos = position_sql(tx)
-    row = tx.fetchone(
-        f"SELECT COUNT(*) AS n FROM {tx.store.events_table()} WHERE {pos} > ? AND {pos} <= ?",  # noqa: S608 (our own table/column names; values are bound parameters)
-        (after, upto),
-    )
+    row = tx.fetchone(SQL.sql(tx, "events_between"), (after, upto))
     return int(row["n"]) if row else 0
 
 

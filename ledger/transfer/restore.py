@@ -33,6 +33,7 @@ from ledger.transfer.archive_file import (
     runs_of_file,
 )
 from ledger.transfer.history_file import EventReader, ImportRefused, check_file
+from ledger.transfer.sql import SQL
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -78,7 +79,7 @@ def restore(lg: Ledger, actor: Actor, source: str | Path) -> ArchiveSummary:
             stream = parts[run_id].stream
             version = held[stream][0]  # the Archived event
             delete_stream_events(tx, [(stream, version)], from_version=version)
-            tx.execute("DELETE FROM lg_runs WHERE run_id = ?", (run_id,))
+            tx.execute(SQL.sql(tx, "forget_run"), (run_id,))
         # what is left of the runs' streams (a crash during the archive may have left some)
         held = stream_heads(tx, list(streams))
         replayer = Replayer("")
@@ -111,7 +112,7 @@ def restore(lg: Ledger, actor: Actor, source: str | Path) -> ArchiveSummary:
                     flush()
         flush()
         for run_id, value in links.items():
-            tx.execute("UPDATE lg_runs SET links = ? WHERE run_id = ?", (value, run_id))
+            tx.execute(SQL.sql(tx, "set_run_links"), (value, run_id))
     return ArchiveSummary(
         archive=str(path),
         runs=sorted(restoring),
@@ -146,12 +147,12 @@ def _links_to_keep(tx: Tx, restoring: dict[str, dict[str, Any]]) -> dict[str, st
     again, and the restored run's own row holds links added while it was archived."""
     out: dict[str, str] = {}
     for run_id in restoring:
-        row = tx.fetchone("SELECT links FROM lg_runs WHERE run_id = ?", (run_id,))
+        row = tx.fetchone(SQL.sql(tx, "run_links"), (run_id,))
         if row is None:
             continue
         out[run_id] = row["links"]
         for link in json.loads(row["links"]):
-            other = tx.fetchone("SELECT links FROM lg_runs WHERE run_id = ?", (link["run_id"],))
+            other = tx.fetchone(SQL.sql(tx, "run_links"), (link["run_id"],))
             if other is not None and link["run_id"] not in restoring:
                 out[link["run_id"]] = other["links"]
     return out
