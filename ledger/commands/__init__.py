@@ -12,7 +12,7 @@ which runs the command's handler here with a `UnitOfWork`:
 - `leases.py`    claim, heartbeat, accept, reject, fail_attempt, record
 - `items.py`     skip, release, reject_item
 - `reconcile.py` the reconciler pass
-- `args.py`      argument checks (the first check of SPEC's order; nothing is read yet)
+- `args.py`      argument checks (the first check of the rule book's order; nothing is read yet)
 - `registry.py`  every command declared once: handler, rule-book row, CLI command and
                  default role, HTTP route (ledger/http/commands.py generates the routes)
 """

@@ -61,7 +61,7 @@ def amend(
     rule = S.command_rule("amend")
     with uow.write() as tx:
         run = uow.load_run(tx, run_id)
-        for w in withdraw:  # existence before role (SPEC order of checks)
+        for w in withdraw:  # existence before role (the rule book's order of checks)
             uow.item_row(tx, run_id, w)
         require_role(actor, rule.roles, "amend")
         check_revision(expected, run.version, run.state, f"run {run_id}")
@@ -164,7 +164,7 @@ def amend(
 
 
 def weakenings(tx: Tx, run: Run, old: Any, new: Any) -> list[str]:
-    """How a policy change weakens acceptance (SPEC rule 13), in words; [] if it does not."""
+    """How a policy change weakens acceptance (rule 13 of the rule book), in words; [] if it does not."""
     out: list[str] = []
     if old.review is not None:
         if new.review is None:
@@ -196,7 +196,7 @@ def had_failures(tx: Tx, run: Run) -> bool:
 
 def govern(run: Run, actor: Actor, reason: str | None, weakened: list[str]) -> None:
     """A weakening amendment: refused for the submitter (the party under review), allowed to
-    an operator only with a reason (SPEC rule 13)."""
+    an operator only with a reason (rule 13 of the rule book)."""
     rule = S.command_rule("weaken_acceptance")
     what = "; ".join(weakened)
     if actor.role not in rule.roles:

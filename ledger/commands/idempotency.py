@@ -257,7 +257,7 @@ def replay(row: dict[str, Any], key: str, name: str, fp: str) -> Any:
     return decode(json.loads(row["response"]))
 
 
-# Errors a command raises before or at its role check (SPEC's order of checks): they
+# Errors a command raises before or at its role check (the rule book's order of checks): they
 # answer a reused key first, so a caller who may not make the command learns that (403),
 # not that someone else used the key.
 BEFORE_AUTHORIZATION = (InvalidInput, E.RunNotFound, E.ItemNotFound, E.NotAuthorized)

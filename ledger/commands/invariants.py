@@ -1,5 +1,5 @@
 """The rules `verify` checks over the history, checked on each commit's events before they
-are written (SPEC rule 12): the ledger cannot commit what `verify` would reject.
+are written (rule 12 of the rule book): the ledger cannot commit what `verify` would reject.
 
 `check(tx, events, runs, stamps)` walks the events in the order they are about to be
 appended, starting from the state the transaction has already committed (the runs'

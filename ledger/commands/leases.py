@@ -170,7 +170,7 @@ OUTCOME_COMMANDS = {"accept": "accept", "reject": "reject", "fail": "fail_attemp
 
 
 def required_evidence(run: Run, o: Outcome) -> None:
-    """SPEC rule 16: `accept` carries the evidence keys `policy.acceptance.evidence` names."""
+    """rule 16 of the rule book: `accept` carries the evidence keys `policy.acceptance.evidence` names."""
     keys = (run.policy.get("acceptance") or {}).get("evidence") or []
     given = o.evidence or {}
     missing = [k for k in keys if given.get(k) is None]

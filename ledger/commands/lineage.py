@@ -69,7 +69,7 @@ RELATIONS: dict[str, tuple[str, ...]] = {"retry": ("retry_of",), "compensate": (
 
 
 def one_open(tx: Tx, original: Run, command: str, relation: str | None = None) -> None:
-    """SPEC rule 15: Conflict when the run already has an open linked run of the relation
+    """rule 15 of the rule book: Conflict when the run already has an open linked run of the relation
     (the original's row is locked, so two concurrent ones cannot both pass)."""
     relations = (relation,) if relation else RELATIONS[command]
     for row in tx.fetchall(SQL.sql(tx, "open_runs_of_root"), (original.root_run_id,)):
@@ -193,7 +193,9 @@ def repair(
     with uow.write() as tx:
         original = uow.load_run(tx, run_id)
         for named in [*(items or []), *(f.item_id for f in fixed or [])]:
-            uow.item_row(tx, run_id, named)  # existence before role (SPEC order of checks)
+            uow.item_row(
+                tx, run_id, named
+            )  # existence before role (the rule book's order of checks)
         require_role(actor, rule.roles, "repair")
         if original.state not in rule.run_states:
             raise IllegalTransition(
@@ -267,7 +269,9 @@ def compensate(
         if ids:
             refuse_if_archived(tx, run_id, original.state)  # its items are in the archive
         for named in ids or []:
-            uow.item_row(tx, run_id, named)  # existence before role (SPEC order of checks)
+            uow.item_row(
+                tx, run_id, named
+            )  # existence before role (the rule book's order of checks)
         require_role(actor, rule.roles, "compensate")
         if original.state not in rule.run_states:
             raise IllegalTransition(

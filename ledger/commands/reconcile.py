@@ -29,7 +29,7 @@ def reconcile(
     with uow.read() as tx:
         clock = tx.now()
         if now is not None and now > clock:
-            # SPEC rule 14: the record never leads the store's clock (tests inject a clock)
+            # rule 14 of the rule book: the record never leads the store's clock (tests inject a clock)
             raise InvalidInput(
                 f"now {now.isoformat()} is later than the store's clock {clock.isoformat()}; "
                 "reconcile may look back, never ahead"
@@ -56,7 +56,7 @@ def reconcile_run(
     with uow.write() as tx:
         run = uow.load_run(tx, run_id)
         if S.is_terminal(run.state):
-            return 0, 0, 0, 0  # its items never change (SPEC rule 12)
+            return 0, 0, 0, 0  # its items never change (rule 12 of the rule book)
         now = now_arg or tx.now()
         policy = run.policy
         rows = tx.fetchall(SQL.sql(tx, "expired_leases_of_run"), (run_id, iso(now)))

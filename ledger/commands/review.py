@@ -89,7 +89,7 @@ def decide(
 
 
 def four_eyes(tx: Tx, run: Run, reviewer: Actor) -> None:
-    """SPEC rule 13: the actor who submitted or amended a run may not decide its review."""
+    """rule 13 of the rule book: the actor who submitted or amended a run may not decide its review."""
     if reviewer.id == run.created_by:
         raise NotAuthorized(
             f"{reviewer.id!r} submitted run {run.run_id} and may not decide its review "

@@ -162,7 +162,7 @@ def cancel_once(
         now = tx.now()
         in_flight = run.counts[S.IN_PROGRESS]
         to_state = S.CANCELING if in_flight else S.CANCELED
-        # the items first: a run's items never change after it ended (SPEC rule 12)
+        # the items first: a run's items never change after it ended (rule 12 of the rule book)
         skip_remaining(uow, tx, run, now)
         run.transition(
             "cancel",
@@ -276,7 +276,7 @@ def fail(
     def decide(tx: Tx, run: Run, now: datetime) -> tuple[str, str | None, dict[str, Any]]:
         fence(uow, tx, run, now, "run failed: lease fenced")
         kind = S.TRANSIENT if transient else S.PERMANENT
-        # never null (SPEC rule 16): without one, the failing role's decision
+        # never null (rule 16 of the rule book): without one, the failing role's decision
         fr = failure_reason or S.DEFAULT_FAILURE_REASON[checked.role]
         return S.FAILED, reason, {"failure_kind": kind, "failure_reason": fr}
 

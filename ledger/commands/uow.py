@@ -1,4 +1,4 @@
-"""The unit of work: one command's transactions, SPEC's order of checks, and its commit.
+"""The unit of work: one command's transactions, the rule book's order of checks, and its commit.
 
 A handler gets a `UnitOfWork` and opens its transactions through it (`uow.write()`,
 `uow.read()`). When the command carries an idempotency key, the pipeline has already
@@ -6,7 +6,7 @@ opened the one transaction that also records the key: the unit of work then hand
 that transaction to every `write()`/`read()`, so the command and its key record
 commit together. The transaction is passed explicitly, not kept in a thread-local.
 
-`guard` does the checks that come after argument validation, in SPEC's order:
+`guard` does the checks that come after argument validation, in the rule book's order:
 existence (the run, loaded and locked), role, revision; the state check follows
 from the transition table (`require_run_state`, `require_item_state`).
 """
@@ -171,7 +171,7 @@ class UnitOfWork:
         expected: int | None,
         lock: bool | str = True,
     ) -> Run:
-        """SPEC's order after the arguments: existence, role, revision. Returns the run."""
+        """the rule book's order after the arguments: existence, role, revision. Returns the run."""
         run = self.load_run(tx, run_id, lock)
         require_role(actor, roles, command)
         check_revision(expected, run.version, run.state, f"run {run_id}")

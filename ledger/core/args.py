@@ -1,4 +1,4 @@
-"""Argument checks, the first step of SPEC's order of checks: nothing is read yet.
+"""Argument checks, the first step of the rule book's order of checks: nothing is read yet.
 
 Each returns the checked value (parsed where a string form is accepted) or raises
 `InvalidInput`.

@@ -60,7 +60,7 @@ def bounded_summary(text: str | None, limit: int = SUMMARY_MAX_BYTES) -> str:
 # --------------------------------------------------------------------------
 # the rule book's guards: every transition method below calls them, so no event the
 # table does not allow is ever triggered (the handlers call them first too, to refuse
-# in SPEC's order of checks before they do any other work)
+# in the rule book's order of checks before they do any other work)
 # --------------------------------------------------------------------------
 def refuse_run_state(run_id: str, state: str, rule: S.Rule, command: str | None = None) -> NoReturn:
     """AlreadyTerminal (terminal run) or IllegalTransition, naming the state and the allowed set."""
@@ -86,7 +86,7 @@ def check_run_state(run_id: str, state: str, rule: S.Rule) -> None:
 
 
 def check_item_run_state(run_id: str, run_state: str, rule: S.Rule) -> None:
-    """An item command needs its run in one of `rule.run_states` (SPEC rule 12: no item of
+    """An item command needs its run in one of `rule.run_states` (rule 12 of the rule book: no item of
     a terminal run changes; claims need a running run)."""
     if not rule.run_states or run_state in rule.run_states:
         return
@@ -272,7 +272,7 @@ class Run(Aggregate):
             and "survives" in review
             and (e.added or e.replaced or not review["survives"])
         ):
-            # SPEC rule 13: an amendment voids the approval unless it survives amendments
+            # rule 13 of the rule book: an amendment voids the approval unless it survives amendments
             # (as the policy said when it was given) and no payload was added or replaced.
             # Approvals stored without "survives_amendment" have no "survives": left as they are.
             self.review = {**review, "approved_version": None}

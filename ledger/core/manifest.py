@@ -68,7 +68,7 @@ class Review(_Strict):
 
 
 class Acceptance(_Strict):
-    """What an item's acceptance must carry (SPEC rule 16)."""
+    """What an item's acceptance must carry (rule 16 of the rule book)."""
 
     evidence: list[str] = Field(default_factory=list, max_length=100)
 

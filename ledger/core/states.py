@@ -143,7 +143,7 @@ def _rule(
     )
 
 
-# SPEC.md "Run transitions".
+# The rule book's run transitions (docs/explanation/rule-book.md).
 RUN_TRANSITIONS: tuple[Rule, ...] = (
     _rule("submit", NEW, QUEUED, SUBMITTER),
     _rule(
@@ -238,7 +238,7 @@ RUN_TRANSITIONS: tuple[Rule, ...] = (
     ),
 )
 
-# SPEC.md "Item transitions".
+# The rule book's item transitions (docs/explanation/rule-book.md).
 ITEM_TRANSITIONS: tuple[Rule, ...] = (
     _rule("submit", NEW, PENDING, f"{SUBMITTER} {OPERATOR}"),
     _rule(
@@ -355,7 +355,7 @@ COMMAND_RULES: tuple[Rule, ...] = (
         "",
         OPERATOR,
         "weakened",
-        "an amendment that weakens acceptance: operators only, with a reason (SPEC rule 13)",
+        "an amendment that weakens acceptance: operators only, with a reason (rule 13 of the rule book)",
     ),
     _rule("reconcile", "", "", f"{RECONCILER} {OPERATOR}", "", "the reconciler pass"),
 )
@@ -368,7 +368,7 @@ RUN_COMMAND_ROLES: dict[str, frozenset[str]] = {
     "reconcile": _COMMAND_BY_NAME["reconcile"].roles,
 }
 
-# Who owns a run's next step (SPEC rule 9), by state; None: it depends on the item counts
+# Who owns a run's next step (rule 9 of the rule book), by state; None: it depends on the item counts
 # (see waiting_on).
 WAITING_ON: dict[str, str | None] = {
     QUEUED: CONTROLLER,

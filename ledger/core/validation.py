@@ -1,7 +1,7 @@
 """The input boundary: ids and JSON values are normalised and checked here, once, for the
 Python API, the CLI and HTTP alike (no pydantic import, so read-only commands start fast).
 
-Ids (SPEC rule 17): NFC-normalised, 1-200 characters, and refused when they hold a
+Ids (rule 17 of the rule book): NFC-normalised, 1-200 characters, and refused when they hold a
 control, format (zero width, bidi), surrogate, unassigned, line- or paragraph-separator
 character, so two ids that look alike on the page or in the CLI are the same id.
 
@@ -284,7 +284,7 @@ def strict_loads(
 
 
 def stored_payload_problem(raw: bytes) -> str | None:
-    """Why a stored event's payload is not strict JSON (SPEC rule 17), or None: NaN or
+    """Why a stored event's payload is not strict JSON (rule 17 of the rule book), or None: NaN or
     Infinity (which older versions stored from a float evidence value), a duplicate key
     or a lone surrogate escape, any of which breaks every strict JSON reader of its
     history. Only payloads holding `NaN`/`Infinity` or a `\\u` escape are parsed again

@@ -94,7 +94,7 @@ class RunStatus(_View):
     review: dict[str, Any] | None = None
     policy: dict[str, Any] = field(default_factory=dict)
     root_run_id: str = ""
-    # Who owns the delay, precisely (SPEC rule 19; ledger/reads/signals.py): the person where
+    # Who owns the delay, precisely (rule 19 of the rule book; ledger/reads/signals.py): the person where
     # known, since when, the latest run or item transition, stalled, items finished per
     # minute over the last 5 minutes, the estimated end, leases expired but unreconciled.
     waiting_on_actors: list[str] = field(default_factory=list)

@@ -2,7 +2,7 @@
 (`ledger/commands/registry.py`): one route per `CommandSpec` whose `http` is an `Http`
 entry, none for a `NotOverHttp` one. The caller's token names the actor.
 
-Each endpoint is one call of the service, which checks in SPEC order (input,
+Each endpoint is one call of the service, which checks in the rule book's order (input,
 existence, role, revision, state, preconditions) and raises the typed error
 that `errors.py` maps to a status. Run commands answer the run's new status.
 
@@ -67,7 +67,7 @@ def _lease_holder(lg: Ledger, actor: Actor, body: B.LeaseBody, spec: CommandSpec
     """The service takes no actor for lease commands (the lease token is the authority)
     and records the lease's `worker_id` as the actor; over HTTP the token's role must be
     one the table allows, and the lease must be this actor's, so the record stays true."""
-    lg.item(body.run_id, body.item_id)  # SPEC order: input and existence before role
+    lg.item(body.run_id, body.item_id)  # the rule book's order: input and existence before role
     command, roles = spec.name, spec.roles
     if actor.role not in roles:
         raise NotAuthorized(

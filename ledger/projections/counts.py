@@ -15,7 +15,7 @@ run ends (or is archived) its totals move into the `counts` column of its row, w
 that run event anyway, and its slot rows are deleted; while it is open that column is
 `{}`. The slot is a function of the event alone, and every touched (slot, state) keeps
 its row even at zero, so a rebuild, in whatever batches it replays the events, writes the
-same rows (SPEC rule 10), and schema v7 can compute them from `lg_transitions` in SQL.
+same rows (rule 10 of the rule book), and schema v7 can compute them from `lg_transitions` in SQL.
 
 Deriving the counts at read time from `lg_items` (`SELECT state, count(*) ... GROUP BY
 state`) needs no table, but costs every status read a pass over all of the run's items

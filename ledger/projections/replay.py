@@ -32,7 +32,7 @@ _CHUNK = 400
 
 
 class Observer(Protocol):
-    """Called before each event is applied (verify checks SPEC rules here)."""
+    """Called before each event is applied (verify checks the rule book's rules here)."""
 
     def __call__(self, tx: Tx, position: int, event: DomainEvent, replayer: Replayer) -> None: ...
 

@@ -11,7 +11,7 @@ Three checks, over one consistent point of the history (position P):
    `heads`) and events whose positions disagree with their versions
    (`stream_order`). `heads` is a digest over every stream's last event and hash:
    record it elsewhere to detect a history rewritten wholesale, hashes included.
-2. **SPEC rules in the history**, checked while replaying in position order:
+2. **the rule book's rules in the history**, checked while replaying in position order:
    a terminal run that changed (`terminal_changed`), a claim of an item that
    already had a live lease (`two_leases`), `succeeded` with a required item not
    accepted or work still open (`success_unearned`), a reconciler recording an
@@ -77,7 +77,7 @@ Progress = Callable[[str, int, int], None]
 
 
 def verify(lg: Ledger, progress: Progress | None = None) -> VerifyReport:
-    """Replay every event; report broken hash chains, broken SPEC rules and projection drift.
+    """Replay every event; report broken hash chains, broken rules of the rule book and projection drift.
 
     `progress(stage, done, total)` is called as it goes: stage "replay" after each batch
     (events done, events stored), then "compare" and "chains" once each as they start.

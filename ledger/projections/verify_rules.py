@@ -1,4 +1,4 @@
-"""What `verify` reports and the SPEC rules it checks over the history (check 2 of
+"""What `verify` reports and the the rule book's rules it checks over the history (check 2 of
 ledger/projections/verify.py): the capped problem list and the rule checker the replay calls
 before it applies each event.
 """
@@ -56,7 +56,7 @@ class Problems:
 
 
 class RuleChecker:
-    """SPEC rules over the history, checked before each event is applied."""
+    """the rule book's rules over the history, checked before each event is applied."""
 
     def __init__(self, problems: Problems, suffix: str) -> None:
         self.problems = problems

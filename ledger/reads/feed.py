@@ -4,7 +4,7 @@
 module; `ledger/feed/follower.py` builds durable followers on it.
 
 Reading by position is safe because a position never appears behind one already
-read (SPEC rule 18): every page is bounded by a readable position read first, in a
+read (rule 18 of the rule book): every page is bounded by a readable position read first, in a
 statement of its own, and everything at or below it has committed or never will (the
 feed's *head* is the last transition there). `head()` and `page()` are the one
 place that reads `lg_transitions` for the feed, so a change of the write path's

@@ -88,7 +88,7 @@ def item_row(tx: Tx, run_id: str, item_id: str, lock: bool = False) -> dict[str,
 
 
 def waiting_on(state: str, counts: dict[str, int]) -> str:
-    """Who owns the next step (SPEC rule 9): the rule book's WAITING_ON table."""
+    """Who owns the next step (rule 9 of the rule book): the rule book's WAITING_ON table."""
     return S.waiting_on(state, counts)
 
 
@@ -100,7 +100,7 @@ def _dt(text: str) -> datetime:
 
 def status_tx(tx: Tx, run_id: str) -> RunStatus:
     """The run's status inside an open transaction, with who owns its delay by the
-    transaction's clock (SPEC rule 19)."""
+    transaction's clock (rule 19 of the rule book)."""
     row = tx.fetchone(SQL.sql(tx, "run"), (run_id,))
     if row is None:
         raise RunNotFound(run_id)

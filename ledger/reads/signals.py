@@ -1,4 +1,4 @@
-"""Who owns a run's delay, precisely (SPEC rules 9 and 19), computed from the projections.
+"""Who owns a run's delay, precisely (rules 9 and 19 of the rule book), computed from the projections.
 
 For a batch of `lg_runs` rows, a handful of indexed queries give each open run:
 - `waiting_on`: the rule-9 owner of its state, except `reconciler` when a lease has

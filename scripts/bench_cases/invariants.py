@@ -1,4 +1,4 @@
-"""Case 11: the cost of the pre-commit rule checks (ledger/commands/invariants.py, SPEC rule 12).
+"""Case 11: the cost of the pre-commit rule checks (ledger/commands/invariants.py, rule 12 of the rule book).
 
 Case 1's work in one process: claim(limit=B) + record(B accepts) until a run is drained,
 on PostgreSQL when a server is given, and on SQLite. The same work runs with the checks

@@ -230,7 +230,7 @@ def test_unknown_runs_illegal_transitions_and_stale_reviews_write_nothing(
         cli(
             dsn,
             "--as",
-            "rita:reviewer",  # not the submitter: four eyes (SPEC rule 13)
+            "rita:reviewer",  # not the submitter: four eyes (rule 13 of the rule book)
             "review",
             run,
             "--approve",

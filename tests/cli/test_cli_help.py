@@ -3,7 +3,7 @@ docs read the same table), so what the help says about states and roles cannot d
 from what the ledger enforces.
 
 For every registered write command with a CLI name, its help shows the command's move
-and roles, and the roles are those of SPEC.md's transition tables (transcribed by hand
+and roles, and the roles are those of the rule book's transition tables (transcribed by hand
 in tests/core/test_rulebook_table.py); the listing of `ledger --help` names them too.
 """
 
@@ -59,7 +59,7 @@ def test_the_help_shows_the_commands_rule_book_row(spec: CommandSpec) -> None:
     roles = ", ".join(sorted(spec.roles))
     assert f"; by {roles}" in section
     expected = spec_roles(spec)
-    if expected is not None:  # SPEC's table names the command: the help says the same
+    if expected is not None:  # The rule book's table names the command: the help says the same
         assert f"; by {', '.join(sorted(expected))}" in section
 
 

@@ -1,6 +1,6 @@
 """The rule-book audit's numbered findings, one or more tests each, on every store.
 
-Written from SPEC.md (rules 3-9, 12-16) and the seeds, not from the code. A test
+Written from the rule book (rules 3-9, 12-16) and the seeds, not from the code. A test
 marked with `bug(n, ...)` failed on the code the audit found the bug in; it is a strict
 xfail until the fix lands (see tests/support/findings.py). The unmarked tests next to them pin
 the behaviour that is already right, so a fix cannot overshoot (e.g. refuse every

@@ -115,7 +115,7 @@ def test_leases_expire_by_the_injected_clock(lg: Ledger, clock: ManualClock) -> 
 
 
 def test_reconcile_now_argument_may_look_back_never_ahead(lg: Ledger, clock: ManualClock) -> None:
-    """SPEC rule 14: a `now` later than the store's clock is refused; an earlier one is used."""
+    """rule 14 of the rule book: a `now` later than the store's clock is refused; an earlier one is used."""
     rid = submit(lg, 1, lease_seconds=30)
     lg.start(rid, CONTROLLER)
     le = lg.claim(rid, WORKER)[0]

@@ -1,4 +1,4 @@
-"""SPEC rule 12: the ledger cannot commit what `verify` would reject.
+"""rule 12 of the rule book: the ledger cannot commit what `verify` would reject.
 
 Every commit's events pass the rules `verify` applies to the history before they are
 appended (ledger/commands/invariants.py). These tests take away a command's own checks (the

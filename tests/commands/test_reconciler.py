@@ -266,7 +266,7 @@ def _reconciler_proc(dsn: str, now_iso: str, go: Any, stop: Any, out: Any, name:
     now = datetime.fromisoformat(now_iso)
     totals = Counter[str]()
     # the time moves by an injected clock: a `now` ahead of the store's clock is refused
-    # (SPEC rule 14)
+    # (rule 14 of the rule book)
     with Ledger.open(dsn, clock=lambda: now) as lg:
         go.wait(WAIT)
         passes = 0

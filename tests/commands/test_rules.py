@@ -1,4 +1,4 @@
-"""SPEC.md "Rules that must hold" 1-9 and 11, each with tests that could fail, on every store.
+"""the rule book "Rules that must hold" 1-9 and 11, each with tests that could fail, on every store.
 
 (Rule 10, disposable projections, has its own suite.)
 """

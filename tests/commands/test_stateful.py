@@ -7,7 +7,7 @@ accept, reject, fail_attempt, skip, release, reject_item, request_review, decide
 resume, cancel, complete, fail, retry, repair, compensate, reconcile), from the right
 role most of the time and from a wrong one sometimes, with current and stale expected
 revisions, with live, expired and superseded leases, and moves the injected clock
-(lease expiries, backoffs, item and run deadlines). The model is written from SPEC.md's
+(lease expiries, backoffs, item and run deadlines). The model is written from the rule book's
 tables and rules, in its order of checks; it predicts the error type exactly (an
 `AlreadyTerminal` is not an `IllegalTransition`).
 
@@ -544,7 +544,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     it.end_attempt("abandoned", "retryable", None)
             run.go("failed")
             run.failure_kind = "transient" if transient else "permanent"
-            # SPEC rule 16: a failed run always has a reason, by role when none is given
+            # rule 16 of the rule book: a failed run always has a reason, by role when none is given
             run.failure_reason = reason or (
                 "operator_decision" if actor.role == "operator" else "controller_decision"
             )
@@ -629,7 +629,7 @@ class LedgerMachine(RuleBasedStateMachine):
             and (target.state not in EDITABLE or not target.in_manifest)
         ):
             err = E.IllegalTransition
-        # SPEC rule 13: raising max_attempts after an attempt failed or expired weakens
+        # rule 13 of the rule book: raising max_attempts after an attempt failed or expired weakens
         # acceptance: refused to the submitter, an operator's (with a reason) is recorded as
         # a transition of its own before the amendment
         weakens = (
@@ -674,7 +674,7 @@ class LedgerMachine(RuleBasedStateMachine):
             err = E.IllegalTransition
         if err is None and not items:
             err = E.InvalidInput
-        # SPEC rule 15: one open linked run per relation (checked after the rest here)
+        # rule 15 of the rule book: one open linked run per relation (checked after the rest here)
         open_child = run.linked.get(command)
         if (
             err is None

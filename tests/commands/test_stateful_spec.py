@@ -1,4 +1,4 @@
-"""A stateful test against a reference model written from SPEC.md (tests/support/spec_model.py):
+"""A stateful test against a reference model written from the rule book (tests/support/spec_model.py):
 random commands by every role drive the real ledger and the model; after
 every step the runs' states, failure kinds and reasons, `waiting_on`, the items' states
 and attempts agree, and `lg.verify()` finds nothing wrong.
@@ -543,7 +543,7 @@ class SpecMachine(RuleBasedStateMachine):
             kwargs["policy"] = change
         weak = bool(change) and weakens(run, change)
         if weak and run.terminal and actor.role in (S.SUBMITTER, S.OPERATOR):
-            return  # governance or state first: SPEC's order does not say
+            return  # governance or state first: the rule book's order does not say
         if weak and actor.role == S.SUBMITTER and not self.allow(2):
             return  # bug 2: the submitter may weaken acceptance
         if (

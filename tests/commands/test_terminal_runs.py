@@ -1,4 +1,4 @@
-"""SPEC rule 12: no item of a terminal run changes, whichever command is asked.
+"""rule 12 of the rule book: no item of a terminal run changes, whichever command is asked.
 
 For every terminal run state, reached by every way a run can end there (complete,
 partial completion, fail by the controller, review rejection, the run deadline, cancel
@@ -10,7 +10,7 @@ claim, heartbeat, accept, reject, fail_attempt, skip, release, reject_item, amen
 for the reconcile, change nothing; `verify` stays clean.
 
 Then the ways around each rule: a role that may never make the command is refused
-before the state is looked at (SPEC's order of checks), and a time that lies
+before the state is looked at (the rule book's order of checks), and a time that lies
 (reconcile with a `now` ahead of the clock, an injected clock that steps back) cannot
 move the record ahead of reality or its times backwards.
 """
@@ -356,7 +356,7 @@ ROLE_CASES: dict[str, tuple[frozenset[str], Callable[[Ledger, str, Any], Any]]] 
 def test_a_role_that_may_never_make_the_command_is_refused_first(
     lg: Ledger, clock: ManualClock, run_state: str
 ) -> None:
-    """Role comes before state in SPEC's order of checks: NotAuthorized, nothing written,
+    """Role comes before state in the rule book's order of checks: NotAuthorized, nothing written,
     whether or not the run is terminal."""
     ids = [S.QUARANTINED, S.PENDING]
     run_id = _submit(lg, ids, review={"decision": "qa", "survives_amendment": False})

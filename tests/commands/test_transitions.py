@@ -1,4 +1,4 @@
-"""Every row of SPEC.md's two transition tables, on every store.
+"""Every row of the rule book's two transition tables, on every store.
 
 The tables come from `ledger.core.states.RUN_TRANSITIONS` and `ITEM_TRANSITIONS` (the single
 source): for each row, each listed (from-state, role) succeeds and lands in a listed
@@ -475,7 +475,7 @@ def test_run_row_states_not_listed(lg: Ledger) -> None:
                 lg, IllegalTransition, lambda: _run_act(command)(lg, runs[state].run_id, OPERATOR)
             )
             assert state in e.message, (command, state, e.message)
-    # a running run with open work is NotComplete (a state check, SPEC rule 5)
+    # a running run with open work is NotComplete (a state check, rule 5 of the rule book)
     e = refused(lg, NotComplete, lambda: lg.complete(runs[S.RUNNING].run_id, CONTROLLER))
     assert e.state == S.RUNNING
     after = {state: lg.status(d.run_id) for state, d in runs.items()}

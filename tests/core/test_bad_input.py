@@ -1,4 +1,4 @@
-"""Bad input is refused clearly, and nothing is written (SPEC rule 11).
+"""Bad input is refused clearly, and nothing is written (rule 11 of the rule book).
 
 Every case of the corpus in tests/bad_inputs/ (see its README) runs on memory, SQLite
 and PostgreSQL against one ledger per store holding a running run with a live lease:

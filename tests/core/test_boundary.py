@@ -1,4 +1,4 @@
-"""The input boundary (SPEC rules 11 and 17): strict JSON, the id rule, storable
+"""The input boundary (rules 11 and 17 of the rule book): strict JSON, the id rule, storable
 free text, and a Worker that never loses a finished outcome.
 
 Each test names the harm it rules out: without the boundary NaN evidence is stored, a

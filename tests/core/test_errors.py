@@ -1,4 +1,4 @@
-"""Every error type of API.md raised at least once, and SPEC.md's order of checks.
+"""Every error type of API.md raised at least once, and the rule book's order of checks.
 
 A call that is wrong in several ways raises the earliest failing check: argument
 validation, then existence, role, revision, state, and preconditions; nothing is written.
@@ -235,7 +235,7 @@ def test_state_before_preconditions(lg: Ledger) -> None:
 
 
 def test_one_call_wrong_in_every_way(lg: Ledger) -> None:
-    """Peel the errors off one at a time: each fix reveals the next check in SPEC order."""
+    """Peel the errors off one at a time: each fix reveals the next check in the rule book's order."""
     rid = run_in(lg, S.RUNNING).run_id
     rev = lg.status(rid).revision
     wrong_version = "sha256:" + "0" * 32

@@ -1,5 +1,5 @@
 """Every public command and read refuses bad input with a typed error, whatever Python
-value it is given (SPEC rules 11 and 17).
+value it is given (rules 11 and 17 of the rule book).
 
 Hypothesis feeds each argument of each public `Ledger` method either a plausible value
 (a real run id, a live lease, an actor of a real role) or an arbitrary Python value:

@@ -1,9 +1,9 @@
-"""The rule book against SPEC.md, row by row (SPEC rule 12).
+"""The rule book against the rule book, row by row (rule 12 of the rule book).
 
-1. The ledger's transition tables (`ledger.core.states`) say what SPEC's tables say: for each
-   command its from-states, to-states and roles (SPEC.md "Run transitions" and "Item
+1. The ledger's transition tables (`ledger.core.states`) say what The rule book's tables say: for each
+   command its from-states, to-states and roles (The rule book's run transitions (docs/explanation/rule-book.md) and "Item
    transitions", transcribed below by hand from the document, not from the code).
-2. The column SPEC adds for item commands, the run states they need, generated over
+2. The column the contract adds for item commands, the run states they need, generated over
    every run state the ledger declares: claims need a running run (else
    `IllegalTransition` naming the run's state); heartbeats and outcomes need a
    non-terminal run; people's item commands and amendments need a non-terminal run.
@@ -27,7 +27,7 @@ from tests.support.findings import refused, verify_clean
 from tests.support.runs import CONTROLLER, OPERATOR, REVIEWER, SUBMITTER, WORKER
 
 # ---------------------------------------------------------------------------
-# 1. SPEC.md's tables, transcribed
+# 1. the rule book's tables, transcribed
 # ---------------------------------------------------------------------------
 NON_TERMINAL_FAILABLE = {S.QUEUED, S.RUNNING, S.AWAITING_REVIEW, S.PAUSING, S.PAUSED}
 # command: (from, to, roles); "-" is a new stream
@@ -160,7 +160,7 @@ QUARANTINED_ONLY = {S.QUARANTINED}
 
 def item_cells(lg: Ledger) -> dict[str, tuple[str | None, set[str], Callable[[Held], Any]]]:
     """Each item command: the item it acts on (None: the live lease), the item states it
-    starts from (SPEC's item table), and the call."""
+    starts from (the contract's item table), and the call."""
     return {
         # refused by run state whatever its items are; in a running run `p` is claimable
         "claim": ("p", set(S.ITEM_STATES), lambda h: lg.claim(h.run_id, WORKER, limit=5)),
@@ -200,7 +200,7 @@ TABLE_COMMAND = {"skip_pending": "skip", "amend_add": "amend"}
 def run_states_for(cell: str) -> set[str] | None:
     """The run states the rule book lets an item command act in (its `run_states`
     column, or for amend the sources of its command row). Where the rule book does not
-    say, SPEC's: claims need running; the rest a non-terminal run, except that SPEC
+    say, the contract's: claims need running; the rest a non-terminal run, except that the contract
     leaves people's item commands and amendments of a canceling run open (None there)."""
     command = TABLE_COMMAND.get(cell, cell)
     if command == "amend":
@@ -226,7 +226,7 @@ def test_item_commands_in_every_live_run_state(lg: Ledger, state: str) -> None:
     for name, (item, starts, call) in item_cells(lg).items():
         allowed = run_states_for(name)
         if allowed is None and state == S.CANCELING:
-            continue  # SPEC does not say, and the rule book does not either
+            continue  # the contract does not say, and the rule book does not either
         held = hold(lg, state)
         if item is None and held.lease is None:
             continue  # no lease can be live in this state
@@ -244,7 +244,7 @@ def test_item_commands_in_every_live_run_state(lg: Ledger, state: str) -> None:
 
 
 def test_item_command_run_states_are_spec_s() -> None:
-    """Where the rule book declares run states for item commands, they are SPEC's: claims
+    """Where the rule book declares run states for item commands, they are the contract's: claims
     need running, outcomes and heartbeats any non-terminal state, nothing a terminal one."""
     for cell in item_cells(None):  # type: ignore[arg-type]
         states = run_states_for(cell)

@@ -1,5 +1,5 @@
 """Projection rebuilds: identical to the live tables, resumable after a crash,
-safe while the ledger is in use (SPEC rule 10)."""
+safe while the ledger is in use (rule 10 of the rule book)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`Ledger.verify()`: tamper evidence (hash chains), SPEC rules in the history, and
+"""`Ledger.verify()`: tamper evidence (hash chains), the rule book's rules in the history, and
 projections against a fresh rebuild. Each corruption is made behind the ledger's
 back with plain SQL and must be reported with its run id and position."""
 
@@ -208,7 +208,7 @@ def test_a_projection_row_changed_by_hand_is_reported(lg: Ledger, clock: ManualC
 
 
 def test_rule_violations_in_the_history_are_reported(lg: Ledger, clock: ManualClock) -> None:
-    """Events that break SPEC rules, appended behind the service's back (the hash chain
+    """Events that break the rule book's rules, appended behind the service's back (the hash chain
     stays valid: the store wrote them), are reported with their run and position."""
     runs = scenario(lg, clock)
     busy = lg.submit(manifest(2), SUBMITTER).run_id

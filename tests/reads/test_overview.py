@@ -1,4 +1,4 @@
-"""What is stuck, on whom (SPEC rule 19), on every store with the injected clock.
+"""What is stuck, on whom (rule 19 of the rule book), on every store with the injected clock.
 
 `lg.overview()` counts every open run (not the newest N); each signal is checked
 where it starts and where it stops: activity on items keeps a run from being

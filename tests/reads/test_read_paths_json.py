@@ -1,4 +1,4 @@
-"""Stored means readable (SPEC rule 17): a ledger holding every kind of event
+"""Stored means readable (rule 17 of the rule book): a ledger holding every kind of event
 the ledger writes, with awkward text in it, is read back through every read path (the
 Python API, the CLI's --json and --jsonl, HTTP) and each answer is strict JSON. And
 `verify` reports a stored event whose payload is not strict JSON (one a database may hold

@@ -1,4 +1,4 @@
-"""SPEC rule 19 in the status read, on every store with the injected clock: who owns the
+"""rule 19 of the rule book in the status read, on every store with the injected clock: who owns the
 delay (and which person), since when, the latest run or item activity, stalled, rate
 and ETA. Each signal is checked where it starts and where it stops."""
 

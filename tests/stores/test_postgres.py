@@ -155,7 +155,9 @@ def test_a_server_in_another_time_zone_records_the_same_instants(pg_dsn: str) ->
         assert before + timedelta(seconds=60) <= le.expires_at <= after + timedelta(seconds=60)
         assert all(before <= t.at <= after for t in lg.history(run_id))
         assert lg.reconcile().expired_leases == 0  # compared as instants, not as local text
-        with pytest.raises(InvalidInput):  # SPEC rule 14: a now ahead of the store's clock
+        with pytest.raises(
+            InvalidInput
+        ):  # rule 14 of the rule book: a now ahead of the store's clock
             lg.reconcile(now=le.expires_at + timedelta(seconds=1))
 
 

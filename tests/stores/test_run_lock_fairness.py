@@ -2,7 +2,7 @@
 
 Claims and outcomes share the run's lock so that workers of one run go side by side;
 cancel, pause and the other run commands take it exclusively. Shared holders that
-overlap one another must not keep an exclusive waiter out for ever: SPEC rule 6 says
+overlap one another must not keep an exclusive waiter out for ever: rule 6 of the rule book says
 new claims stop *at once* when a cancel is made. Proof with real transactions: one item
 command holds the run while a cancel waits for it; a claim made after the cancel began
 waiting must not overtake it (it waits, then finds the run canceled).

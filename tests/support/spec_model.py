@@ -1,7 +1,7 @@
-"""A reference model of the run ledger written from SPEC.md (tables, rules 3-9, 12-16)
+"""A reference model of the run ledger written from the rule book (tables, rules 3-9, 12-16)
 and the seeds, for tests/commands/test_stateful_spec.py. It knows nothing of the code.
 
-Where SPEC leaves a detail open the model either allows each reading (`alts`: the
+Where the rule book leaves a detail open the model either allows each reading (`alts`: the
 states an item may be in; `eligible` as an interval) or the machine does not make the
 move while it is open (a lease expired but not reconciled makes "is a lease live?"
 ambiguous for pause, cancel and fail). Everything else it predicts exactly.
@@ -22,7 +22,7 @@ LIVE_RUN = (S.QUEUED, S.RUNNING, S.AWAITING_REVIEW, S.PAUSING, S.PAUSED)
 
 @dataclass
 class MItem:
-    """One item as SPEC says it must be."""
+    """One item as the rule book says it must be."""
 
     item_id: str
     required: bool
@@ -30,11 +30,11 @@ class MItem:
     attempts: int = 0
     token: str | None = None
     expires: datetime | None = None
-    # a retryable item is claimable from some time in [lo, hi] (SPEC fixes it exactly
+    # a retryable item is claimable from some time in [lo, hi] (the rule book fixes it exactly
     # only for a failed attempt: its time plus backoff_seconds)
     eligible: tuple[datetime, datetime] | None = None
     withdrawn: bool = False
-    alts: frozenset[str] = frozenset()  # other states SPEC allows it to be in now
+    alts: frozenset[str] = frozenset()  # other states the rule book allows it to be in now
 
     def may_be(self, state: str) -> bool:
         return state == self.state or state in self.alts
@@ -42,7 +42,7 @@ class MItem:
 
 @dataclass
 class MRun:
-    """One run as SPEC says it must be."""
+    """One run as the rule book says it must be."""
 
     run_id: str
     policy: dict[str, Any]
@@ -53,7 +53,7 @@ class MRun:
     started_at: datetime | None = None
     failure_kind: str | None = None
     failure_reason: str | None = None
-    stop_reason: str | None = None  # expected, when SPEC fixes it
+    stop_reason: str | None = None  # expected, when the rule book fixes it
     cancel_reason: str | None = None
     bound: str | None = None  # the input version under review
     approved: bool = False  # an approval that still applies (rule 7, 13)
@@ -75,7 +75,7 @@ class MRun:
         return [it for it in self.in_progress() if it.expires is not None and it.expires < now]
 
     def murky(self, now: datetime) -> bool:
-        """A lease expired unreconciled: SPEC does not say whether it still counts as live."""
+        """A lease expired unreconciled: the rule book does not say whether it still counts as live."""
         return bool(self.expired(now))
 
     def go(self, state: str) -> None:
@@ -89,7 +89,7 @@ class MRun:
 
     def fence(self) -> None:
         """A fail (or a review rejection) ends every live lease: the attempt is abandoned.
-        The table allows retryable or quarantined; SPEC does not say which."""
+        The table allows retryable or quarantined; the rule book does not say which."""
         for it in self.in_progress():
             it.token = it.expires = None
             it.state = S.RETRYABLE
@@ -125,7 +125,7 @@ class MRun:
         return review if isinstance(review, dict) else None
 
     def waiting_on(self, now: datetime) -> str | None:
-        """Rule 9's owner of the delay; None where SPEC leaves it open."""
+        """Rule 9's owner of the delay; None where the rule book leaves it open."""
         if self.terminal:
             return "nobody"
         if self.murky(now) and self.state in (S.RUNNING, S.CANCELING, S.PAUSING):
@@ -149,7 +149,7 @@ class MRun:
                 return None
             if any(it.eligible is None or it.eligible[1] <= now for it in retryable):
                 return "workers"
-            return None  # only items in backoff: SPEC does not say
+            return None  # only items in backoff: the rule book does not say
         if any(it.alts for it in self.items.values()):
             return None
         return "reviewer" if S.QUARANTINED in states else "controller"
@@ -178,7 +178,7 @@ def weakens(run: MRun, change: dict[str, Any]) -> bool:
 
 
 def claimable(run: MRun, now: datetime) -> tuple[list[MItem], bool]:
-    """Items a claim may take now, and whether SPEC leaves any item's turn open."""
+    """Items a claim may take now, and whether the rule book leaves any item's turn open."""
     out, unsure = [], False
     for it in run.items.values():
         if it.alts:

@@ -273,7 +273,7 @@ API_SIGNATURES = {
     "verify": [],
     "rebuild_projections": ["progress"],
 }
-# Run commands that take the caller's revision (compare-and-set, SPEC rule 2).
+# Run commands that take the caller's revision (compare-and-set, rule 2 of the rule book).
 REVISIONED = [
     "start",
     "amend",

@@ -71,7 +71,7 @@ def test_saved_history_projects_as_it_did(lg: Ledger, path: Path) -> None:
     for run_id, shown in saved["runs"].items():
         status = lg.status(run_id).to_dict()
         # every field the history saved, as saved (fields added since, such as the delay
-        # signals of SPEC rule 19, depend on the clock and are tested on their own)
+        # signals of rule 19 of the rule book, depend on the clock and are tested on their own)
         assert {key: status[key] for key in shown["status"]} == shown["status"], run_id
         assert [i.to_dict() for i in lg.items(run_id)] == shown["items"], run_id
         assert [a.to_dict() for a in lg.attempts(run_id)] == shown["attempts"], run_id
