@@ -1,1 +1,1 @@
-"""Tests of write commands: SPEC's rules and tables, terminal runs, the reconciler, invariants, fencing, the stateful models."""
+"""Tests of write commands: the rule book's rules and tables, terminal runs, the reconciler, invariants, fencing, the stateful models."""

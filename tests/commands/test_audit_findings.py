@@ -140,7 +140,7 @@ def test_bug1_cli_review_reject_fences_live_leases(tmp_path: Path) -> None:
 
 
 def test_bug1_fail_fences_live_leases(lg: Ledger) -> None:
-    """The reference behaviour review rejection must match (SPEC: a fail fences)."""
+    """The reference behaviour review rejection must match (the rule book: a fail fences)."""
     d = run_in(lg, S.AWAITING_REVIEW, live_lease=True)
     lg.fail(d.run_id, CONTROLLER, "upstream gone", transient=True)
     lease = d.leases[0]
@@ -240,7 +240,7 @@ def test_operator_may_weaken_with_a_reason(
 def test_submitter_may_strengthen_acceptance(
     lg: Ledger, policy: dict[str, Any], change: dict[str, Any]
 ) -> None:
-    """SPEC: the submitter may amend; only weakening (rule 13) is refused."""
+    """the rule book: the submitter may amend; only weakening (rule 13) is refused."""
     run_id = running(lg, 2, **policy)
     st = lg.amend(run_id, SUBMITTER, "tighten", policy=change)
     for key, value in change.items():

@@ -422,7 +422,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert run.review is not None
                 run.review["approved"] = version
             else:
-                # a rejection fails the run, and a failed run holds no live lease (SPEC: a
+                # a rejection fails the run, and a failed run holds no live lease (the rule book: a
                 # fail fences live leases; items of a terminal run never change after)
                 for it in run.items.values():
                     if it.state == "in_progress":

@@ -125,7 +125,7 @@ def state_error(state: str, sources: tuple[str, ...]) -> type[LedgerError] | Non
 
 
 class SpecMachine(RuleBasedStateMachine):
-    """One fresh ledger (made by `opener`) and the SPEC model, side by side."""
+    """One fresh ledger (made by `opener`) and the the rule book model, side by side."""
 
     opener: ClassVar[Callable[[], tuple[str, Callable[[], None]]]]
     bugs: ClassVar[frozenset[int]] = frozenset()
@@ -167,7 +167,7 @@ class SpecMachine(RuleBasedStateMachine):
 
     def call(self, predicted: Any, fn: Callable[[], Any]) -> tuple[bool, Any]:
         """Run the command. `predicted`: None (success), an error class, or a tuple of them
-        (SPEC allows either). A refusal writes nothing."""
+        (the rule book allows either). A refusal writes nothing."""
         caller = sys._getframe(1).f_code.co_name
         name = getattr(predicted, "__name__", None) or ("ok" if predicted is None else "either")
         event(f"{caller}: {name}")
@@ -176,13 +176,15 @@ class SpecMachine(RuleBasedStateMachine):
         try:
             result = fn()
         except LedgerError as e:
-            assert predicted is not None, f"refused ({type(e).__name__}: {e}); SPEC accepts"
+            assert predicted is not None, (
+                f"refused ({type(e).__name__}: {e}); the rule book accepts"
+            )
             assert isinstance(e, predicted), (
-                f"raised {type(e).__name__} ({e}); SPEC says {predicted}"
+                f"raised {type(e).__name__} ({e}); the rule book says {predicted}"
             )
             assert event_count(self.lg) == before, f"the refusal {e!r} wrote events"
             return False, e
-        assert predicted is None, f"accepted; SPEC says {predicted}"
+        assert predicted is None, f"accepted; the rule book says {predicted}"
         return True, result
 
     def adopt(self, status: Any, parent: MRun | None = None) -> MRun:
@@ -192,7 +194,9 @@ class SpecMachine(RuleBasedStateMachine):
         for it in self.lg.items(status.run_id):
             assert (it.state, it.attempts) == (S.PENDING, 0)
             items[it.item_id] = MItem(it.item_id, it.required)
-        assert items, f"run {status.run_id} has no items (SPEC: a manifest has at least one)"
+        assert items, (
+            f"run {status.run_id} has no items (the rule book: a manifest has at least one)"
+        )
         run = MRun(
             status.run_id,
             dict(status.policy),
@@ -278,7 +282,7 @@ class SpecMachine(RuleBasedStateMachine):
         else:
             err = None
             if unsure:
-                return  # SPEC leaves which items are claimable open right now
+                return  # the rule book leaves which items are claimable open right now
         ok, got = self.call(err, lambda: self.lg.claim(run.run_id, actor, limit=limit))
         if not ok:
             if isinstance(got, IllegalTransition):
@@ -509,10 +513,10 @@ class SpecMachine(RuleBasedStateMachine):
     def amend(self, pick: int, item: int, who: str, kind: str, which: int, no_reason: bool) -> None:
         run = self.pick(pick, *LIVE_RUN)
         if run.state == S.CANCELING:
-            return  # SPEC does not say whether a canceling run may be amended
+            return  # the rule book does not say whether a canceling run may be amended
         actor = BY_ROLE[who]
         ids = sorted(run.items)
-        assert ids, f"run {run.run_id} has no items (SPEC: a manifest has at least one)"
+        assert ids, f"run {run.run_id} has no items (the rule book: a manifest has at least one)"
         target = run.items[ids[item % len(ids)]]
         kwargs: dict[str, Any] = {}
         change: dict[str, Any] = {}
@@ -766,7 +770,7 @@ class SpecMachine(RuleBasedStateMachine):
     def item_command(self, pick: int, item: int, command: str, who: int) -> None:
         run = self.pick(pick, S.RUNNING, S.PAUSED, S.AWAITING_REVIEW, *S.TERMINAL_RUN_STATES)
         if run.state == S.CANCELING:
-            return  # SPEC does not say what a skip or release does to a canceling run
+            return  # the rule book does not say what a skip or release does to a canceling run
         quarantined = [it for it in run.items.values() if it.state == S.QUARANTINED]
         ids = sorted(run.items)
         it = (
@@ -827,7 +831,7 @@ class SpecMachine(RuleBasedStateMachine):
         not_accepted = [it for it in in_manifest if it.state != S.ACCEPTED]
         accepted = [it for it in in_manifest if it.state == S.ACCEPTED]
         if command == "repair" and not not_accepted:
-            return  # nothing to repair: SPEC does not name the refusal
+            return  # nothing to repair: the rule book does not name the refusal
         if command == "compensate" and not accepted:
             return
         if any(it.alts for it in run.items.values()):
@@ -985,7 +989,7 @@ class SpecMachine(RuleBasedStateMachine):
                 got = items[item_id]
                 assert mi.may_be(got.state), (run_id, item_id, got.state, mi.state, mi.alts)
                 assert got.attempts == mi.attempts, (run_id, item_id)
-                if mi.alts:  # the ledger has chosen one of SPEC's readings
+                if mi.alts:  # the ledger has chosen one of the rule book's readings
                     mi.state, mi.alts = got.state, frozenset()
                 tally[got.state] = tally.get(got.state, 0) + 1
             assert {k: v for k, v in s.counts.items() if v} == tally

@@ -184,7 +184,7 @@ def lease_writes(lg: Ledger) -> dict[str, Callable[[Lease], Any]]:
 def item_commands(
     lg: Ledger, run_id: str
 ) -> dict[str, tuple[frozenset[str], Callable[[str], Any]]]:
-    """SPEC's item commands that name an item, with the item states they start from."""
+    """the rule book's item commands that name an item, with the item states they start from."""
     editable = frozenset({S.PENDING, S.RETRYABLE, S.QUARANTINED})
     return {
         "skip": (editable, lambda i: lg.skip(run_id, i, OPERATOR, "not needed")),
@@ -279,7 +279,7 @@ def test_no_item_of_a_terminal_run_changes(
 @pytest.mark.parametrize("how", HOWS)
 def test_terminal_run_refuses_run_commands(lg: Ledger, clock: ManualClock, how: str) -> None:
     """Every run command on a terminal run is AlreadyTerminal naming the state, except the
-    idempotent answers SPEC lists (complete of a completed run, cancel of a canceled one)."""
+    idempotent answers the rule book lists (complete of a completed run, cancel of a canceled one)."""
     ended = end_by(lg, clock, how)
     rid, state = ended.run_id, ended.state
     commands: dict[str, Callable[[], Any]] = {
@@ -408,7 +408,7 @@ def test_a_future_now_cannot_end_a_healthy_run(lg: Ledger, clock: ManualClock, h
 def test_a_clock_that_steps_back_never_moves_a_streams_time_backwards(
     lg: Ledger, clock: ManualClock
 ) -> None:
-    """SPEC: event times never move backwards within a stream, whatever the clock does."""
+    """the rule book: event times never move backwards within a stream, whatever the clock does."""
     run_id = _submit(lg, ["a", "b"], lease_seconds=60)
     (le,) = lg.claim(run_id, WORKER, limit=1)
     clock.advance(30)

@@ -174,7 +174,7 @@ def test_existence_before_role(lg: Ledger) -> None:
 
 def test_item_existence_before_role_in_amend_and_repair(lg: Ledger) -> None:
     """Item ids named by amend(withdraw) and repair(items) are checked for existence before
-    the role (SPEC: existence, then role)."""
+    the role (the rule book: existence, then role)."""
     rid = submit(lg, 2)
     raises(lg, ItemNotFound, lambda: lg.amend(rid, WORKER, "drop", withdraw=["ghost"]))
     done = run_in(lg, S.COMPLETED_WITH_ERRORS).run_id
