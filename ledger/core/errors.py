@@ -45,8 +45,8 @@ class ManifestInvalid(InvalidInput):
 class RunNotFound(LedgerError):
     """No run has this id."""
 
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"run {run_id!r} does not exist")
+    def __init__(self, run_id: str, message: str | None = None) -> None:
+        super().__init__(message or f"run {run_id!r} does not exist")
         self.run_id = run_id
 
 

@@ -115,9 +115,7 @@ def status_at(lg: Ledger, run_id: str, at: datetime) -> RunStatus:
         ]
     events = sorted(((p, e) for p, e in events if e.timestamp <= at), key=lambda t: t[0])
     if not any(isinstance(e, Run.Submitted) and e.run_id == run_id for _p, e in events):
-        err = RunNotFound(run_id)
-        err.args = (f"run {run_id!r} did not exist yet at {at.isoformat()}",)
-        raise err
+        raise RunNotFound(run_id, f"run {run_id!r} did not exist yet at {at.isoformat()}")
     # The delay signals (rule 19) as of the last change accepted by then: the status a
     # reader saw right after that change, and the same at any instant until the next one.
     tables = MemoryTables(now=max(e.timestamp for _p, e in events))

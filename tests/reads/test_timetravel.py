@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +109,24 @@ def test_status_at_shows_links_only_once_they_existed(lg: Ledger, clock: ManualC
     assert lg.status_at(run_id, clock()) == lg.status(run_id)
     assert lg.status_at(run_id, before_fail).counts["in_progress"] == 1
     assert lg.status_at(retry.run_id, clock()) == lg.status(retry.run_id)
+
+
+def test_status_at_a_time_before_the_run_says_so_over_http(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from ledger.http import create_app
+    from tests.support.runs import finished_run
+
+    lg = Ledger.open(f"sqlite:///{tmp_path}/ledger.db")
+    try:
+        run_id = finished_run(lg, 1)
+        before = (lg.status(run_id).created_at - timedelta(hours=1)).isoformat()
+        with TestClient(create_app(lg, tokens_path=tmp_path / "t", public_reads=True)) as client:
+            r = client.get(f"/runs/{run_id}", params={"at": before})
+        assert r.status_code == 404
+        assert r.json()["error"] == "RunNotFound"
+        assert "did not exist yet" in r.json()["message"]
+        with pytest.raises(RunNotFound, match="did not exist yet"):
+            lg.status_at(run_id, lg.status(run_id).created_at - timedelta(hours=1))
+    finally:
+        lg.close()
