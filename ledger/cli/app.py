@@ -434,5 +434,23 @@ def _short(wide: bool) -> bool:
 
 
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded with the event)")]
-RunArg = Annotated[str, typer.Argument(metavar="RUN", help="Run id")]
+
+
+def _whole_run_id(ctx: typer.Context, value: str) -> str:
+    """A run id as given, or the one run id a short prefix names (as the tables show
+    them): resolved against the ledger, an ambiguous prefix refused listing its runs."""
+    if not isinstance(value, str) or len(value.strip()) == 36 or ctx.resilient_parsing:
+        return value
+    with _ledger(ctx, create=False) as lg:
+        return lg.resolve_run_id(value)
+
+
+RunArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="RUN",
+        help="Run id, or a unique prefix of one (4 or more characters)",
+        callback=_whole_run_id,
+    ),
+]
 ItemArg = Annotated[str, typer.Argument(metavar="ITEM", help="Item id")]

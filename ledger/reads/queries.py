@@ -87,6 +87,19 @@ def item_row(tx: Tx, run_id: str, item_id: str, lock: bool = False) -> dict[str,
     return row
 
 
+PREFIX_MATCHES_SHOWN = 10
+
+
+def run_ids_with_prefix(store: Store, prefix: str) -> list[str]:
+    """The run ids that start with `prefix` (lower-case hex and dashes), at most
+    `PREFIX_MATCHES_SHOWN + 1` of them, in order."""
+    with store.read() as tx:
+        rows = tx.fetchall(
+            SQL.sql(tx, "run_ids_in_range"), (prefix, prefix + "~", PREFIX_MATCHES_SHOWN + 1)
+        )
+    return [r["run_id"] for r in rows]
+
+
 def waiting_on(state: str, counts: dict[str, int]) -> str:
     """Who owns the next step (rule 9 of the rule book): the rule book's WAITING_ON table."""
     return S.waiting_on(state, counts)

@@ -12,6 +12,11 @@ SELECT * FROM lg_runs WHERE run_id = ?;
 -- name: item
 SELECT * FROM lg_items WHERE run_id = ? AND item_id = ?;
 
+-- name: run_ids_in_range
+-- run ids from the first bound up to the second: a prefix and the prefix followed by "~",
+-- which sorts after every character of a run id (an index range, no pattern to escape)
+SELECT run_id FROM lg_runs WHERE run_id >= ? AND run_id < ? ORDER BY run_id LIMIT ?;
+
 -- name: item_locked
 -- the item's row locked for the transaction (PostgreSQL)
 SELECT * FROM lg_items WHERE run_id = ? AND item_id = ? {lock};

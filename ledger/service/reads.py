@@ -11,7 +11,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, cast
 
 from ledger.commands.idempotency import read_command, typed_refusals
-from ledger.core.errors import InvalidInput
+from ledger.core import args as A
+from ledger.core.errors import InvalidInput, RunNotFound
 from ledger.core.validation import utc_time
 from ledger.core.views import Attempt, ItemStatus, RunStatus, Transition
 from ledger.reads import queries
@@ -83,6 +84,31 @@ class LedgerReads:
     def lineage(self, run_id: str) -> list[RunStatus]:
         """The runs linked to this one (same root), root first."""
         return queries.lineage(self.store, run_id)
+
+    @read_command
+    def resolve_run_id(self, text: str) -> str:
+        """The run id that `text` names: a whole run id, or a unique prefix of one (at least
+        4 characters, as the short ids the `ledger` command's tables show). No match is
+        `RunNotFound`; several are `InvalidInput`, listing them."""
+        if not isinstance(text, str):
+            raise InvalidInput("a run id must be a string")
+        prefix = text.strip().lower()
+        if len(prefix) == 36:
+            return str(A.run_id(prefix))
+        if not 4 <= len(prefix) < 36 or not set(prefix) <= set("0123456789abcdef-"):
+            raise InvalidInput(
+                f"{text!r} is neither a run id nor a prefix of one (4 or more of its characters)"
+            )
+        found = queries.run_ids_with_prefix(self.store, prefix)
+        if not found:
+            raise RunNotFound(text, f"no run id starts with {prefix!r}")
+        if len(found) > 1:
+            shown = ", ".join(found[: queries.PREFIX_MATCHES_SHOWN])
+            more = " and more" if len(found) > queries.PREFIX_MATCHES_SHOWN else ""
+            raise InvalidInput(
+                f"run id prefix {prefix!r} is ambiguous: it starts {shown}{more}; give more of it"
+            )
+        return found[0]
 
     @read_command
     def audit(
