@@ -10,20 +10,18 @@ from ledger.commands.lineage import manifest_of, parse_items
 from ledger.commands.runs import _policy
 from ledger.commands.sql import SQL
 from ledger.commands.uow import UnitOfWork, check_revision, require_role, require_run_state, stamp
+from ledger.commands.weakening import govern, weakenings
 from ledger.core import args as A
 from ledger.core import states as S
-from ledger.core.domain import Run
 from ledger.core.errors import (
     IllegalTransition,
     InvalidInput,
     ItemNotFound,
     ManifestInvalid,
-    NotAuthorized,
 )
 from ledger.core.validation import input_version_of
 from ledger.core.views import Actor, RunStatus
 from ledger.reads import queries
-from ledger.stores.base import Tx
 
 EDITABLE = frozenset({S.PENDING, S.RETRYABLE, S.QUARANTINED})
 
@@ -69,14 +67,22 @@ def amend(
         new_policy = (
             _policy(run.policy, policy).model_dump(mode="json") if policy is not None else None
         )
-        weakened = (
-            weakenings(tx, run, _policy(run.policy), _policy(new_policy))
-            if new_policy is not None
-            else []
+        rows = {r["item_id"]: r for r in tx.fetchall(SQL.sql(tx, "items_to_amend"), (run_id,))}
+        made_optional = [
+            it.item_id
+            for it in new_items
+            if it.item_id in rows and rows[it.item_id]["required"] and not it.required
+        ]
+        weakened = weakenings(
+            tx,
+            run,
+            _policy(run.policy),
+            _policy(new_policy) if new_policy is not None else _policy(run.policy),
+            tx.now(),
+            made_optional,
         )
         if weakened:
             govern(run, actor, reason, weakened)
-        rows = {r["item_id"]: r for r in tx.fetchall(SQL.sql(tx, "items_to_amend"), (run_id,))}
         added, replaced = [], []
         for it in new_items:
             d = it.model_dump(mode="json")
@@ -161,51 +167,3 @@ def amend(
         )
         uow.commit(tx, {run_id: run}, withdrawn_items, first="run")
         return queries.status_tx(tx, run_id)
-
-
-def weakenings(tx: Tx, run: Run, old: Any, new: Any) -> list[str]:
-    """How a policy change weakens acceptance (rule 13 of the rule book), in words; [] if it does not."""
-    out: list[str] = []
-    if old.review is not None:
-        if new.review is None:
-            out.append("removes the review")
-        elif new.review.decision != old.review.decision:
-            out.append(f"changes the review decision to {new.review.decision!r}")
-        elif new.review.survives_amendment and not old.review.survives_amendment:
-            out.append("sets survives_amendment")
-    if new.partial_delivery and not old.partial_delivery:
-        out.append("enables partial_delivery")
-    elif new.partial_delivery:
-        required = tx.fetchone(SQL.sql(tx, "required_items_counted"), (run.run_id,))
-        n = int((required or {"n": 0})["n"])
-        # compared on the run's size, and on a large one, so "50%" vs 3 compares fairly
-        if any(new.tolerated(k) > old.tolerated(k) for k in (n, 10_000_000)):
-            out.append("raises tolerated_failures")
-    if new.max_attempts > old.max_attempts and had_failures(tx, run):
-        out.append("raises max_attempts after failures")
-    dropped = set(old.acceptance.evidence) - set(new.acceptance.evidence)
-    if dropped:
-        out.append(f"drops required evidence {', '.join(sorted(dropped))}")
-    return out
-
-
-def had_failures(tx: Tx, run: Run) -> bool:
-    """Whether any attempt of the run has failed or expired."""
-    return tx.fetchone(SQL.sql(tx, "run_retried"), (run.run_id,)) is not None
-
-
-def govern(run: Run, actor: Actor, reason: str | None, weakened: list[str]) -> None:
-    """A weakening amendment: refused for the submitter (the party under review), allowed to
-    an operator only with a reason (rule 13 of the rule book)."""
-    rule = S.command_rule("weaken_acceptance")
-    what = "; ".join(weakened)
-    if actor.role not in rule.roles:
-        raise NotAuthorized(
-            f"role {actor.role!r} may not weaken the acceptance of run {run.run_id} ({what}); "
-            f"allowed roles: {S.describe_roles(rule.roles)}, with a reason"
-        )
-    if reason is None or not reason.strip():
-        raise InvalidInput(
-            f"an amendment that weakens acceptance ({what}) needs a reason: it is recorded "
-            "as its own transition"
-        )

@@ -104,6 +104,9 @@ AND state NOT IN ({terminal_run_states}) ORDER BY seq;
 -- name: item_ids
 SELECT item_id FROM lg_items WHERE run_id = ?;
 
+-- name: required_item_ids
+SELECT item_id FROM lg_items WHERE run_id = ? AND required = 1;
+
 -- name: items_to_amend
 SELECT item_id, required, payload, state, in_manifest, revision, attempts,
 lease_token, lease_worker, lease_expires_at, eligible_at, last_error, reason,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ledger.commands.runs import _policy
 from ledger.commands.sql import SQL
 from ledger.commands.uow import UnitOfWork, require_role
+from ledger.commands.weakening import govern, weakenings
 from ledger.core import args as A
 from ledger.core import states as S
 from ledger.core.domain import Run, run_stream_id
@@ -109,8 +110,11 @@ def create_run(
     links: list[dict[str, str]],
     original: Run | None,
     input_version: str | None = None,
+    weakened: list[str] | None = None,
 ) -> RunStatus:
-    """A new run, queued, linked to `original` when given."""
+    """A new run, queued, linked to `original` when given. `weakened`: how its acceptance
+    is weaker than the original's (an operator's decision, with `reason`), recorded as
+    its own transition right after the submit."""
     run_id = str(uuid.uuid4())
     now = tx.now()
     run = Run._create(
@@ -127,6 +131,17 @@ def create_run(
         root_run_id=original.root_run_id if original else run_id,
         timestamp=now,
     )
+    if weakened:
+        assert original is not None
+        run.transition(
+            "weaken_acceptance",
+            run.state,
+            actor.id,
+            actor.role,
+            reason,
+            {"weakened": weakened, "relative_to": original.run_id},
+            now,
+        )
     runs = {run_id: run}
     if original is not None:
         runs[original.run_id] = original
@@ -234,6 +249,24 @@ def repair(
                 manifest["policy"] = _policy(original.policy, policy).model_dump(mode="json")
         if not manifest["items"]:
             raise InvalidInput(f"run {run_id} has no items to repair: every item was accepted")
+        # what the new run must satisfy, against what the original had to: a repair may
+        # not shed what an amendment may not (the same notion, the same roles)
+        was_required = {
+            r["item_id"] for r in tx.fetchall(SQL.sql(tx, "required_item_ids"), (run_id,))
+        }
+        weakened = weakenings(
+            tx,
+            original,
+            _policy(original.policy),
+            _policy(manifest.get("policy", original.policy)),
+            required_to_optional=[
+                i["item_id"]
+                for i in manifest["items"]
+                if i["item_id"] in was_required and not i.get("required", True)
+            ],
+        )
+        if weakened:
+            govern(original, actor, reason, weakened)
         one_open(tx, original, "repair", relation)
         return create_run(
             uow,
@@ -244,6 +277,7 @@ def repair(
             reason or f"{relation.replace('_', ' ')} {run_id}",
             [{"relation": relation, "run_id": run_id}],
             original,
+            weakened=weakened,
         )
 
 
