@@ -104,6 +104,13 @@ class RunStatus(_View):
     rate: float = 0.0
     eta: datetime | None = None
     expired_leases: int = 0
+    # `links` holds at most MAX_STATUS_LINKS (the first recorded); this is how many there are
+    links_total: int = 0
+
+
+# A status stays a bounded summary however many runs link to this one (retries, repairs,
+# compensations): the first links recorded, and their total; `lineage` lists them all.
+MAX_STATUS_LINKS = 20
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from ledger.core.errors import InvalidInput, ItemNotFound, RunNotFound, StoreUna
 from ledger.core.rows import iso, parse_dt, run_from_row
 from ledger.core.validation import check_identifier, utc_time
 from ledger.core.views import (
+    MAX_STATUS_LINKS,
     Attempt,
     ItemStatus,
     Lease,
@@ -141,6 +142,7 @@ def status_from_row(row: dict[str, Any], na: list[dict[str, Any]]) -> RunStatus:
     """A run row and its not-accepted item rows as RunStatus."""
     counts = json.loads(row["counts"])
     state = row["state"]
+    links = json.loads(row["links"])
     return RunStatus(
         run_id=row["run_id"],
         state=state,
@@ -154,7 +156,8 @@ def status_from_row(row: dict[str, Any], na: list[dict[str, Any]]) -> RunStatus:
             NotAcceptedItem(r["item_id"], r["state"], bool(r["required"]), r["reason"]) for r in na
         ],
         waiting_on=waiting_on(state, counts),
-        links=[Link(link["relation"], link["run_id"]) for link in json.loads(row["links"])],
+        links=[Link(link["relation"], link["run_id"]) for link in links[:MAX_STATUS_LINKS]],
+        links_total=len(links),
         cancel_requested=bool(row["cancel_requested"]),
         created_at=_dt(row["created_at"]),
         updated_at=_dt(row["updated_at"]),
