@@ -168,10 +168,19 @@ def archive_cmd(
     ] = None,
     reason: Annotated[str | None, typer.Option("--reason")] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Archive even while followers or webhooks have not passed the runs "
+            "(needs --reason, recorded in each Archived event)",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Move the events of old terminal runs into a verified archive file; one Archived
-    event per run stays in the chain (operator role)."""
+    event per run stays in the chain (operator role). Refused while a follower or webhook
+    has not passed the runs' transitions, unless --force with --reason."""
     from ledger.transfer.archive import archive
 
     _one_command_only(ctx, "archive")
@@ -196,6 +205,7 @@ def archive_cmd(
             runs=run,
             reason=reason,
             checkpoint=_checkpoints(),
+            force=force,
         )
     if as_json:
         _emit_json(summary)

@@ -125,15 +125,26 @@ class LedgerMaintenance:
         terminal_before: datetime | None = None,
         runs: list[str] | None = None,
         reason: str | None = None,
+        force: bool = False,
     ) -> ArchiveSummary:
         """Move the events of runs terminal since before `terminal_before` (or of `runs`)
         into the verified archive file `to`, leaving one Archived event per run in its
-        chain (operator role; ledger/transfer/archive.py). Resumes an interrupted archive."""
+        chain (operator role; ledger/transfer/archive.py). Resumes an interrupted archive.
+        Refused while a follower or webhook has not passed those runs' transitions, unless
+        `force` with a `reason` (recorded in each Archived event)."""
         from ledger.transfer.archive import archive
 
         _path(to, "to")
+        if not isinstance(force, bool):
+            raise InvalidInput("force must be true or false")
         return archive(
-            self._facade(), actor, to, terminal_before=terminal_before, runs=runs, reason=reason
+            self._facade(),
+            actor,
+            to,
+            terminal_before=terminal_before,
+            runs=runs,
+            reason=reason,
+            force=force,
         )
 
     @typed_refusals

@@ -82,10 +82,16 @@ def archive(
     reason: str | None = None,
     checkpoint: Checkpoint = _quiet,
     delete_batch: int = DELETE_BATCH,
+    force: bool = False,
 ) -> ArchiveSummary:
     """Move the events of runs terminal since before `terminal_before` (and/or the `runs`
     named) into the archive file `to`, leaving one `Archived` event per run. Resumes an
-    interrupted archive when `to` exists (see the module's docstring)."""
+    interrupted archive when `to` exists (see the module's docstring).
+
+    Refused (`IllegalTransition`, naming them) while a follower or webhook has not passed
+    the runs' last transitions: it would never see them. `force` with a `reason` archives
+    anyway, and the reason, with the followers left behind, is recorded in each run's
+    `Archived` event."""
     if not isinstance(actor, Actor):
         raise InvalidInput("actor must be an Actor")
     if actor.role != S.OPERATOR:
@@ -112,6 +118,20 @@ def archive(
         chosen = _choose(lg, terminal_before, runs)
         if not chosen:
             return ArchiveSummary(archive=str(path))
+        behind = readers_behind(lg, chosen)
+        if behind:
+            names = ", ".join(f"{name} (at {pos})" for name, pos in behind)
+            if not force:
+                raise IllegalTransition(
+                    f"followers have not passed the transitions of the runs to archive: "
+                    f"{names}; archiving now would take events from under them (let them "
+                    "catch up, or archive with force and a reason)",
+                    "archivable",
+                    ["followers caught up"],
+                )
+            if reason is None:
+                raise InvalidInput(f"an archive past followers ({names}) needs a reason")
+            reason = f"{reason} (archived past followers: {names})"
         _write_verified(lg, path, chosen, checkpoint)
     sha = file_sha256(path)
     with open(path, encoding="utf-8") as f:
@@ -158,6 +178,21 @@ def _run_ids_arg(value: Any) -> list[str] | None:
             raise InvalidInput(f"runs must hold run ids (strings), got {type(run_id).__name__}")
         out.append(A.run_id(run_id))
     return out
+
+
+def readers_behind(lg: Ledger, run_ids: list[str]) -> list[tuple[str, int]]:
+    """The followers (webhooks included) whose checkpoint is below the last transition of
+    any of `run_ids`, with their positions."""
+    with lg.store.read() as tx:
+        last = 0
+        for run_id in run_ids:
+            row = tx.fetchone(SQL.sql(tx, "last_transition_of_run"), (run_id,))
+            if row is not None and row["p"] is not None:
+                last = max(last, int(row["p"]))
+        if not last:
+            return []
+        rows = tx.fetchall(SQL.sql(tx, "followers_behind"), (last,))
+    return [(r["name"], int(r["position"])) for r in rows]
 
 
 def _choose(lg: Ledger, before: datetime | None, named: list[str] | None) -> list[str]:

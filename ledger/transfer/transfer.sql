@@ -30,3 +30,12 @@ SELECT links FROM lg_runs WHERE run_id = ?;
 
 -- name: set_run_links
 UPDATE lg_runs SET links = ? WHERE run_id = ?;
+
+-- name: last_transition_of_run
+-- the position of the run's last transition: where the change feed's readers must be
+-- before its events may leave the store
+SELECT MAX(position) AS p FROM lg_transitions WHERE run_id = ?;
+
+-- name: followers_behind
+-- the followers (webhooks are followers too) whose checkpoint is below a position
+SELECT name, position FROM lg_followers WHERE position < ? ORDER BY name;
