@@ -439,7 +439,10 @@ ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded with the
 def _whole_run_id(ctx: typer.Context, value: str) -> str:
     """A run id as given, or the one run id a short prefix names (as the tables show
     them): resolved against the ledger, an ambiguous prefix refused listing its runs."""
-    if not isinstance(value, str) or len(value.strip()) == 36 or ctx.resilient_parsing:
+    text = value.strip().lower() if isinstance(value, str) else ""
+    if not 4 <= len(text) < 36 or not set(text) <= set("0123456789abcdef-"):
+        return value  # a whole id, or no prefix of one: the command answers for it
+    if ctx.resilient_parsing:
         return value
     with _ledger(ctx, create=False) as lg:
         return lg.resolve_run_id(value)

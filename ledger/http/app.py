@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
@@ -70,7 +73,17 @@ def create_app(
     `InvalidInput` here. `public_reads`: anonymous callers may read and see the page.
     The caller keeps ownership of `lg` (closing the app does not close it).
     """
+    hub = FeedHub(lg)  # event streams: one head watcher, capped (streams.py)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(hub.close)  # every stream ends with the app
+
     app = FastAPI(
+        lifespan=lifespan,
         title=TITLE,
         version=API_VERSION,
         description=DESCRIPTION,
@@ -79,7 +92,7 @@ def create_app(
     )
     app.state.ledger = lg
     app.state.gate = Gate(tokens=TokenFile(tokens_path), public_reads=public_reads)
-    app.state.feed_hub = FeedHub(lg)  # event streams: one head watcher, capped (streams.py)
+    app.state.feed_hub = hub
     install_error_handlers(app)
     # token before body, per-route body limits, read deadlines (guard.py)
     app.state.read_deadline = ReadDeadline()

@@ -125,13 +125,17 @@ class FeedHub:
                 try:
                     with self.lg.store.read() as tx:
                         head = feed.head(tx)
-                except Exception:  # the store is away: streams keep their keep-alives
+                    if head != self._head:
+                        self._head = head
+                        self._wake()
+                    waiter.wait(head, HEAD_RECHECK_S, self.closed)
+                except Exception as exc:
+                    closed_store = getattr(self.lg.store, "_closed", False)
+                    if closed_store or type(exc).__name__ == "PoolClosed":
+                        self.closed.set()  # the ledger was closed under the app: streams end
+                        return
+                    # the store is away for now: streams keep sending their keep-alives
                     self.closed.wait(HEAD_RECHECK_S)
-                    continue
-                if head != self._head:
-                    self._head = head
-                    self._wake()
-                waiter.wait(head, HEAD_RECHECK_S, self.closed)
         finally:
             waiter.close()
             self._wake()

@@ -95,10 +95,10 @@ class LedgerReads:
         prefix = text.strip().lower()
         if len(prefix) == 36:
             return str(A.run_id(prefix))
-        if not 4 <= len(prefix) < 36 or not set(prefix) <= set("0123456789abcdef-"):
-            raise InvalidInput(
-                f"{text!r} is neither a run id nor a prefix of one (4 or more of its characters)"
-            )
+        if len(prefix) < 4:
+            raise InvalidInput(f"{text!r} is too short: give 4 or more characters of a run id")
+        if len(prefix) > 36 or not set(prefix) <= set("0123456789abcdef-"):
+            raise RunNotFound(text)  # no run id has such characters
         found = queries.run_ids_with_prefix(self.store, prefix)
         if not found:
             raise RunNotFound(text, f"no run id starts with {prefix!r}")

@@ -430,7 +430,7 @@ def test_verify_exits_1_when_it_finds_problems(dsn: str, monkeypatch: pytest.Mon
     monkeypatch.setattr(
         Ledger,
         "verify",
-        lambda self, progress=None: VerifyReport(ok=False, problems=[problem], events=9),
+        lambda self, progress=None, **checks: VerifyReport(ok=False, problems=[problem], events=9),
     )
     human = cli(dsn, "verify")
     assert human.exit_code == 1 and "1 problem(s)" in human.stdout and "hash_chain" in human.stdout

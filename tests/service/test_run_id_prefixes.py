@@ -27,9 +27,12 @@ def test_no_match_and_bad_prefixes_are_refused(lg: Ledger) -> None:
     other = "0123" if not run_id.startswith("0123") else "4567"
     with pytest.raises(RunNotFound, match="no run id starts with"):
         lg.resolve_run_id(other)
-    for bad in ("abc", "", "zzzz", "ab%c", run_id[:8] + "_"):
-        with pytest.raises(InvalidInput):
-            lg.resolve_run_id(bad)
+    for short in ("abc", ""):
+        with pytest.raises(InvalidInput, match="too short"):
+            lg.resolve_run_id(short)
+    for no_id in ("zzzz", "ab%c", run_id[:8] + "_", "not-a-run"):
+        with pytest.raises(RunNotFound):
+            lg.resolve_run_id(no_id)
 
 
 def test_an_ambiguous_prefix_lists_the_runs_it_names() -> None:
