@@ -48,6 +48,7 @@ def test_sqlite_cases(tmp_path: Path) -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 def test_postgres_cases(pg_dsn: str, tmp_path: Path) -> None:
     # Cases make their own databases on the test server; they run on its fast test
     # settings here, which is fine: only the code path is under test.
