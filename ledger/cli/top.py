@@ -30,10 +30,10 @@ def _ago(now: datetime, then: datetime | None) -> str:
     return f"{h // 24}d {h % 24}h"
 
 
-def render_overview(ov: Overview) -> Any:
-    """The overview as one rich renderable: the tallies, then the runs needing attention."""
+def render_overview(ov: Overview, table: bool = True) -> Any:
+    """The overview as one rich renderable: the tallies, then (with `table`) the runs
+    needing attention."""
     from rich.console import Group
-    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
@@ -60,9 +60,26 @@ def render_overview(ov: Overview) -> Any:
         f"expired leases {ov.expired_leases} in {ov.runs_with_expired_leases} runs",
         style="bold red" if ov.expired_leases else "",
     )
-    table = Table(title="needs attention first, then the longest waits", title_justify="left")
-    for col in ("run", "state", "waiting on", "for", "last activity", "flags", "scope"):
-        table.add_column(col)
+    if not table:
+        return head
+    grid = Table(title=TITLE, title_justify="left")
+    for col in COLUMNS:
+        # a run id and its flags stay whole on a narrow screen (the others give way)
+        grid.add_column(col, no_wrap=col in ("run", "flags"))
+    for row in overview_rows(ov, markup=True):
+        grid.add_row(*row)
+    return Group(head, grid)
+
+
+TITLE = "needs attention first, then the longest waits"
+COLUMNS = ("run", "state", "waiting on", "for", "last activity", "flags", "scope")
+
+
+def overview_rows(ov: Overview, markup: bool) -> list[tuple[str, ...]]:
+    """The runs needing attention first, then the longest waits: one row each."""
+    from rich.markup import escape
+
+    rows: list[tuple[str, ...]] = []
     seen: set[str] = set()
     for run in [*ov.stuck, *ov.longest_waiting]:
         if run.run_id in seen:
@@ -70,19 +87,22 @@ def render_overview(ov: Overview) -> Any:
         seen.add(run.run_id)
         flags = []
         if run.stalled:
-            flags.append("[bold red]STALLED[/]")
+            flags.append("[bold red]STALLED[/]" if markup else "STALLED")
         if run.expired_leases:
-            flags.append(f"[bold red]{run.expired_leases} EXPIRED[/]")
-        table.add_row(
-            escape(run.run_id),
-            run.state,
-            run.waiting_on,
-            _ago(ov.at, run.waiting_since),
-            _ago(ov.at, run.last_activity_at) + " ago" if run.last_activity_at else "",
-            " ".join(flags),
-            escape(run.scope),
+            text = f"{run.expired_leases} EXPIRED"
+            flags.append(f"[bold red]{text}[/]" if markup else text)
+        rows.append(
+            (
+                escape(run.run_id) if markup else run.run_id,
+                run.state,
+                run.waiting_on,
+                _ago(ov.at, run.waiting_since),
+                _ago(ov.at, run.last_activity_at) + " ago" if run.last_activity_at else "",
+                " ".join(flags),
+                escape(run.scope) if markup else run.scope,
+            )
         )
-    return Group(head, table)
+    return rows
 
 
 @app.command()
@@ -107,7 +127,18 @@ def top(
             _emit_json(lg.overview())
             return
         if once:
-            out.print(render_overview(lg.overview()))
+            ov = lg.overview()
+            if out.is_terminal:
+                out.print(render_overview(ov))
+                return
+            # in a pipe: the tallies, then a plain table (whole ids, no borders)
+            from ledger.cli.render import Grid
+
+            out.print(render_overview(ov, table=False))
+            grid = Grid(TITLE, [(c, False) for c in COLUMNS], short=False)
+            for row in overview_rows(ov, markup=True):  # the grid reads the markup
+                grid.add(*row)
+            grid.print(out)
             return
         with Live(render_overview(lg.overview()), console=out, screen=False) as live:
             try:

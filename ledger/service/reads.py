@@ -133,6 +133,7 @@ class LedgerReads:
             )
         )
 
+    @typed_refusals
     def iter_audit(
         self,
         run_id: str | None = None,
@@ -149,18 +150,20 @@ class LedgerReads:
         """`audit` as an iterator that reads `page_size` transitions per read transaction:
         memory stays bounded however long the audit log is. The arguments are checked
         before the first transition is read."""
-        return queries.audit(
-            self.store,
-            run_id,
-            actor,
-            role,
-            state,
-            since,
-            until,
-            newest_first,
-            after,
-            limit,
-            page_size,
+        return _typed_iter(
+            queries.audit(
+                self.store,
+                run_id,
+                actor,
+                role,
+                state,
+                since,
+                until,
+                newest_first,
+                after,
+                limit,
+                page_size,
+            )
         )
 
     @read_command
@@ -219,3 +222,17 @@ class LedgerReads:
         if not isinstance(at, datetime) or at.tzinfo is None:
             raise InvalidInput("at must be an aware datetime")
         return status_at(cast("Ledger", self), run_id, utc_time(at, "at"))
+
+
+@typed_refusals
+def _next(it: Iterator[Transition]) -> Transition:
+    return next(it)
+
+
+def _typed_iter(it: Iterator[Transition]) -> Iterator[Transition]:
+    """`it`, whose refusals, also those met while iterating, are typed."""
+    while True:
+        try:
+            yield _next(it)
+        except StopIteration:
+            return

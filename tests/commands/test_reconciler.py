@@ -560,6 +560,7 @@ def test_deadline_waits_for_a_live_worker_across_processes(pg_dsn: str, procs: l
         assert len(accepts) == 20 and max(t.position for t in accepts) < fail.position
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_ledger_reconcile_watch_processes(pg_dsn: str, tmp_path: Any) -> None:
     """`ledger reconcile --watch` on the server's clock: two of them at once expire a dead

@@ -877,6 +877,7 @@ def _role_for(path: str) -> str:
     return "submitter" if path == "/runs" else "operator"
 
 
+@pytest.mark.slow
 @fuzz_schema.parametrize()
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 def test_schemathesis_finds_no_server_error(

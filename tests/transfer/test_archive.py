@@ -193,6 +193,7 @@ def _archiver(dsn: str, path: Path, kill_at: int, before: str) -> subprocess.Com
     )
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_archiver_at_random_points_never_loses_an_event(tmp_path: Path) -> None:
     base = tmp_path / "base"
     base.mkdir()
@@ -327,6 +328,7 @@ def test_linked_runs_of_an_archived_run_are_refused_until_it_is_restored(
     assert lg.retry(failed, OPERATOR).counts["pending"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_sigkill_of_the_archiver_on_postgres_never_loses_an_event(
     pg_server: Any, pg_dsn: str, tmp_path: Path
