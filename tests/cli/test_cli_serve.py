@@ -3,13 +3,13 @@ does) and says on start-up what it serves and whether anyone can sign in."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from ledger import Ledger
+from tests.support.pgserver import free_port
 
 WAIT = 60.0  # a bound on waiting, never a timing assertion
 CLI = [sys.executable, "-c", "from ledger.cli import main; raise SystemExit(main())"]
@@ -31,9 +31,7 @@ def test_serve_refuses_a_missing_sqlite_file(tmp_path: Path) -> None:
 def test_serve_says_what_it_serves_and_that_no_token_exists(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     Ledger.open(f"sqlite:///{db}").close()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [
             *CLI,

@@ -7,7 +7,6 @@ when the server stops."""
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,16 +20,10 @@ from ledger.http import feed as http_feed
 from ledger.http.serve import make_server
 from ledger.http.streams import StreamLimits
 from ledger.http.tokens import add_token, revoke_tokens
+from tests.support.pgserver import free_port
 from tests.support.runs import finished_run
 
 WAIT = 60.0  # a bound on waiting, never a timing assertion
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Served:
@@ -38,7 +31,7 @@ class Served:
         self.lg = Ledger.open(f"sqlite:///{tmp_path}/ledger.db")
         self.tokens = tmp_path / "tokens"
         self.token = add_token("ops", "operator", self.tokens)
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.srv = make_server(
             self.lg, port=self.port, tokens_path=self.tokens, log_level="warning", **kwargs

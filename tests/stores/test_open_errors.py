@@ -3,23 +3,15 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from ledger import Ledger, LedgerError
 from ledger.core.errors import StoreUnavailable
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port  # nothing listens there once the socket is closed
+from tests.support.pgserver import free_port
 
 
 def test_an_unreachable_postgresql_is_store_unavailable() -> None:
-    dsn = f"postgresql://app:hunter2-secret@127.0.0.1:{_closed_port()}/ledger?connect_timeout=5"
+    dsn = f"postgresql://app:hunter2-secret@127.0.0.1:{free_port()}/ledger?connect_timeout=5"
     with pytest.raises(StoreUnavailable) as caught:
         Ledger.open(dsn)
     assert isinstance(caught.value, LedgerError)
