@@ -10,10 +10,12 @@ a ledger whose root differs (`checkpoint_rewritten`), that has fewer events
 (`checkpoint_truncated`), or a checkpoint whose signature does not verify
 (`checkpoint_forged`) or is by no given key (`checkpoint_unknown_key`).
 
-The tree (ledger/core/merkle.py) is computed on demand from the events table in one
-pass (ledger/stores/leaves.py: a statement per 20,000 events), O(n) hashes; no table of
-its own. Its leaves are the events in position order; archiving a run deletes its events,
-so a checkpoint signed before an archive reports the history rewritten.
+The tree (ledger/core/merkle.py) is kept in the database (ledger/stores/tree.py): every
+call here first extends it with the events the change feed may read, then reads a root
+or a proof from its stored subtrees, a few rows whatever the size. Its leaves are the
+events in position order; archiving a run deletes its events but not their leaves, so a
+checkpoint signed before an archive still verifies and an archived event is still
+provable.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ledger.core.note import (
     open_checkpoint,
     sign_checkpoint,
 )
-from ledger.stores.leaves import iter_leaves
+from ledger.stores import tree as T
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -59,21 +61,18 @@ class TreeHead:
         return {"size": self.size, "root": _b64(self.root)}
 
 
-def _leaves(lg: Ledger, limit: int | None = None) -> list[bytes]:
-    with lg.store.read() as tx:
-        return [h for _p, h in iter_leaves(tx, limit)]
+def extend(lg: Ledger) -> int:
+    """Bring the stored tree up to the change feed's horizon; returns its size."""
+    with lg.store.write() as tx:
+        return T.extend(tx)
 
 
 def tree_head(lg: Ledger) -> TreeHead:
-    """The size and root of the tree over every readable event (one pass, a frontier)."""
-    f = M.Frontier()
-    first: bytes | None = None
+    """The size and root of the tree over every readable event."""
+    size = extend(lg)
     with lg.store.read() as tx:
-        for _p, h in iter_leaves(tx):
-            if first is None:
-                first = h
-            f.append(h)
-    return TreeHead(f.size, f.root(), first)
+        first = T.subtrees(tx, [(0, 0)])[(0, 0)] if size else None
+        return TreeHead(size, T.root(tx, size), first)
 
 
 def default_origin(head: TreeHead) -> str:
@@ -100,21 +99,33 @@ def _size(value: Any, what: str) -> int:
     return value
 
 
+def _within(lg: Ledger, size: int) -> None:
+    have = extend(lg)
+    if size > have:
+        raise InvalidInput(f"the ledger's tree has {have} events, fewer than size {size}")
+
+
 def inclusion(lg: Ledger, index: int, size: int) -> dict[str, Any]:
     """The proof that leaf `index` is in the tree of the first `size` leaves."""
     index, size = _size(index, "index"), _size(size, "size")
     if index >= size:
         raise InvalidInput(f"index {index} is not below size {size}")
-    leaves = _leaves(lg, size)
-    if len(leaves) < size:
-        raise InvalidInput(f"the ledger has {len(leaves)} events, fewer than size {size}")
+    _within(lg, size)
+    with lg.store.read() as tx:
+        leaf, root, proof = T.inclusion(tx, index, size)
+    return _inclusion_doc(index, size, leaf, root, proof)
+
+
+def _inclusion_doc(
+    index: int, size: int, leaf: bytes, root: bytes, proof: Sequence[bytes]
+) -> dict[str, Any]:
     return {
         "type": "inclusion",
         "index": index,
         "size": size,
-        "leaf_hash": _b64(leaves[index]),
-        "root": _b64(M.root(leaves)),
-        "proof": [_b64(p) for p in M.inclusion_proof(index, size, leaves)],
+        "leaf_hash": _b64(leaf),
+        "root": _b64(root),
+        "proof": [_b64(p) for p in proof],
     }
 
 
@@ -123,16 +134,16 @@ def consistency(lg: Ledger, first: int, second: int) -> dict[str, Any]:
     first, second = _size(first, "from"), _size(second, "to")
     if first > second:
         raise InvalidInput(f"from {first} is above to {second}")
-    leaves = _leaves(lg, second)
-    if len(leaves) < second:
-        raise InvalidInput(f"the ledger has {len(leaves)} events, fewer than size {second}")
+    _within(lg, second)
+    with lg.store.read() as tx:
+        from_root, to_root, proof = T.consistency(tx, first, second)
     return {
         "type": "consistency",
         "from": first,
         "to": second,
-        "from_root": _b64(M.root(leaves[:first])),
-        "to_root": _b64(M.root(leaves)),
-        "proof": [_b64(p) for p in M.consistency_proof(first, second, leaves)],
+        "from_root": _b64(from_root),
+        "to_root": _b64(to_root),
+        "proof": [_b64(p) for p in proof],
     }
 
 
@@ -180,8 +191,11 @@ def check_checkpoints(
     f = M.Frontier()
     if 0 in sizes:
         roots[0] = f.root()
+    extend(lg)
+    differ = 0
     with lg.store.read() as tx:
-        for _p, h in iter_leaves(tx, max(sizes)):
+        for h, changed in T.effective_leaves(tx, max(sizes)):
+            differ += changed
             f.append(h)
             if f.size in sizes:
                 roots[f.size] = f.root()
@@ -202,7 +216,8 @@ def check_checkpoints(
                     "checkpoint_rewritten",
                     f"checkpoint {i + 1} ({cp.origin}) signed root {_b64(cp.root)} over the "
                     f"first {cp.size} events; the ledger's is {_b64(roots[cp.size])}: its "
-                    "history was rewritten or replaced",
+                    "history was rewritten or replaced"
+                    + (f" ({differ} event(s) no longer match their stored leaves)" if differ else ""),
                     **where,
                 )
             )

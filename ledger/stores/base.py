@@ -30,7 +30,7 @@ from ledger.stores.sql import STATEMENTS
 # 9: narrower transition and item indexes, fillfactor 50 on lg_items and lg_attempts
 # (PostgreSQL; ledger/projections/schema.py); 10: lg_items_optional (the open items not required);
 # 11: each event's hash on its row, ledger_event_hashes folded in and dropped (hashchain.py)
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 
 def refuse_newer(current: int, known: int) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ledger.core import states as S
 from ledger.core.errors import InvalidInput, NotAuthorized
 from ledger.core.views import Actor
+from ledger.stores.tree import restored as restored_leaves
 from ledger.stores.raw import (
     RawEvent,
     append_raw,
@@ -89,6 +90,11 @@ def restore(lg: Ledger, actor: Actor, source: str | Path) -> ArchiveSummary:
             nonlocal restored
             todo = [e for e in page if e.version > (held.get(e.stream) or (0, None))[0]]
             keep = not occupied_positions(tx, [e.position for e in todo])
+            wrong = restored_leaves(
+                tx, [(e.position, e.stream, e.version, e.topic, e.state, e.hash) for e in todo], keep
+            )
+            if wrong:
+                raise ImportRefused(wrong)
             positions = append_raw(tx, todo, keep_positions=keep, reuse_free=keep)
             decode = lg.store.decode
             from eventsourcing.persistence import StoredEvent
