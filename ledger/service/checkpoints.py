@@ -45,8 +45,12 @@ if TYPE_CHECKING:
 ORIGIN_PREFIX = "run-ledger/"
 
 
-def _b64(b: bytes) -> str:
+def b64(b: bytes) -> str:
+    """Base64 text of a hash, as in every proof document."""
     return base64.b64encode(b).decode()
+
+
+_b64 = b64
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,11 @@ def checkpoint(lg: Ledger, origin: str | None = None) -> Checkpoint:
     """The unsigned checkpoint of the tree now."""
     head = tree_head(lg)
     return Checkpoint(origin or default_origin(head), head.size, head.root)
+
+
+def sign_with(cp: Checkpoint, signer: Signer) -> str:
+    """The signed note of a checkpoint."""
+    return sign_checkpoint(cp, signer)
 
 
 def sign(lg: Ledger, signer_key: str, origin: str | None = None) -> str:
