@@ -84,9 +84,7 @@ def checkpoint(request: Request, reader: Reader, lg: LedgerDep) -> dict[str, Any
     response_model=InclusionDoc,
     summary="An inclusion proof: leaf `index` is in the tree of `size` leaves",
 )
-def inclusion(
-    reader: Reader, lg: LedgerDep, index: Size, size: Size
-) -> dict[str, Any]:
+def inclusion(reader: Reader, lg: LedgerDep, index: Size, size: Size) -> dict[str, Any]:
     """The hashes that take leaf `index` to the root of the tree of the first `size`
     leaves (RFC 9162 section 2.1.3)."""
     del reader

@@ -156,6 +156,54 @@ def consistency(lg: Ledger, first: int, second: int) -> dict[str, Any]:
     }
 
 
+def run_proof(lg: Ledger, run_id: str, size: int | None = None) -> dict[str, Any]:
+    """The run's stored events (its own stream's and each item's) with their leaf indexes
+    and inclusion proofs in the tree of the first `size` leaves (default: the tree now).
+    Each event carries its chain hash (`hash`, the leaf's data, as in its export line), so
+    a third party can tie a proof to the event. Events that are not leaves of that tree
+    (newer than `size`) are listed in `not_in_tree`."""
+    from ledger.stores.raw import read_stream_events
+    from ledger.transfer.exports import streams_of_runs
+
+    run_id = lg.resolve_run_id(run_id)
+    have = extend(lg)
+    size = have if size is None else _size(size, "size")
+    if size > have:
+        raise InvalidInput(f"the ledger's tree has {have} events, fewer than size {size}")
+    streams = streams_of_runs(lg, [run_id])
+    with lg.store.read() as tx:
+        events = sorted(
+            (e for stream in sorted(streams) for e in read_stream_events(tx, stream)),
+            key=lambda e: e.position,
+        )
+        leaves = T.leaves_at(tx, [e.position for e in events])
+        inside = [e for e in events if e.position in leaves and leaves[e.position][0] < size]
+        root, proofs = T.inclusions(tx, [leaves[e.position][0] for e in inside], size)
+    docs = []
+    for e, (leaf, proof) in zip(inside, proofs, strict=True):
+        index, data, _gone = leaves[e.position]
+        docs.append(
+            {
+                "position": e.position,
+                "stream": str(e.stream),
+                "version": e.version,
+                "topic": e.topic,
+                "hash": data.hex(),
+                "index": index,
+                "leaf_hash": b64(leaf),
+                "proof": [b64(p) for p in proof],
+            }
+        )
+    return {
+        "type": "run",
+        "run_id": run_id,
+        "size": size,
+        "root": b64(root),
+        "events": docs,
+        "not_in_tree": sorted({e.position for e in events} - {e.position for e in inside}),
+    }
+
+
 # ---- checking -----------------------------------------------------------------------------------
 def _problem(kind: str, detail: str, **extra: Any) -> dict[str, Any]:
     return {"kind": kind, "run_id": None, "position": None, "detail": detail, **extra}
@@ -226,11 +274,28 @@ def check_checkpoints(
                     f"checkpoint {i + 1} ({cp.origin}) signed root {_b64(cp.root)} over the "
                     f"first {cp.size} events; the ledger's is {_b64(roots[cp.size])}: its "
                     "history was rewritten or replaced"
-                    + (f" ({differ} event(s) no longer match their stored leaves)" if differ else ""),
+                    + (
+                        f" ({differ} event(s) no longer match their stored leaves)"
+                        if differ
+                        else ""
+                    ),
                     **where,
                 )
             )
     return problems
+
+
+def _event_proved(e: dict[str, Any], size: int, root: bytes) -> bool:
+    """One event of a run proof: its leaf is SHA-256(0x00 || its chain hash), and the
+    proof takes that leaf to the signed root."""
+    try:
+        leaf = base64.b64decode(e["leaf_hash"], validate=True)
+        proof = [base64.b64decode(p, validate=True) for p in e["proof"]]
+        index = _size(e["index"], "index")
+        data = bytes.fromhex(e["hash"])
+    except (KeyError, TypeError, ValueError, InvalidInput):
+        return False
+    return leaf == M.leaf_hash(data) and M.verify_inclusion(leaf, index, size, proof, root)
 
 
 def check_proof(
@@ -274,7 +339,18 @@ def check_proof(
         return by_size[size]
 
     kind = proof.get("type")
-    if kind == "inclusion":
+    if kind == "run":
+        size = _size(proof.get("size"), "size")
+        cp = signed_at(size)
+        events = proof.get("events")
+        if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+            raise InvalidInput("a run proof's events must be a list of objects")
+        bad = [e.get("index") for e in events if not _event_proved(e, size, cp.root)]
+        ok = not bad
+        what = f"{len(events)} event(s) of run {proof.get('run_id')} in the tree of {size}" + (
+            f" (leaves {bad} fail)" if bad else ""
+        )
+    elif kind == "inclusion":
         size, index = _size(proof.get("size"), "size"), _size(proof.get("index"), "index")
         cp = signed_at(size)
         ok = M.verify_inclusion(one("leaf_hash"), index, size, hashes("proof"), cp.root)
@@ -289,7 +365,7 @@ def check_proof(
         )
         what = f"the tree of {first} ({'signed' if old else 'root as the proof says'}) as a prefix of the tree of {second}"
     else:
-        raise InvalidInput("a proof's type is inclusion or consistency")
+        raise InvalidInput("a proof's type is inclusion, consistency or run")
     return {
         "ok": ok,
         "detail": f"{what}: {'proved' if ok else 'NOT proved'} against {cp.origin}'s signed root",

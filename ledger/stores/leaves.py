@@ -45,9 +45,7 @@ def unchained_leaf(stream: UUID, version: int, topic: str, state: bytes) -> byte
 
 def leaf_data(row: Any) -> bytes:
     """One leaf's data from a `merkle_leaves` row."""
-    return leaf_data_of(
-        row["hash"], row["oid"], int(row["version"]), row["topic"], row["state"]
-    )
+    return leaf_data_of(row["hash"], row["oid"], int(row["version"]), row["topic"], row["state"])
 
 
 def leaf_data_of(hx: str | None, oid: Any, version: int, topic: str, state: Any) -> bytes:

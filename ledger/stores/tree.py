@@ -30,7 +30,7 @@ from typing import Any
 from uuid import UUID
 
 from ledger.core import merkle as M
-from ledger.core.errors import Conflict
+from ledger.core.errors import InvariantViolated, StoreUnavailable
 from ledger.stores.base import Tx
 from ledger.stores.leaves import PAGE, horizon, leaf_data, leaf_data_of
 from ledger.stores.named import tx_list
@@ -82,9 +82,10 @@ def subtrees(tx: Tx, wanted: Iterable[tuple[int, int]]) -> dict[tuple[int, int],
             out[(k >> LEVEL_SHIFT, k & mask)] = bytes(r["hash"])
     missing = keys - out.keys()
     if missing:
-        raise Conflict(
+        raise InvariantViolated(
             f"the stored Merkle tree lacks {len(missing)} subtree(s), e.g. {min(missing)}: "
-            "its tables were changed behind the ledger's back"
+            "its tables were changed behind the ledger's back",
+            kind="merkle_tree",
         )
     return out
 
@@ -180,28 +181,46 @@ def _range_roots(
 
     prove(record)
     have = subtrees(tx, asked)
-    proof: list[bytes] = prove(
-        lambda lo, hi: M.fold([have[k] for k in M.perfect_subtrees(lo, hi)])
-    )
+    proof: list[bytes] = prove(lambda lo, hi: M.fold([have[k] for k in M.perfect_subtrees(lo, hi)]))
     return proof, have
 
 
 def inclusion(tx: Tx, index: int, at: int) -> tuple[bytes, bytes, list[bytes]]:
     """(leaf hash, root, proof) of leaf `index` in the tree of the first `at` leaves."""
     _check(tx, at)
-    proof, have = _range_roots(
-        tx, lambda rr: M.inclusion_path(index, at, rr), at, [(0, index)]
-    )
+    proof, have = _range_roots(tx, lambda rr: M.inclusion_path(index, at, rr), at, [(0, index)])
     return have[(0, index)], M.fold([have[k] for k in M.perfect_subtrees(0, at)]), proof
+
+
+def inclusions(
+    tx: Tx, indexes: Sequence[int], at: int
+) -> tuple[bytes, list[tuple[bytes, list[bytes]]]]:
+    """(root, [(leaf hash, proof)]) of several leaves in the tree of the first `at` leaves:
+    every subtree they need read in one go."""
+    _check(tx, at)
+    asked: set[tuple[int, int]] = set(M.perfect_subtrees(0, at))
+
+    def record(lo: int, hi: int) -> bytes:
+        asked.update(M.perfect_subtrees(lo, hi))
+        return M.EMPTY_ROOT
+
+    for i in indexes:
+        asked.add((0, i))
+        M.inclusion_path(i, at, record)
+    have = subtrees(tx, asked)
+
+    def rr(lo: int, hi: int) -> bytes:
+        return M.fold([have[k] for k in M.perfect_subtrees(lo, hi)])
+
+    root = M.fold([have[k] for k in M.perfect_subtrees(0, at)])
+    return root, [(have[(0, i)], M.inclusion_path(i, at, rr)) for i in indexes]
 
 
 def consistency(tx: Tx, first: int, second: int) -> tuple[bytes, bytes, list[bytes]]:
     """(root at `first`, root at `second`, proof) that the first is a prefix."""
     _check(tx, second)
     extra = M.perfect_subtrees(0, first)
-    proof, have = _range_roots(
-        tx, lambda rr: M.consistency_path(first, second, rr), second, extra
-    )
+    proof, have = _range_roots(tx, lambda rr: M.consistency_path(first, second, rr), second, extra)
     return (
         M.fold([have[k] for k in extra]),
         M.fold([have[k] for k in M.perfect_subtrees(0, second)]),
@@ -260,7 +279,7 @@ def mark_gone(tx: Tx, deletions: Sequence[Sequence[Any]]) -> None:
     for params in deletions:
         row = tx.fetchone(unleafed, (*params, after))
         if row is not None and int(row["n"]):
-            raise Conflict(
+            raise StoreUnavailable(
                 "some events to delete are not in the Merkle tree yet (a slower writer "
                 "holds the change feed's horizon below them); try again"
             )

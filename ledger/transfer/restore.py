@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from ledger.core import states as S
 from ledger.core.errors import InvalidInput, NotAuthorized
 from ledger.core.views import Actor
-from ledger.stores.tree import restored as restored_leaves
 from ledger.stores.raw import (
     RawEvent,
     append_raw,
@@ -25,6 +24,7 @@ from ledger.stores.raw import (
     occupied_positions,
     stream_heads,
 )
+from ledger.stores.tree import restored as restored_leaves
 from ledger.transfer.archive_file import (
     ArchiveSummary,
     RunPart,
@@ -91,7 +91,9 @@ def restore(lg: Ledger, actor: Actor, source: str | Path) -> ArchiveSummary:
             todo = [e for e in page if e.version > (held.get(e.stream) or (0, None))[0]]
             keep = not occupied_positions(tx, [e.position for e in todo])
             wrong = restored_leaves(
-                tx, [(e.position, e.stream, e.version, e.topic, e.state, e.hash) for e in todo], keep
+                tx,
+                [(e.position, e.stream, e.version, e.topic, e.state, e.hash) for e in todo],
+                keep,
             )
             if wrong:
                 raise ImportRefused(wrong)

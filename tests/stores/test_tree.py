@@ -6,6 +6,7 @@ are the events in position order."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import queue
@@ -150,10 +151,8 @@ def test_concurrent_appends_from_several_processes_keep_the_tree_in_position_ord
         sizes = []
         while len(done) < len(children):
             sizes.append(extend(lg))  # the tree grows while the writers commit
-            try:
+            with contextlib.suppress(queue.Empty):
                 done.append(out.get(timeout=0.05))
-            except queue.Empty:
-                pass
             assert len(sizes) < 100_000, "the writers never finished"
         for c in children:
             c.join(WAIT)
