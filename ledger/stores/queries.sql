@@ -216,3 +216,11 @@ SELECT pg_advisory_xact_lock(?)
 SELECT COUNT(*) AS n FROM {events}
 WHERE originator_id {in_list} AND originator_version <= ? AND originator_version >= ?
   AND {position} > ?
+
+-- name: pg_tree_insert_leaves
+-- PostgreSQL: a page of leaves as three arrays (one statement, not one per row)
+INSERT INTO lg_merkle_leaves (leaf_index, position, data)
+SELECT * FROM unnest(?::bigint[], ?::bigint[], ?::bytea[])
+
+-- name: pg_tree_insert_nodes
+INSERT INTO lg_merkle_nodes (node, hash) SELECT * FROM unnest(?::bigint[], ?::bytea[])

@@ -90,6 +90,23 @@ def subtrees(tx: Tx, wanted: Iterable[tuple[int, int]]) -> dict[tuple[int, int],
     return out
 
 
+def _store(tx: Tx, leaves: list[tuple[int, int, bytes]], nodes: list[tuple[int, bytes]]) -> None:
+    """Insert a page of leaves and nodes: PostgreSQL takes each as arrays in one statement."""
+    if tx.store.dialect == "postgres":
+        if leaves:
+            idx, pos, data = zip(*leaves, strict=True)
+            tx.execute(
+                STATEMENTS.sql(tx, "pg_tree_insert_leaves"), (list(idx), list(pos), list(data))
+            )
+        if nodes:
+            keys, hashes = zip(*nodes, strict=True)
+            tx.execute(STATEMENTS.sql(tx, "pg_tree_insert_nodes"), (list(keys), list(hashes)))
+        return
+    tx.executemany(STATEMENTS.sql(tx, "tree_insert_leaf"), leaves)
+    if nodes:
+        tx.executemany(STATEMENTS.sql(tx, "tree_insert_node"), nodes)
+
+
 def extend(tx: Tx) -> int:
     """Add the events above the last leaf, up to the feed's horizon, as leaves (and the
     subtrees they complete); returns the tree's size. Call in a write transaction."""
@@ -100,10 +117,6 @@ def extend(tx: Tx) -> int:
     frontier = M.Frontier.of(n, [have[k] for k in M.perfect_subtrees(0, n)])
     upto = horizon(tx)  # a statement of its own, before the reads
     sql = STATEMENTS.sql(tx, "merkle_leaves")
-    insert_leaf, insert_node = (
-        STATEMENTS.sql(tx, "tree_insert_leaf"),
-        STATEMENTS.sql(tx, "tree_insert_node"),
-    )
     while after < upto:
         rows = tx.fetchall(sql, (after, upto, PAGE))
         if not rows:
@@ -115,9 +128,7 @@ def extend(tx: Tx) -> int:
             leaves.append((frontier.size, int(r["position"]), data))
             for level, index, h in frontier.append(M.leaf_hash(data)):
                 nodes.append((node_key(level, index), h))
-        tx.executemany(insert_leaf, leaves)
-        if nodes:
-            tx.executemany(insert_node, nodes)
+        _store(tx, leaves, nodes)
         after = int(rows[-1]["position"])
         if len(rows) < PAGE:
             break
@@ -130,17 +141,11 @@ def load(tx: Tx, rows: Iterable[tuple[int, bytes]]) -> int:
     n, _after = last_leaf(tx)
     have = subtrees(tx, M.perfect_subtrees(0, n))
     frontier = M.Frontier.of(n, [have[k] for k in M.perfect_subtrees(0, n)])
-    insert_leaf, insert_node = (
-        STATEMENTS.sql(tx, "tree_insert_leaf"),
-        STATEMENTS.sql(tx, "tree_insert_node"),
-    )
     leaves: list[tuple[int, int, bytes]] = []
     nodes: list[tuple[int, bytes]] = []
 
     def flush() -> None:
-        tx.executemany(insert_leaf, leaves)
-        if nodes:
-            tx.executemany(insert_node, nodes)
+        _store(tx, leaves, nodes)
         leaves.clear()
         nodes.clear()
 
