@@ -46,25 +46,25 @@ class TreeHeadDoc(BaseModel):
 class InclusionDoc(BaseModel):
     """An inclusion proof, as `ledger checkpoint prove --index I --size N` prints it."""
 
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
-    type: str
-    index: int
-    size: int
-    leaf_hash: str
-    root: str
-    proof: list[str]
+    model_config = ConfigDict(frozen=True)
+    type: str = Field(description='"inclusion"')
+    leaf_index: int = Field(description="The leaf (event) proved, counted from 0")
+    tree_size: int = Field(description="Leaves in the tree the proof is against")
+    leaf_hash: str = Field(description="SHA-256(0x00 || the event's chain hash), base64")
+    root: str = Field(description="The root of the tree of `tree_size` leaves, base64")
+    hashes: list[str] = Field(description="The proof's hashes (RFC 9162 2.1.3), base64")
 
 
 class ConsistencyDoc(BaseModel):
     """A consistency proof, as `ledger checkpoint prove --from N1 --to N2` prints it."""
 
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
-    type: str
-    from_: int = Field(alias="from")
-    to: int
-    from_root: str
-    to_root: str
-    proof: list[str]
+    model_config = ConfigDict(frozen=True)
+    type: str = Field(description='"consistency"')
+    size1: int = Field(description="Leaves in the older tree")
+    size2: int = Field(description="Leaves in the newer tree")
+    root1: str = Field(description="The older tree's root, base64")
+    root2: str = Field(description="The newer tree's root, base64")
+    hashes: list[str] = Field(description="The proof's hashes (RFC 9162 2.1.4), base64")
 
 
 @router.get("/checkpoint", response_model=TreeHeadDoc, summary="The latest checkpoint")
@@ -94,7 +94,6 @@ def inclusion(reader: Reader, lg: LedgerDep, index: Size, size: Size) -> dict[st
 @router.get(
     "/proofs/consistency",
     response_model=ConsistencyDoc,
-    response_model_by_alias=True,
     summary="A consistency proof: the tree of `from` leaves is a prefix of the tree of `to`",
 )
 def consistency(

@@ -130,11 +130,11 @@ def _inclusion_doc(
 ) -> dict[str, Any]:
     return {
         "type": "inclusion",
-        "index": index,
-        "size": size,
+        "leaf_index": index,
+        "tree_size": size,
         "leaf_hash": _b64(leaf),
         "root": _b64(root),
-        "proof": [_b64(p) for p in proof],
+        "hashes": [_b64(p) for p in proof],
     }
 
 
@@ -148,11 +148,11 @@ def consistency(lg: Ledger, first: int, second: int) -> dict[str, Any]:
         from_root, to_root, proof = T.consistency(tx, first, second)
     return {
         "type": "consistency",
-        "from": first,
-        "to": second,
-        "from_root": _b64(from_root),
-        "to_root": _b64(to_root),
-        "proof": [_b64(p) for p in proof],
+        "size1": first,
+        "size2": second,
+        "root1": _b64(from_root),
+        "root2": _b64(to_root),
+        "hashes": [_b64(p) for p in proof],
     }
 
 
@@ -189,15 +189,15 @@ def run_proof(lg: Ledger, run_id: str, size: int | None = None) -> dict[str, Any
                 "version": e.version,
                 "topic": e.topic,
                 "hash": data.hex(),
-                "index": index,
+                "leaf_index": index,
                 "leaf_hash": b64(leaf),
-                "proof": [b64(p) for p in proof],
+                "hashes": [b64(p) for p in proof],
             }
         )
     return {
         "type": "run",
         "run_id": run_id,
-        "size": size,
+        "tree_size": size,
         "root": b64(root),
         "events": docs,
         "not_in_tree": sorted({e.position for e in events} - {e.position for e in inside}),
@@ -285,13 +285,31 @@ def check_checkpoints(
     return problems
 
 
+# A proof's fields and the names the first release of `prove` gave them, still accepted.
+_OLD_NAMES = {
+    "leaf_index": "index",
+    "tree_size": "size",
+    "hashes": "proof",
+    "size1": "from",
+    "size2": "to",
+    "root1": "from_root",
+}
+
+
+def _field(doc: dict[str, Any], name: str) -> Any:
+    """A proof's field by its name, else by its old name (see `_OLD_NAMES`)."""
+    if name in doc:
+        return doc[name]
+    return doc.get(_OLD_NAMES.get(name, name))
+
+
 def _event_proved(e: dict[str, Any], size: int, root: bytes) -> bool:
     """One event of a run proof: its leaf is SHA-256(0x00 || its chain hash), and the
     proof takes that leaf to the signed root."""
     try:
         leaf = base64.b64decode(e["leaf_hash"], validate=True)
-        proof = [base64.b64decode(p, validate=True) for p in e["proof"]]
-        index = _size(e["index"], "index")
+        proof = [base64.b64decode(p, validate=True) for p in _field(e, "hashes")]
+        index = _size(_field(e, "leaf_index"), "leaf_index")
         data = bytes.fromhex(e["hash"])
     except (KeyError, TypeError, ValueError, InvalidInput):
         return False
@@ -301,10 +319,14 @@ def _event_proved(e: dict[str, Any], size: int, root: bytes) -> bool:
 def check_proof(
     proof: dict[str, Any] | str, signed: Sequence[str], vkeys: Sequence[str]
 ) -> dict[str, Any]:
-    """Offline: does `proof` (inclusion or consistency, as `inclusion`/`consistency` give
-    it) hold against signed checkpoints? An inclusion proof needs a checkpoint of its size; a
-    consistency proof one of its `to` size, and its `from` root is checked against a
-    checkpoint of that size when one is given. Returns {"ok", "detail"}."""
+    """Offline: does `proof` (inclusion, consistency or run, as `inclusion`, `consistency`
+    and `run_proof` give it) hold against signed checkpoints? An inclusion or run proof
+    needs a checkpoint of its `tree_size`; a consistency proof one of its `size2`, and its
+    `root1` is checked against a checkpoint of `size1` when one is given (without
+    `root1`, such a checkpoint is needed and gives the older root). The field names
+    of the first release (`index`, `size`, `proof`, `from`, `to`, `from_root`) are
+    accepted too, and a document without `type` is taken by its fields. Returns
+    {"ok", "detail"}."""
     if isinstance(proof, str):
         try:
             proof = json.loads(proof)
@@ -321,16 +343,22 @@ def check_proof(
         by_size[cp.size] = cp
 
     def hashes(key: str) -> list[bytes]:
-        value = proof.get(key)
+        value = _field(proof, key)
         if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
             raise InvalidInput(f"the proof's {key} must be a list of base64 hashes")
-        return [base64.b64decode(x) for x in value]
+        try:
+            return [base64.b64decode(x, validate=True) for x in value]
+        except ValueError:
+            raise InvalidInput(f"the proof's {key} must be a list of base64 hashes") from None
 
     def one(key: str) -> bytes:
-        value = proof.get(key)
+        value = _field(proof, key)
         if not isinstance(value, str):
             raise InvalidInput(f"the proof's {key} must be a base64 hash")
-        return base64.b64decode(value)
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:
+            raise InvalidInput(f"the proof's {key} must be a base64 hash") from None
 
     def signed_at(size: int) -> Checkpoint:
         if size not in by_size:
@@ -339,29 +367,40 @@ def check_proof(
         return by_size[size]
 
     kind = proof.get("type")
+    if kind is None:
+        kind = (
+            "run"
+            if "events" in proof
+            else "consistency"
+            if "size1" in proof or "from" in proof
+            else "inclusion"
+        )
     if kind == "run":
-        size = _size(proof.get("size"), "size")
+        size = _size(_field(proof, "tree_size"), "tree_size")
         cp = signed_at(size)
         events = proof.get("events")
         if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
             raise InvalidInput("a run proof's events must be a list of objects")
-        bad = [e.get("index") for e in events if not _event_proved(e, size, cp.root)]
+        bad = [_field(e, "leaf_index") for e in events if not _event_proved(e, size, cp.root)]
         ok = not bad
         what = f"{len(events)} event(s) of run {proof.get('run_id')} in the tree of {size}" + (
             f" (leaves {bad} fail)" if bad else ""
         )
     elif kind == "inclusion":
-        size, index = _size(proof.get("size"), "size"), _size(proof.get("index"), "index")
+        size = _size(_field(proof, "tree_size"), "tree_size")
+        index = _size(_field(proof, "leaf_index"), "leaf_index")
         cp = signed_at(size)
-        ok = M.verify_inclusion(one("leaf_hash"), index, size, hashes("proof"), cp.root)
+        ok = M.verify_inclusion(one("leaf_hash"), index, size, hashes("hashes"), cp.root)
         what = f"leaf {index} in the tree of {size}"
     elif kind == "consistency":
-        first, second = _size(proof.get("from"), "from"), _size(proof.get("to"), "to")
+        first = _size(_field(proof, "size1"), "size1")
+        second = _size(_field(proof, "size2"), "size2")
         cp = signed_at(second)
-        from_root = one("from_root")
         old = by_size.get(first)
+        # without root1 (the bare RFC shape), the older tree's root is its checkpoint's
+        from_root = old.root if old is not None and _field(proof, "root1") is None else one("root1")
         ok = (old is None or old.root == from_root) and M.verify_consistency(
-            first, second, from_root, cp.root, hashes("proof")
+            first, second, from_root, cp.root, hashes("hashes")
         )
         what = f"the tree of {first} ({'signed' if old else 'root as the proof says'}) as a prefix of the tree of {second}"
     else:

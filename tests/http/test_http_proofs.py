@@ -42,6 +42,8 @@ def test_checkpoint_and_proofs_over_http(dsn: str, tmp_path: Path) -> None:
         )
         assert r.status_code == 200
         assert r.json() == C.inclusion(lg, 1, second["size"])
+        assert (r.json()["leaf_index"], r.json()["tree_size"]) == (1, second["size"])
+        assert r.json()["hashes"] and "proof" not in r.json()
         assert C.check_proof(r.json(), signed, [vkey])["ok"]
 
         r = client.get(
@@ -51,6 +53,8 @@ def test_checkpoint_and_proofs_over_http(dsn: str, tmp_path: Path) -> None:
         )
         assert r.status_code == 200
         assert r.json() == C.consistency(lg, first["size"], second["size"])
+        assert (r.json()["size1"], r.json()["size2"]) == (first["size"], second["size"])
+        assert r.json()["hashes"] and not {"from", "to", "proof"} & r.json().keys()
         assert C.check_proof(r.json(), signed, [vkey])["ok"]
 
         for path, params in (
