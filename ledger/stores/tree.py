@@ -3,11 +3,14 @@
 Two tables (schema version 12): `lg_merkle_leaves`, one row per leaf (its index, its
 event's position, its data as ledger/stores/leaves.py defines it, and `gone` when the
 ledger itself removed the event: archive, restore), and `lg_merkle_nodes`, the root of
-every perfect subtree above the leaves, keyed by `level * 2**48 + index` (the subtree
-(level, index) holds leaves index * 2**level up to (index + 1) * 2**level - 1). Any
-range a root or a proof needs is a few such subtrees (`merkle.perfect_subtrees`), so a
-root over a million leaves is about 20 rows and a proof a few dozen, read by primary key
-in one statement each.
+every perfect subtree of `STORED_LEVEL` levels or more, keyed by `level * 2**48 + index`
+(the subtree (level, index) holds leaves index * 2**level up to (index + 1) * 2**level -
+1). Any range a root or a proof needs is a few such subtrees (`merkle.perfect_subtrees`);
+a smaller one is hashed from its leaves (at most 2**(STORED_LEVEL - 1)), so a root over
+a million leaves is a few dozen rows and a proof under a hundred, read by primary key in
+two statements. Not storing the lowest levels saves most node rows (one per leaf when
+every level is kept, one per 2**(STORED_LEVEL - 1) leaves here), which is most of the
+cost of keeping the tree.
 
 The tree grows by `extend`: the events above the last leaf's position, up to the change
 feed's horizon (`leaves.horizon`), become the next leaves, their completed subtrees are
@@ -24,6 +27,7 @@ event put back against its leaf.
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -37,6 +41,7 @@ from ledger.stores.named import tx_list
 from ledger.stores.sql import STATEMENTS
 
 LEVEL_SHIFT = 48
+STORED_LEVEL = 4  # perfect subtrees below this level are hashed from their leaves
 TREE_LOCK = zlib.crc32(b"run-ledger merkle tree") & 0x7FFFFFFF
 _CHUNK = 1000  # ids per `{in_list}` statement
 
@@ -60,11 +65,16 @@ def size(tx: Tx) -> int:
 
 
 def subtrees(tx: Tx, wanted: Iterable[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
-    """The stored roots of some perfect subtrees, (level, index) -> hash; level 0 are
-    leaf hashes. Two statements, whatever their number (the keys are primary keys)."""
+    """The roots of some perfect subtrees, (level, index) -> hash; level 0 are leaf
+    hashes. Two statements, whatever their number (the keys are primary keys): the stored
+    nodes, and the leaves of the rest (below `STORED_LEVEL`), hashed here."""
     keys = set(wanted)
-    leaves = sorted(i for lv, i in keys if lv == 0)
-    nodes = sorted(node_key(lv, i) for lv, i in keys if lv > 0)
+    small = [(lv, i) for lv, i in keys if 0 < lv < STORED_LEVEL]
+    leaves = sorted(
+        {i for lv, i in keys if lv == 0}
+        | {j for lv, i in small for j in range(i << lv, (i + 1) << lv)}
+    )
+    nodes = sorted(node_key(lv, i) for lv, i in keys if lv >= STORED_LEVEL)
     out: dict[tuple[int, int], bytes] = {}
     for i in range(0, len(leaves), _CHUNK):
         rows = tx.fetchall(
@@ -80,6 +90,10 @@ def subtrees(tx: Tx, wanted: Iterable[tuple[int, int]]) -> dict[tuple[int, int],
         for r in rows:
             k = int(r["node"])
             out[(k >> LEVEL_SHIFT, k & mask)] = bytes(r["hash"])
+    for lv, i in small:
+        below = [out.get((0, j)) for j in range(i << lv, (i + 1) << lv)]
+        if all(h is not None for h in below):
+            out[(lv, i)] = M.root([h for h in below if h is not None])
     missing = keys - out.keys()
     if missing:
         raise InvariantViolated(
@@ -90,46 +104,118 @@ def subtrees(tx: Tx, wanted: Iterable[tuple[int, int]]) -> dict[tuple[int, int],
     return out
 
 
-def _store(tx: Tx, leaves: list[tuple[int, int, bytes]], nodes: list[tuple[int, bytes]]) -> None:
-    """Insert a page of leaves and nodes: PostgreSQL takes each as arrays in one statement."""
-    if tx.store.dialect == "postgres":
-        if leaves:
-            idx, pos, data = zip(*leaves, strict=True)
-            tx.execute(
-                STATEMENTS.sql(tx, "pg_tree_insert_leaves"), (list(idx), list(pos), list(data))
-            )
-        if nodes:
-            keys, hashes = zip(*nodes, strict=True)
-            tx.execute(STATEMENTS.sql(tx, "pg_tree_insert_nodes"), (list(keys), list(hashes)))
-        return
-    tx.executemany(STATEMENTS.sql(tx, "tree_insert_leaf"), leaves)
+def _grow(frontier: M.Frontier, data: Sequence[bytes], nodes: list[tuple[int, bytes]]) -> None:
+    """Append leaves (their data) to `frontier`, adding to `nodes` the (key, hash) of each
+    perfect subtree they complete at `STORED_LEVEL` or above: `Frontier.append` inlined,
+    as this loop is the tree's whole per-event cost in Python."""
+    sha = hashlib.sha256
+    stack, size = frontier.nodes, frontier.size
+    push, pop, made = stack.append, stack.pop, nodes.append
+    for d in data:
+        node = sha(b"\x00" + d).digest()
+        carry, level = size, 0
+        while carry & 1:
+            node = sha(b"\x01" + pop() + node).digest()
+            carry >>= 1
+            level += 1
+            if level >= STORED_LEVEL:
+                made(((level << LEVEL_SHIFT) + (size >> level), node))
+        push(node)
+        size += 1
+    frontier.size = size
+
+
+def _store(
+    tx: Tx,
+    first: int,
+    positions: Sequence[int],
+    data: Sequence[bytes],
+    nodes: Sequence[tuple[int, bytes]],
+) -> None:
+    """Insert a page of leaves (indexes from `first`) and nodes, one statement each: the
+    keys as one list (PostgreSQL: comma-separated text; SQLite: a JSON array), the hashes
+    as one byte string of 32 bytes each (a list of byte strings costs the client a
+    quoting pass per element)."""
+    pg = tx.store.dialect == "postgres"
+    if positions:
+        blob = b"".join(data)
+        if len(blob) != M.HASH_SIZE * len(positions):
+            raise ValueError("every leaf's data is 32 bytes")
+        keys = ",".join(map(str, positions))
+        tx.execute(
+            STATEMENTS.sql(tx, "pg_tree_insert_leaves" if pg else "sqlite_tree_insert_leaves"),
+            (first, blob, keys if pg else f"[{keys}]"),
+        )
     if nodes:
-        tx.executemany(STATEMENTS.sql(tx, "tree_insert_node"), nodes)
+        keys = ",".join(str(k) for k, _h in nodes)
+        tx.execute(
+            STATEMENTS.sql(tx, "pg_tree_insert_nodes" if pg else "sqlite_tree_insert_nodes"),
+            (b"".join(h for _k, h in nodes), keys if pg else f"[{keys}]"),
+        )
+
+
+def _page_data(tx: Tx, rows: Sequence[Sequence[Any]]) -> list[bytes]:
+    """The leaf data of a page of `tree_new_leaves` rows (leaves.leaf_data_of): the
+    chain hash's bytes; an event without one is read again for its content."""
+    out: list[bytes | None] = []
+    unchained: list[int] = []
+    fromhex = bytes.fromhex
+    for i, (_position, hx) in enumerate(rows):
+        if hx is not None and len(hx) == 64:
+            try:
+                out.append(fromhex(hx))
+                continue
+            except ValueError:
+                pass
+        if hx is None:
+            unchained.append(i)
+            out.append(None)
+        else:
+            out.append(leaf_data_of(hx, None, 0, "", b""))
+    for i in range(0, len(unchained), _CHUNK):
+        part = unchained[i : i + _CHUNK]
+        got = {
+            int(r[0]): leaf_data_of(None, r[1], int(r[2]), r[3], r[4])
+            for r in tx.fetch_rows(
+                STATEMENTS.sql(tx, "tree_unchained_events"),
+                (tx_list(tx, [int(rows[j][0]) for j in part]),),
+            )
+        }
+        for j in part:
+            out[j] = got[int(rows[j][0])]
+    return [d for d in out if d is not None]
+
+
+def _frontier(tx: Tx) -> tuple[M.Frontier, int]:
+    """The stored tree's right edge and its last leaf's position."""
+    n, after = last_leaf(tx)
+    keys = M.perfect_subtrees(0, n)
+    have = subtrees(tx, keys)
+    return M.Frontier.of(n, [have[k] for k in keys]), after
 
 
 def extend(tx: Tx) -> int:
     """Add the events above the last leaf, up to the feed's horizon, as leaves (and the
-    subtrees they complete); returns the tree's size. Call in a write transaction."""
+    subtrees they complete); returns the tree's size. Call in a write transaction.
+
+    Set-based: per page of `PAGE` events one read of their chain hashes, the leaf and
+    subtree hashes computed here, one insert of the leaves and one of the nodes."""
     if tx.store.dialect == "postgres":
         tx.execute(STATEMENTS.sql(tx, "tree_lock"), (TREE_LOCK,))
-    n, after = last_leaf(tx)
-    have = subtrees(tx, M.perfect_subtrees(0, n))
-    frontier = M.Frontier.of(n, [have[k] for k in M.perfect_subtrees(0, n)])
+    frontier, after = _frontier(tx)
     upto = horizon(tx)  # a statement of its own, before the reads
-    sql = STATEMENTS.sql(tx, "merkle_leaves")
+    sql = STATEMENTS.sql(tx, "tree_new_leaves")
     while after < upto:
-        rows = tx.fetchall(sql, (after, upto, PAGE))
+        rows = tx.fetch_rows(sql, (after, upto, PAGE))
         if not rows:
             break
-        leaves: list[tuple[int, int, bytes]] = []
+        positions = [int(r[0]) for r in rows]
+        data = _page_data(tx, rows)
+        first = frontier.size
         nodes: list[tuple[int, bytes]] = []
-        for r in rows:
-            data = leaf_data(r)
-            leaves.append((frontier.size, int(r["position"]), data))
-            for level, index, h in frontier.append(M.leaf_hash(data)):
-                nodes.append((node_key(level, index), h))
-        _store(tx, leaves, nodes)
-        after = int(rows[-1]["position"])
+        _grow(frontier, data, nodes)
+        _store(tx, first, positions, data, nodes)
+        after = positions[-1]
         if len(rows) < PAGE:
             break
     return frontier.size
@@ -138,22 +224,22 @@ def extend(tx: Tx) -> int:
 def load(tx: Tx, rows: Iterable[tuple[int, bytes]]) -> int:
     """Append leaves given as (position, data), positions above the last leaf's, with
     their subtrees, in pages (bulk set-up: the bench, a copy); returns the size."""
-    n, _after = last_leaf(tx)
-    have = subtrees(tx, M.perfect_subtrees(0, n))
-    frontier = M.Frontier.of(n, [have[k] for k in M.perfect_subtrees(0, n)])
-    leaves: list[tuple[int, int, bytes]] = []
-    nodes: list[tuple[int, bytes]] = []
+    frontier, _after = _frontier(tx)
+    positions: list[int] = []
+    data: list[bytes] = []
 
     def flush() -> None:
-        _store(tx, leaves, nodes)
-        leaves.clear()
-        nodes.clear()
+        nodes: list[tuple[int, bytes]] = []
+        first = frontier.size
+        _grow(frontier, data, nodes)
+        _store(tx, first, positions, data, nodes)
+        positions.clear()
+        data.clear()
 
-    for position, data in rows:
-        leaves.append((frontier.size, position, data))
-        for level, index, h in frontier.append(M.leaf_hash(data)):
-            nodes.append((node_key(level, index), h))
-        if len(leaves) >= PAGE:
+    for position, d in rows:
+        positions.append(position)
+        data.append(d)
+        if len(positions) >= PAGE:
             flush()
     flush()
     return frontier.size

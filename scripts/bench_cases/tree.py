@@ -8,7 +8,7 @@ extended by its readers, after the appends, so this is all it costs). PostgreSQL
 server is given, and SQLite.
 
 (b) A root and proofs at `tree_leaves` leaves (1,000,000) on PostgreSQL: leaves bulk-loaded
-(`tree.load`, a page of arrays per statement; no events needed), then the median time of
+(`tree.load`, a page of leaves and one of nodes per statement; no events needed), then the median time of
 `root`, an inclusion proof and a consistency proof at random sizes (goal < 1 s each),
 against the baseline of computing the root from scratch by reading every leaf (what
 the ledger did before it kept the tree).

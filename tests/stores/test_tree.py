@@ -7,6 +7,7 @@ are the events in position order."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import multiprocessing
 import queue
@@ -24,6 +25,7 @@ from ledger.stores import pg_positions
 from ledger.stores import tree as T
 from ledger.stores.leaves import iter_leaves
 from ledger.stores.postgres import EVENTS_TABLE
+from ledger.stores.raw import RawEvent, append_raw
 from tests.support.runs import finished_run
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -73,6 +75,38 @@ def test_the_stored_tree_gives_the_roots_and_proofs_of_the_tree_from_scratch(lg:
     assert sizes == sorted(sizes) and sizes[-1] > 64  # several levels of subtrees
     # nothing new: extending again changes nothing
     assert extend(lg) == sizes[-1]
+
+
+def test_extending_in_pages_with_unchained_and_damaged_hashes_matches_the_tree_from_scratch(
+    lg: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The set-based extend (a page of events read at once, the leaves and nodes of a page
+    written at once) over pages that end anywhere, and events whose leaf is not their
+    recorded hash: none (written before the hash chain) or one that is not 64 hex digits."""
+    monkeypatch.setattr(T, "PAGE", 7)
+    rng = random.Random(12)
+    position = 0
+    for step in range(8):
+        events = []
+        for _ in range(rng.randint(1, 40)):
+            position += 1
+            kind = rng.random()
+            hx = (
+                None
+                if kind < 0.1
+                else "not-hex" + "z" * 57
+                if kind < 0.15
+                else "short"
+                if kind < 0.2
+                else hashlib.sha256(position.to_bytes(8, "big")).hexdigest()
+            )
+            events.append(
+                RawEvent(position, uuid.UUID(int=position), 1, "t", f"{{{step}}}".encode(), hx)
+            )
+        with lg.store.write() as tx:
+            append_raw(tx, events, keep_positions=True)
+        check_against_scratch(lg, rng, probes=6)
+    assert extend(lg) == position > 2**T.STORED_LEVEL * 8
 
 
 def test_a_size_beyond_the_tree_is_refused(lg: Ledger) -> None:
