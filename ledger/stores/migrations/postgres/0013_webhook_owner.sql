@@ -1,4 +1,4 @@
--- postgres schema version 12: webhook owner. Released: never edit; add a new version.
+-- postgres schema version 13: webhook owner. Released: never edit; add a new version.
 
 -- who may deliver where: plain http and a host allowed to resolve to a private,
 -- loopback, link-local or metadata address are each the operator's explicit choice
