@@ -444,6 +444,10 @@ FROM lg_runs WHERE state IN ({open_run_states}) AND seq > ? ORDER BY seq LIMIT ?
 -- on lg_transitions_at), so only the run's recent transitions are read. Positions follow
 -- the store's clock (one clock per store stamps every event in commit order); were that
 -- clock set back, the rate would undercount, never overcount.
+--
+-- The latest lease expiry of the run's items in progress tells a lease granted by a clock
+-- that has since stepped back (set to expire more than the run's lease_seconds ahead):
+-- the lease length is the run's own, so the few runs with one are read again (stepped_leases).
 SELECT r.run_id,
 (SELECT t.at FROM lg_transitions t WHERE t.run_id >= r.run_id AND t.run_id <= r.run_id
 ORDER BY t.run_id DESC, t.position DESC, t.ord DESC LIMIT 1) AS last_at,
@@ -451,6 +455,8 @@ ORDER BY t.run_id DESC, t.position DESC, t.ord DESC LIMIT 1) AS last_at,
 AND i.lease_expires_at < ?) AS expired_n,
 (SELECT MIN(i.lease_expires_at) FROM lg_items i WHERE i.run_id = r.run_id
 AND i.state = ? AND i.lease_expires_at < ?) AS expired_oldest,
+(SELECT MAX(i.lease_expires_at) FROM lg_items i WHERE i.run_id = r.run_id
+AND i.state = ?) AS lease_latest,
 (SELECT COUNT(*) FROM lg_transitions t WHERE t.run_id = r.run_id AND t.position >=
 (SELECT w.position FROM lg_transitions w WHERE w.at >= ? ORDER BY w.at, w.position
 LIMIT 1) AND t.item_id IS NOT NULL
@@ -463,6 +469,17 @@ FROM lg_runs r WHERE r.run_id {in_list};
 SELECT DISTINCT run_id, lease_worker FROM lg_items
 WHERE run_id {in_list} AND state = ? AND lease_expires_at >= ?
 ORDER BY run_id, lease_worker;
+
+-- name: stepped_leases
+-- one run's leases set to expire later than the second value (the clock plus the run's
+-- lease_seconds): granted before the clock stepped back, they end at the next reconcile
+SELECT COUNT(*) AS n FROM lg_items WHERE run_id = ? AND state = ? AND lease_expires_at > ?;
+
+-- name: lease_holders_of_run
+-- one run's live lease holders: expiring from the first value up to the second
+SELECT DISTINCT lease_worker FROM lg_items
+WHERE run_id = ? AND state = ? AND lease_expires_at >= ? AND lease_expires_at <= ?
+ORDER BY lease_worker;
 
 -- name: run_and_root
 SELECT run_id, root_run_id FROM lg_runs WHERE run_id = ?;

@@ -2,7 +2,9 @@
 
 For a batch of `lg_runs` rows, a handful of indexed queries give each open run:
 - `waiting_on`: the rule-9 owner of its state, except `reconciler` when a lease has
-  expired and nobody has reconciled it yet (the item looks in flight, but its worker is gone);
+  expired and nobody has reconciled it yet (the item looks in flight, but its worker is gone),
+  or was granted by a clock that has since stepped back (it expires more than the run's
+  `lease_seconds` ahead: the next reconcile pass ends it, and no worker can claim it before);
 - `waiting_on_actors`: the person where one is known (the reviewer a review is routed
   to, the workers holding live leases);
 - `waiting_since`: when that owner started owning the delay;
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from ledger.stores.base import Tx
 
 DEFAULT_STALL_SECONDS = 900.0
+DEFAULT_LEASE_SECONDS = 60.0  # the manifest's default
 RATE_WINDOW_SECONDS = 300.0
 # Owners whose delay is a person's (or a process's) decision, in the order the overview lists them.
 OWNERS: tuple[str, ...] = ("reconciler", "reviewer", "operator", "controller", "workers", "nobody")
@@ -79,6 +82,12 @@ def stall_seconds(policy: dict[str, Any]) -> float:
     return DEFAULT_STALL_SECONDS if value is None else float(value)
 
 
+def lease_seconds(policy: dict[str, Any] | None) -> float:
+    """The run's lease length: `policy.lease_seconds`, else the manifest's 60 s."""
+    value = (policy or {}).get("lease_seconds")
+    return DEFAULT_LEASE_SECONDS if value is None else float(value)
+
+
 def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
@@ -106,6 +115,7 @@ def signals_for(tx: Tx, rows: Sequence[dict[str, Any]], now: datetime) -> dict[s
             now_text,
             S.IN_PROGRESS,
             now_text,
+            S.IN_PROGRESS,
             window_start,
             window_start,
             now_text,
@@ -115,9 +125,10 @@ def signals_for(tx: Tx, rows: Sequence[dict[str, Any]], now: datetime) -> dict[s
     open_set = set(open_ids)
     by_id = {r["run_id"]: r for r in rows}
     last: dict[str, Any] = {}
-    expired: dict[str, tuple[int, str]] = {}
+    expired: dict[str, tuple[int, str | None]] = {}
     finished: dict[str, int] = {}
     remaining: dict[str, int] = {}
+    stepped: dict[str, str] = {}  # run id: the latest a lease may expire, by the clock
     for r in found:
         run_id = r["run_id"]
         last[run_id] = r["last_at"]
@@ -125,6 +136,9 @@ def signals_for(tx: Tx, rows: Sequence[dict[str, Any]], now: datetime) -> dict[s
             continue  # the rest are signals of open runs only
         if int(r["expired_n"] or 0):
             expired[run_id] = (int(r["expired_n"]), r["expired_oldest"])
+        ahead = iso(now + timedelta(seconds=lease_seconds(_json(by_id[run_id].get("policy")))))
+        if r["lease_latest"] is not None and ahead is not None and r["lease_latest"] > ahead:
+            stepped[run_id] = ahead
         if int(r["finished"] or 0):
             finished[run_id] = int(r["finished"])
         # the required items still open: the run's open counts (its slot rows, read with
@@ -140,6 +154,18 @@ def signals_for(tx: Tx, rows: Sequence[dict[str, Any]], now: datetime) -> dict[s
             SQL.sql(tx, "lease_holders"), (tx_list(tx, open_ids), S.IN_PROGRESS, now_text)
         ):
             holders.setdefault(r["run_id"], []).append(r["lease_worker"])
+    for run_id, ahead in stepped.items():
+        # rare (after a backward step of the clock only): a lease expiring further ahead
+        # than one lease is as good as expired, as the reconciler sees it (the same bound)
+        n = tx.fetchone(SQL.sql(tx, "stepped_leases"), (run_id, S.IN_PROGRESS, ahead))
+        n_expired, oldest = expired.get(run_id, (0, now_text))
+        expired[run_id] = (n_expired + int(n["n"] if n else 0), oldest)
+        holders[run_id] = [
+            h["lease_worker"]
+            for h in tx.fetchall(
+                SQL.sql(tx, "lease_holders_of_run"), (run_id, S.IN_PROGRESS, now_text, ahead)
+            )
+        ]
     result: dict[str, RunSignals] = {}
     for row in rows:
         run_id = row["run_id"]
@@ -159,7 +185,7 @@ def _one(
     row: dict[str, Any],
     now: datetime,
     last_activity: datetime | None,
-    expired: tuple[int, str] | None,
+    expired: tuple[int, str | None] | None,
     holders: list[str],
     finished: int,
     remaining: int,

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from ledger import Ledger
 from ledger.core import states as S
+from ledger.core.errors import LeaseLost
 from tests.support.clock import ManualClock
 from tests.support.runs import WORKER, running
 
@@ -92,3 +95,48 @@ def test_a_lease_granted_after_the_step_lives_its_lease_seconds_on_the_new_clock
     assert lg.reconcile().expired_leases == 0  # a holder that beats keeps its lease
     clock.advance(11)
     assert lg.reconcile().expired_leases == 1  # and one that stops loses it 10 s on
+
+
+def test_status_waits_on_the_reconciler_while_a_lease_from_before_the_step_holds_its_item(
+    lg: Ledger, clock: ManualClock
+) -> None:
+    run_id = running(lg, 2, lease_seconds=10)
+    first, second = lg.claim(run_id, WORKER, limit=2)
+    lg.fail_attempt(first, "retry me")
+    clock.advance(-HOUR)  # `second`'s lease would look live for an hour more
+    (live,) = lg.claim(run_id, WORKER)  # the retryable item, on the clock as it reads
+    assert lg.claim(run_id, WORKER) == []  # nothing is left for a worker to claim
+    status = lg.status(run_id)
+    # so the status does not say workers: the reconciler must end that lease first
+    assert status.waiting_on == "reconciler"
+    assert status.expired_leases == 1
+    assert status.waiting_on_actors == []  # a stepped lease's holder is not a live one
+    assert status.waiting_since == clock()
+    # the cross-run reads agree with the run's own status
+    ov = lg.overview()
+    assert ov.by_waiting_on["reconciler"] == 1 and ov.by_waiting_on["workers"] == 0
+    assert [(r.run_id, r.expired_leases) for r in ov.stuck] == [(run_id, 1)]
+    (row,) = lg.board(waiting_on="reconciler").runs
+    assert row.run_id == run_id and row.expired_leases == 1
+    assert lg.reconcile().expired_leases == 1
+    status = lg.status(run_id)
+    assert (status.waiting_on, status.expired_leases) == ("workers", 0)
+    assert [x.attempt for x in lg.claim(run_id, WORKER)] == [2]  # what it says: claimable
+    assert lg.heartbeat(live).expires_at == clock() + timedelta(seconds=10)
+    with pytest.raises(LeaseLost):
+        lg.heartbeat(second)
+
+
+def test_a_lease_granted_after_the_step_is_a_live_one_in_the_status(
+    lg: Ledger, clock: ManualClock
+) -> None:
+    run_id = running(lg, 1, lease_seconds=10)
+    (lease,) = lg.claim(run_id, WORKER)
+    lg.fail_attempt(lease, "retry me")
+    clock.advance(-HOUR)
+    lg.claim(run_id, WORKER)
+    clock.advance(9)
+    status = lg.status(run_id)
+    assert (status.waiting_on, status.expired_leases) == ("workers", 0)
+    assert status.waiting_on_actors == [WORKER.id]
+    assert lg.overview().by_waiting_on["workers"] == 1
