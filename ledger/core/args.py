@@ -81,9 +81,8 @@ def stated_reason(value: Any, command: str) -> str:
     assert S.needs_reason(command), command
     if value is None or (isinstance(value, str) and not value.strip()):
         raise InvalidInput(
-            f"reason is required: {command} is a decision the history must explain, and "
-            "the ledger records the caller's reason with its transition (give a non-blank "
-            "reason)"
+            f"reason is required and must not be empty: {command} is a decision the history "
+            "must explain, and the ledger records the caller's reason with its transition"
         )
     return reason(value, required=True)
 

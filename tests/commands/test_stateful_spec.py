@@ -659,7 +659,7 @@ class SpecMachine(RuleBasedStateMachine):
             if actor.role != S.OPERATOR
             else state_error(run.state, (S.PAUSING, S.PAUSED))
         )
-        ok, _ = self.call(err, lambda: self.lg.resume(run.run_id, actor))
+        ok, _ = self.call(err, lambda: self.lg.resume(run.run_id, actor, reason="back to work"))
         if ok:
             run.go(S.RUNNING)
 
