@@ -296,7 +296,6 @@ def test_an_unreachable_store_is_one_line_not_a_traceback(tmp_path: Path) -> Non
     [
         ["frobnicate"],
         ["status"],
-        ["fail", "RUN"],
         ["review", "RUN", "--input-version", "v", "--reason", "r"],
         ["status", "RUN", "--at", "yesterday-ish"],
         ["work", "RUN", "--handler", "m:f", "--workers", "0"],
@@ -306,7 +305,6 @@ def test_an_unreachable_store_is_one_line_not_a_traceback(tmp_path: Path) -> Non
     ids=[
         "unknown-command",
         "missing-run",
-        "missing-reason",
         "missing-decision",
         "bad-time",
         "zero-workers",
