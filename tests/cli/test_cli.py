@@ -275,9 +275,7 @@ def test_terminal_runs_refuse_and_cancel_reports_completion_won(
     lg.accept(lease)
     assert doc(dsn, "complete", run)["state"] == "succeeded"
     before = snapshot(dsn)
-    assert_refused(
-        cli(dsn, "cancel", run, "--reason", "x"), "AlreadyTerminal", "completion won"
-    )
+    assert_refused(cli(dsn, "cancel", run, "--reason", "x"), "AlreadyTerminal", "completion won")
     assert_refused(cli(dsn, "start", run), "AlreadyTerminal", "succeeded")
     assert snapshot(dsn) == before
 
