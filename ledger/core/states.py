@@ -356,7 +356,8 @@ COMMAND_RULES: tuple[Rule, ...] = (
         "",
         OPERATOR,
         "weakened",
-        "an amendment that weakens acceptance: operators only, with a reason (rule 13 of the rule book)",
+        "a change (amend, repair, compensate) that weakens acceptance: operators only, with a "
+        "reason (rule 13 of the rule book)",
     ),
     _rule("reconcile", "", "", f"{RECONCILER} {OPERATOR}", "", "the reconciler pass"),
 )
