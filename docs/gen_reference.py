@@ -131,7 +131,23 @@ def states() -> str:
         "",
         ", ".join(f"`{o}`" for o in s.ATTEMPT_OUTCOMES) + ".",
         "",
+        "## Reasons",
+        "",
+        "Every transition records a reason. The caller must give one (a missing or blank",
+        "reason is `InvalidInput`, and nothing is written) for: "
+        + ", ".join(f"`{c}`" for c in sorted(s.REASON_REQUIRED))
+        + ".",
+        "",
+        "Otherwise the ledger records the rule book's own reason: the caller's, where the",
+        "command takes an optional one (`amend`, `retry`, `repair`, `decide`), else the text",
+        "below (`{...}` is filled in; `command.case` where one command ends in several ways).",
+        "",
+        "| transition | reason recorded |",
+        "|---|---|",
     ]
+    for key, text in s.STATED_REASONS.items():
+        out.append(f"| `{key}` | `{_cell(text)}` |")
+    out.append("")
     return "\n".join(out)
 
 

@@ -124,7 +124,7 @@ def partial_delivery_and_repairs(lg: Ledger, clock: ManualClock) -> None:
     ).run_id
     lg.start(run, CONTROLLER)
     lg.pause(run, OPERATOR, "maintenance window")
-    lg.resume(run, OPERATOR)
+    lg.resume(run, OPERATOR, reason="back to work")
     a, b, c, d, e = lg.claim(run, WORKER, limit=5)
     lg.accept(a)
     lg.accept(b)

@@ -434,6 +434,12 @@ def _short(wide: bool) -> bool:
 
 
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded with the event)")]
+# The commands whose caller must say why (states.REASON_REQUIRED): left out or blank, the
+# ledger refuses it as InvalidInput, as over the Python API and HTTP.
+StatedReasonOpt = Annotated[
+    str | None,
+    typer.Option("--reason", help="Why (required: the ledger records it with the transition)"),
+]
 
 
 def _whole_run_id(ctx: typer.Context, value: str) -> str:

@@ -17,6 +17,7 @@ from ledger.cli.app import (
     ReasonOpt,
     RuleBookCommand,
     RunArg,
+    StatedReasonOpt,
     _actor,
     _emit_json,
     _ledger,
@@ -207,7 +208,7 @@ def review(
 def pause(
     ctx: typer.Context,
     run_id: RunArg,
-    reason: Annotated[str, typer.Option("--reason")] = "paused from the command line",
+    reason: StatedReasonOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Pause a running run: pausing until its leases end, then paused."""
@@ -220,7 +221,7 @@ def pause(
 def resume(
     ctx: typer.Context,
     run_id: RunArg,
-    reason: Annotated[str | None, typer.Option("--reason")] = None,
+    reason: StatedReasonOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Resume a pausing or paused run."""
@@ -233,7 +234,7 @@ def resume(
 def cancel(
     ctx: typer.Context,
     run_id: RunArg,
-    reason: Annotated[str, typer.Option("--reason")] = "canceled from the command line",
+    reason: StatedReasonOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Record the intent to cancel: canceling while leases are live, then canceled."""
@@ -252,7 +253,7 @@ def cancel(
 def fail(
     ctx: typer.Context,
     run_id: RunArg,
-    reason: ReasonOpt,
+    reason: StatedReasonOpt = None,
     permanent: Annotated[
         bool, typer.Option("--permanent", help="A retry would fail identically")
     ] = False,
@@ -286,7 +287,7 @@ def skip(
     ctx: typer.Context,
     run_id: RunArg,
     item_id: ItemArg,
-    reason: ReasonOpt,
+    reason: StatedReasonOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Skip a pending, retryable or quarantined item."""
@@ -300,7 +301,7 @@ def release(
     ctx: typer.Context,
     run_id: RunArg,
     item_id: ItemArg,
-    reason: ReasonOpt,
+    reason: StatedReasonOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Release a quarantined item for another attempt."""
@@ -420,7 +421,7 @@ def repair(
 def compensate(
     ctx: typer.Context,
     run_id: RunArg,
-    reason: ReasonOpt,
+    reason: StatedReasonOpt = None,
     items: Annotated[str | None, typer.Option("--items", metavar="ID,...")] = None,
     as_json: JsonOpt = False,
 ) -> None:

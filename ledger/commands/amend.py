@@ -127,6 +127,8 @@ def amend(
             )
         manifest_items.extend(added)
         manifest = manifest_of(run, manifest_items, new_policy or run.policy)
+        input_version = input_version_of(manifest)
+        why = reason or S.stated_reason("amend", input_version=input_version)
         now = tx.now()
         at = stamp(now, run)
         withdrawn_items = []
@@ -137,7 +139,7 @@ def amend(
                 S.SKIPPED,
                 actor.id,
                 actor.role,
-                reason or "withdrawn",
+                reason or S.stated_reason("withdraw"),
                 {"withdrawn": True},
                 stamp(now, item),
                 run.state,
@@ -155,15 +157,7 @@ def amend(
                 at,
             )
         run.amend(
-            actor.id,
-            actor.role,
-            reason,
-            added,
-            replaced,
-            withdraw,
-            new_policy,
-            input_version_of(manifest),
-            at,
+            actor.id, actor.role, why, added, replaced, withdraw, new_policy, input_version, at
         )
         uow.commit(tx, {run_id: run}, withdrawn_items, first="run")
         return queries.status_tx(tx, run_id)

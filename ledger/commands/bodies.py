@@ -96,15 +96,9 @@ class FailAttemptBody(LeaseBody):
 
 
 class ReasonBody(Expected):
-    """A command that needs a reason."""
+    """A command whose caller must say why (a missing or blank reason is refused)."""
 
-    reason: Text
-
-
-class OptionalReasonBody(Expected):
-    """A command whose reason is optional."""
-
-    reason: Text | None = None
+    reason: Text = Field(description="Why: required, recorded with the transition.")
 
 
 class RetryBody(_Body):

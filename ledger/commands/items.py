@@ -66,11 +66,11 @@ def skip(
     run_id: str,
     item_id: str,
     actor: Actor,
-    reason: str,
+    reason: str | None,
     expected_revision: int | None = None,
 ) -> ItemStatus:
     """pending, retryable or quarantined -> skipped."""
-    why = A.reason(reason, required=True)
+    why = A.stated_reason(reason, "skip")
     return item_command(uow, run_id, item_id, actor, "skip", S.SKIPPED, why, {}, expected_revision)
 
 
@@ -79,11 +79,11 @@ def release(
     run_id: str,
     item_id: str,
     actor: Actor,
-    reason: str,
+    reason: str | None,
     expected_revision: int | None = None,
 ) -> ItemStatus:
     """quarantined -> retryable."""
-    why = A.reason(reason, required=True)
+    why = A.stated_reason(reason, "release")
     return item_command(
         uow, run_id, item_id, actor, "release", S.RETRYABLE, why, {}, expected_revision
     )
@@ -107,7 +107,7 @@ def reject_item(
         actor,
         "reject_item",
         S.REJECTED,
-        rule,
+        S.stated_reason("reject_item", rule=rule),
         {"rule": rule, "detail": A.reason(detail, "detail")},
         expected_revision,
     )

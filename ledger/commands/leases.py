@@ -29,6 +29,7 @@ from ledger.core.redact import clean_error
 from ledger.core.rows import iso, item_from_row
 from ledger.core.validation import check_identifier
 from ledger.core.views import Actor, ItemStatus, Lease
+from ledger.core.visibility import fingerprint
 from ledger.reads import queries
 from ledger.stores.base import Tx
 
@@ -98,7 +99,7 @@ def claim(
                 S.IN_PROGRESS,
                 worker.id,
                 worker.role,
-                None,
+                S.stated_reason("claim", lease=fingerprint(token)),
                 evidence,
                 at,
                 run.state,
@@ -221,7 +222,7 @@ def apply_outcome(
             S.ACCEPTED,
             o.lease.worker_id,
             S.WORKER,
-            "accepted",
+            S.stated_reason("accept"),
             {**base, "outcome": "accepted", "evidence": o.evidence or {}},
             at,
             run.state,
@@ -232,7 +233,7 @@ def apply_outcome(
             S.REJECTED,
             o.lease.worker_id,
             S.WORKER,
-            o.rule,
+            S.stated_reason("reject", rule=o.rule),
             {**base, "outcome": "rejected", "rule": o.rule, "detail": o.detail},
             at,
             run.state,
@@ -248,12 +249,14 @@ def apply_outcome(
         exhausted = item.attempts >= policy["max_attempts"]
         error = clean_error(o.error or "")
         if not o.retryable or exhausted or past:
-            why = (
-                "not retryable"
+            why = S.stated_reason(
+                "fail_attempt.not_retryable"
                 if not o.retryable
-                else f"attempts exhausted ({item.attempts} of {policy['max_attempts']})"
+                else "fail_attempt.exhausted"
                 if exhausted
-                else "item deadline passed"
+                else "fail_attempt.deadline",
+                attempts=item.attempts,
+                max_attempts=policy["max_attempts"],
             )
             item.transition(
                 "fail_attempt",
@@ -272,7 +275,7 @@ def apply_outcome(
                 S.RETRYABLE,
                 o.lease.worker_id,
                 S.WORKER,
-                "attempt failed",
+                S.stated_reason("fail_attempt.retryable"),
                 {**base, "outcome": "failed", "error": error, "eligible_at": iso(eligible)},
                 at,
                 run.state,

@@ -96,7 +96,15 @@ def submit(
     require_role(actor, S.run_rule("submit").roles, "submit")
     with uow.write() as tx:
         return create_run(
-            uow, tx, plain, actor, "submit", None, [], None, input_version_of_text(text)
+            uow,
+            tx,
+            plain,
+            actor,
+            "submit",
+            S.stated_reason("submit"),
+            [],
+            None,
+            input_version_of_text(text),
         )
 
 
@@ -106,7 +114,7 @@ def create_run(
     manifest: dict[str, Any],
     actor: Actor,
     command: str,
-    reason: str | None,
+    reason: str,
     links: list[dict[str, str]],
     original: Run | None,
     input_version: str | None = None,
@@ -168,15 +176,20 @@ def retry(uow: UnitOfWork, run_id: str, actor: Actor, reason: str | None = None)
             )
         one_open(tx, original, "retry")
         manifest = current_manifest(tx, original)
+        # the original's latest input exactly: weaker only if that ever changes
+        weakened = linked_weakenings(tx, original, manifest)
+        if weakened:
+            govern(original, actor, reason, weakened)
         return create_run(
             uow,
             tx,
             manifest,
             actor,
             "retry",
-            reason or f"retry of {run_id}",
+            reason or S.stated_reason("retry", original=run_id),
             [{"relation": "retry_of", "run_id": run_id}],
             original,
+            weakened=weakened,
         )
 
 
@@ -249,22 +262,8 @@ def repair(
                 manifest["policy"] = _policy(original.policy, policy).model_dump(mode="json")
         if not manifest["items"]:
             raise InvalidInput(f"run {run_id} has no items to repair: every item was accepted")
-        # what the new run must satisfy, against what the original had to: a repair may
-        # not shed what an amendment may not (the same notion, the same roles)
-        was_required = {
-            r["item_id"] for r in tx.fetchall(SQL.sql(tx, "required_item_ids"), (run_id,))
-        }
-        weakened = weakenings(
-            tx,
-            original,
-            _policy(original.policy),
-            _policy(manifest.get("policy", original.policy)),
-            required_to_optional=[
-                i["item_id"]
-                for i in manifest["items"]
-                if i["item_id"] in was_required and not i.get("required", True)
-            ],
-        )
+        # a repair may not shed what an amendment may not (the same notion, the same roles)
+        weakened = linked_weakenings(tx, original, manifest)
         if weakened:
             govern(original, actor, reason, weakened)
         one_open(tx, original, "repair", relation)
@@ -274,7 +273,8 @@ def repair(
             manifest,
             actor,
             "repair",
-            reason or f"{relation.replace('_', ' ')} {run_id}",
+            reason
+            or S.stated_reason("repair", relation=relation.replace("_", " "), original=run_id),
             [{"relation": relation, "run_id": run_id}],
             original,
             weakened=weakened,
@@ -282,12 +282,12 @@ def repair(
 
 
 def compensate(
-    uow: UnitOfWork, run_id: str, actor: Actor, reason: str, items: list[Any] | None = None
+    uow: UnitOfWork, run_id: str, actor: Actor, reason: str | None, items: list[Any] | None = None
 ) -> RunStatus:
     """A separately authorized new run that undoes effects of a run (default: its accepted items)."""
     run_id = A.run_id(run_id)
     actor = A.actor(actor)
-    reason = A.reason(reason, required=True)
+    reason = A.stated_reason(reason, "compensate")
     rule = S.run_rule("compensate")
     ids: list[str] | None = None
     given: list[ManifestItem] | None = None
@@ -336,6 +336,11 @@ def compensate(
         policy["partial_delivery"] = False
         policy["tolerated_failures"] = None
         manifest["policy"] = policy
+        # undoing effects is not the original's work under review: the compensation run
+        # carries no review, a weakening the operator's reason covers and the history shows
+        weakened = linked_weakenings(tx, original, manifest)
+        if weakened:
+            govern(original, actor, reason, weakened)
         return create_run(
             uow,
             tx,
@@ -345,4 +350,25 @@ def compensate(
             reason,
             [{"relation": "compensates", "run_id": run_id}],
             original,
+            weakened=weakened,
         )
+
+
+def linked_weakenings(tx: Tx, original: Run, manifest: dict[str, Any]) -> list[str]:
+    """How a linked run's manifest weakens acceptance against its original's (rule 13 of
+    the rule book, the notion amend uses): its policy, and the original's required items
+    it carries as optional."""
+    was_required = {
+        r["item_id"] for r in tx.fetchall(SQL.sql(tx, "required_item_ids"), (original.run_id,))
+    }
+    return weakenings(
+        tx,
+        original,
+        _policy(original.policy),
+        _policy(manifest.get("policy", original.policy)),
+        required_to_optional=[
+            i["item_id"]
+            for i in manifest["items"]
+            if i["item_id"] in was_required and not i.get("required", True)
+        ],
+    )

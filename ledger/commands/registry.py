@@ -217,13 +217,15 @@ COMMANDS: dict[str, CommandSpec] = {
             runs.pause,
             S.run_rule("pause"),
             "pause",
-            http=Http("`lg.pause(run_id, actor, reason)`.", B.OptionalReasonBody, True),
+            http=Http("`lg.pause(run_id, actor, reason)`: the reason is required.", B.ReasonBody),
         ),
         _spec(
             runs.resume,
             S.run_rule("resume"),
             "resume",
-            http=Http("`lg.resume(run_id, actor)`.", B.OptionalReasonBody),
+            http=Http(
+                "`lg.resume(run_id, actor, reason=...)`: the reason is required.", B.ReasonBody
+            ),
         ),
         _spec(
             runs.cancel,
@@ -231,9 +233,9 @@ COMMANDS: dict[str, CommandSpec] = {
             "cancel",
             cli_role="operator",
             http=Http(
-                "`lg.cancel(run_id, actor, reason)`: durable intent; repeating it writes nothing.",
-                B.OptionalReasonBody,
-                True,
+                "`lg.cancel(run_id, actor, reason)`: durable intent; repeating it writes nothing. "
+                "The reason is required.",
+                B.ReasonBody,
             ),
         ),
         _spec(

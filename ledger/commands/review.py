@@ -41,7 +41,7 @@ def request_review(
         evidence: dict[str, Any] = {"decision": decision, "input_version": run.input_version}
         if reviewer is not None:
             evidence["reviewer"] = reviewer
-        return (S.AWAITING_REVIEW, f"awaiting review: {decision}", evidence)
+        return (S.AWAITING_REVIEW, S.stated_reason("request_review", decision=decision), evidence)
 
     return run_transition(uow, run_id, actor, "request_review", expected_revision, decide)
 
@@ -76,13 +76,16 @@ def decide(
             "approve": approve,
             "decision": (run.review or {}).get("decision"),
         }
+        why = reason or S.stated_reason(
+            "decide.approve" if approve else "decide.reject", input_version=input_version
+        )
         if approve:
             ev["survives_amendment"] = bool(review.get("survives_amendment"))
-            return S.RUNNING, reason, ev
+            return S.RUNNING, why, ev
         # a rejection fails the run: its live leases are fenced, as fail's are (rule 13)
-        fence(uow, tx, run, now, "review rejected: lease fenced")
+        fence(uow, tx, run, now, S.stated_reason("abandon.review"))
         ev.update(failure_kind=S.PERMANENT, failure_reason="review_rejected")
-        return S.FAILED, reason, ev
+        return S.FAILED, why, ev
 
     checked = A.actor(actor)
     return run_transition(uow, run_id, checked, "decide", expected_revision, decision)

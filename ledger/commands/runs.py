@@ -69,7 +69,12 @@ def start(
 ) -> RunStatus:
     """queued -> running."""
     return run_transition(
-        uow, run_id, actor, "start", expected_revision, lambda tx, run, now: (S.RUNNING, None, {})
+        uow,
+        run_id,
+        actor,
+        "start",
+        expected_revision,
+        lambda tx, run, now: (S.RUNNING, S.stated_reason("start", role=S.CONTROLLER), {}),
     )
 
 
@@ -80,8 +85,8 @@ def pause(
     reason: str | None = None,
     expected_revision: int | None = None,
 ) -> RunStatus:
-    """running -> pausing (live leases finish first) or paused."""
-    reason = A.reason(reason)
+    """running -> pausing (live leases finish first) or paused; the reason is required."""
+    reason = A.stated_reason(reason, "pause")
     return run_transition(
         uow,
         run_id,
@@ -103,8 +108,8 @@ def resume(
     expected_revision: int | None = None,
     reason: str | None = None,
 ) -> RunStatus:
-    """pausing or paused -> running."""
-    reason = A.reason(reason)
+    """pausing or paused -> running; the reason is required."""
+    reason = A.stated_reason(reason, "resume")
     return run_transition(
         uow,
         run_id,
@@ -122,10 +127,11 @@ def cancel(
     reason: str | None = None,
     expected_revision: int | None = None,
 ) -> CancelOutcome:
-    """Record the durable intent to cancel; canceled at once when no lease is live."""
+    """Record the durable intent to cancel; canceled at once when no lease is live. The
+    reason is required (it stays the canceled run's stop reason)."""
     run_id = A.run_id(run_id)
     actor = A.actor(actor)
-    reason = A.reason(reason)
+    reason = A.stated_reason(reason, "cancel")
     expected = A.revision(expected_revision)
     rule = S.run_rule("cancel")
     attempts = 1 if expected is not None else CANCEL_RETRIES
@@ -142,7 +148,7 @@ def cancel_once(
     uow: UnitOfWork,
     run_id: str,
     actor: Actor,
-    reason: str | None,
+    reason: str,
     expected: int | None,
     rule: S.Rule,
 ) -> CancelOutcome:
@@ -169,7 +175,7 @@ def cancel_once(
             to_state,
             actor.id,
             actor.role,
-            reason or "canceled",
+            reason,
             {"in_flight": in_flight},
             stamp(now, run),
         )
@@ -222,12 +228,14 @@ def complete(
         now = tx.now()
         total = int(required_total["n"])
         if not missing:
-            to_state, why = S.SUCCEEDED, "succeeded: every required item accepted"
+            to_state, why = S.SUCCEEDED, S.stated_reason("complete.succeeded")
         elif policy.partial_delivery and len(missing) <= policy.tolerated(total):
             to_state = S.COMPLETED_WITH_ERRORS
-            why = (
-                f"completed with errors: {len(missing)} of {total} required items "
-                f"not accepted (tolerated {policy.tolerated(total)})"
+            why = S.stated_reason(
+                "complete.completed_with_errors",
+                missing=len(missing),
+                total=total,
+                tolerated=policy.tolerated(total),
             )
         else:
             tol = policy.tolerated(total) if policy.partial_delivery else 0
@@ -259,13 +267,14 @@ def fail(
     uow: UnitOfWork,
     run_id: str,
     actor: Actor,
-    reason: str,
+    reason: str | None,
     transient: bool,
     failure_reason: str | None = None,
     expected_revision: int | None = None,
 ) -> RunStatus:
-    """-> failed (transient or permanent); live leases are fenced (attempts end abandoned)."""
-    reason = A.reason(reason, required=True)
+    """-> failed (transient or permanent); live leases are fenced (attempts end abandoned).
+    The reason is required."""
+    reason = A.stated_reason(reason, "fail")
     A.boolean(transient, "transient")
     if failure_reason is not None and failure_reason not in S.FAILURE_REASONS:
         raise InvalidInput(
@@ -274,7 +283,7 @@ def fail(
     checked = A.actor(actor)
 
     def decide(tx: Tx, run: Run, now: datetime) -> tuple[str, str | None, dict[str, Any]]:
-        fence(uow, tx, run, now, "run failed: lease fenced")
+        fence(uow, tx, run, now, S.stated_reason("abandon.fail"))
         kind = S.TRANSIENT if transient else S.PERMANENT
         # never null (rule 16 of the rule book): without one, the failing role's decision
         fr = failure_reason or S.DEFAULT_FAILURE_REASON[checked.role]
@@ -337,7 +346,7 @@ def finish_if_drained(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> str |
             S.PAUSED,
             LEDGER.id,
             LEDGER.role,
-            "pause finished: the last live lease ended",
+            S.stated_reason("pause_finished"),
             {},
             stamp(now, run),
         )
@@ -349,7 +358,7 @@ def finish_if_drained(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> str |
 def cancel_reason(tx: Tx, run: Run) -> str:
     """The reason of the run's cancel (the stop reason of a cancel that finishes later)."""
     row = tx.fetchone(SQL.sql(tx, "cancel_reason"), (run.run_id,))
-    return (row or {}).get("reason") or "canceled"
+    return (row or {}).get("reason") or S.stated_reason("cancel_finished")
 
 
 def skip_remaining(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> None:
@@ -363,7 +372,7 @@ def skip_remaining(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> None:
             S.SKIPPED,
             LEDGER.id,
             LEDGER.role,
-            "canceled",
+            S.stated_reason("cancel_skip"),
             {},
             stamp(now, item),
             run.state,

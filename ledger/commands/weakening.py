@@ -90,7 +90,7 @@ def govern(run: Run, actor: Actor, reason: str | None, weakened: list[str]) -> N
         )
     if reason is None or not reason.strip():
         raise InvalidInput(
-            f"an amendment that weakens acceptance ({what}) needs a reason: it is recorded "
+            f"a change that weakens acceptance ({what}) needs a reason: it is recorded "
             "as its own transition"
         )
 

@@ -75,6 +75,18 @@ def reason(value: Any, what: str = "reason", required: bool = False) -> str | No
     return clean_reason(value)
 
 
+def stated_reason(value: Any, command: str) -> str:
+    """The reason a command of `states.REASON_REQUIRED` must carry: missing or blank is
+    refused, naming the command (the ledger records why with its transition)."""
+    assert S.needs_reason(command), command
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise InvalidInput(
+            f"reason is required and must not be empty: {command} is a decision the history "
+            "must explain, and the ledger records the caller's reason with its transition"
+        )
+    return reason(value, required=True)
+
+
 def revision(expected: Any) -> int | None:
     """`expected_revision`: None or a non-negative integer."""
     if expected is None:

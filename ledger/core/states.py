@@ -7,6 +7,7 @@ read these tables; nothing else hard-codes a transition.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # Roles ---------------------------------------------------------------------
 SUBMITTER = "submitter"
@@ -355,7 +356,8 @@ COMMAND_RULES: tuple[Rule, ...] = (
         "",
         OPERATOR,
         "weakened",
-        "an amendment that weakens acceptance: operators only, with a reason (rule 13 of the rule book)",
+        "a change (amend, repair, compensate) that weakens acceptance: operators only, with a "
+        "reason (rule 13 of the rule book)",
     ),
     _rule("reconcile", "", "", f"{RECONCILER} {OPERATOR}", "", "the reconciler pass"),
 )
@@ -367,6 +369,62 @@ RUN_COMMAND_ROLES: dict[str, frozenset[str]] = {
     "claim": _ITEM_BY_COMMAND["claim"].roles,
     "reconcile": _COMMAND_BY_NAME["reconcile"].roles,
 }
+
+# Reasons (rule 1 of the rule book: every transition carries one) --------------
+# Commands that change a run's course on a person's decision: the caller states why, and
+# a missing or blank reason is refused (InvalidInput) before anything is read.
+REASON_REQUIRED: frozenset[str] = frozenset(
+    {"pause", "resume", "cancel", "fail", "weaken_acceptance", "compensate", "skip", "release"}
+)
+
+# The reason the ledger records for a transition whose caller gives none (or may not give
+# one), by command, and by `command.case` where one command ends in different ways.
+# `{name}` fields are filled in by the command (`stated_reason`). Amend, retry, repair and
+# decide take the caller's reason when given; these are their texts otherwise.
+STATED_REASONS: dict[str, str] = {
+    "submit": "submitted",
+    "retry": "retry of {original}",
+    "repair": "{relation} {original}",
+    "start": "started by {role}",
+    "request_review": "awaiting review: {decision}",
+    "decide.approve": "approved input version {input_version}",
+    "decide.reject": "rejected input version {input_version}",
+    "pause_finished": "pause finished: the last live lease ended",
+    "cancel_finished": "canceled",  # the canceller's reason, when the cancel recorded one
+    "complete.succeeded": "succeeded: every required item accepted",
+    "complete.completed_with_errors": (
+        "completed with errors: {missing} of {total} required items not accepted "
+        "(tolerated {tolerated})"
+    ),
+    "reconcile_deadline": "run deadline of {seconds:g}s passed",
+    "amend": "amended: input version {input_version}",
+    "claim": "claimed under lease {lease}",
+    "accept": "accepted",
+    "reject": "{rule}",
+    "fail_attempt.retryable": "attempt failed",
+    "fail_attempt.not_retryable": "not retryable",
+    "fail_attempt.exhausted": "attempts exhausted ({attempts} of {max_attempts})",
+    "fail_attempt.deadline": "item deadline passed",
+    "expire": "lease expired",
+    "expire.exhausted": "lease expired (attempts exhausted)",
+    "abandon.fail": "run failed: lease fenced",
+    "abandon.review": "review rejected: lease fenced",
+    "deadline": "item deadline passed",
+    "reject_item": "{rule}",
+    "withdraw": "withdrawn",
+    "cancel_skip": "canceled",
+}
+
+
+def stated_reason(key: str, **fields: Any) -> str:
+    """The rule book's reason for `key` (a command, or `command.case`), filled in."""
+    return STATED_REASONS[key].format(**fields)
+
+
+def needs_reason(command: str) -> bool:
+    """Whether the caller of `command` must state a reason."""
+    return command in REASON_REQUIRED
+
 
 # Who owns a run's next step (rule 9 of the rule book), by state; None: it depends on the item counts
 # (see waiting_on).

@@ -210,7 +210,11 @@ def _problem(kind: str, detail: str, **extra: Any) -> dict[str, Any]:
 
 
 def parse_verifiers(vkeys: Sequence[str]) -> list[Verifier]:
-    if isinstance(vkeys, str) or not all(isinstance(v, str) for v in vkeys):
+    if (
+        isinstance(vkeys, str)
+        or not isinstance(vkeys, Sequence)
+        or not all(isinstance(v, str) for v in vkeys)
+    ):
         raise InvalidInput("vkeys must be a list of verifier keys (text)")
     if not vkeys:
         raise InvalidInput("checking checkpoints needs at least one verifier key")

@@ -149,7 +149,7 @@ def test_default_roles_and_as(dsn: str, tmp_path: Path) -> None:
     refused = cli(dsn, "--as", "bob:worker", "start", run["run_id"])
     assert_refused(refused, "NotAuthorized", "worker", "controller")
     assert snapshot(dsn) == before
-    ok(dsn, "--as", "ops:operator", "cancel", run["run_id"])
+    ok(dsn, "--as", "ops:operator", "cancel", run["run_id"], "--reason", "not needed")
     assert doc(dsn, "status", run["run_id"])["state"] == "canceled"
 
 
@@ -212,7 +212,7 @@ def test_unknown_runs_illegal_transitions_and_stale_reviews_write_nothing(
     assert_refused(cli(dsn, "items", "not-a-run"), "RunNotFound", "not-a-run")
     assert_refused(cli(dsn, "cancel", unknown, "--reason", "x"), "RunNotFound", unknown)
     assert_refused(cli(dsn, "complete", run), "IllegalTransition", "queued", "running")
-    assert_refused(cli(dsn, "resume", run), "IllegalTransition", "queued")
+    assert_refused(cli(dsn, "resume", run, "--reason", "x"), "IllegalTransition", "queued")
     assert_refused(cli(dsn, "skip", run, "nope", "--reason", "x"), "ItemNotFound", "nope")
     assert_refused(
         cli(dsn, "fail", run, "--reason", "x", "--failure-reason", "bored"), "InvalidInput", "bored"
@@ -275,7 +275,7 @@ def test_terminal_runs_refuse_and_cancel_reports_completion_won(
     lg.accept(lease)
     assert doc(dsn, "complete", run)["state"] == "succeeded"
     before = snapshot(dsn)
-    assert_refused(cli(dsn, "cancel", run), "AlreadyTerminal", "completion won")
+    assert_refused(cli(dsn, "cancel", run, "--reason", "x"), "AlreadyTerminal", "completion won")
     assert_refused(cli(dsn, "start", run), "AlreadyTerminal", "succeeded")
     assert snapshot(dsn) == before
 
@@ -294,7 +294,6 @@ def test_an_unreachable_store_is_one_line_not_a_traceback(tmp_path: Path) -> Non
     [
         ["frobnicate"],
         ["status"],
-        ["fail", "RUN"],
         ["review", "RUN", "--input-version", "v", "--reason", "r"],
         ["status", "RUN", "--at", "yesterday-ish"],
         ["work", "RUN", "--handler", "m:f", "--workers", "0"],
@@ -304,7 +303,6 @@ def test_an_unreachable_store_is_one_line_not_a_traceback(tmp_path: Path) -> Non
     ids=[
         "unknown-command",
         "missing-run",
-        "missing-reason",
         "missing-decision",
         "bad-time",
         "zero-workers",
@@ -326,11 +324,11 @@ def test_pause_resume_cancel(dsn: str, tmp_path: Path) -> None:
     ok(dsn, "start", run)
     assert doc(dsn, "pause", run, "--reason", "maintenance")["state"] == "paused"
     assert doc(dsn, "status", run)["waiting_on"] == "operator"
-    assert doc(dsn, "resume", run)["state"] == "running"
+    assert doc(dsn, "resume", run, "--reason", "done")["state"] == "running"
     first = doc(dsn, "cancel", run, "--reason", "not needed")
     assert first == {"run_id": run, "state": "canceled", "in_flight": 0, "already": False}
-    assert doc(dsn, "cancel", run)["already"] is True
-    assert "already recorded" in ok(dsn, "cancel", run).stdout
+    assert doc(dsn, "cancel", run, "--reason", "again")["already"] is True
+    assert "already recorded" in ok(dsn, "cancel", run, "--reason", "again").stdout
     counts = doc(dsn, "status", run)["counts"]
     assert counts["skipped"] == 2 and not counts.get("pending")
 

@@ -62,7 +62,7 @@ def test_backwards_clock_never_moves_a_stream_backwards(lg: Ledger, clock: Manua
     lg.pause(rid, OPERATOR, "hold")  # b is live: pausing
     clock.advance(-86_400)  # and a day further back
     lg.fail_attempt(b, "interrupted")  # ends the last lease: paused
-    lg.resume(rid, OPERATOR)
+    lg.resume(rid, OPERATOR, reason="back to work")
     hist = lg.history(rid)
     streams: dict[str | None, list[datetime]] = {}
     for t in hist:
@@ -88,7 +88,7 @@ def test_backwards_clock_keeps_revisions_and_status_monotonic(
         clock.advance(step)
         lg.pause(rid, OPERATOR, "hold")
         seen.append(lg.status(rid))
-        lg.resume(rid, OPERATOR)
+        lg.resume(rid, OPERATOR, reason="back to work")
         seen.append(lg.status(rid))
     assert [s.updated_at for s in seen] == sorted(s.updated_at for s in seen)
     assert [s.revision for s in seen] == sorted({s.revision for s in seen})

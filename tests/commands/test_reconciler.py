@@ -195,7 +195,7 @@ def test_pause_whose_owner_died_is_finished_by_the_reconciler(
     report = lg.reconcile()
     assert (report.expired_leases, report.finished_pauses) == (1, 1)
     assert lg.status(run_id).state == "paused"
-    assert lg.resume(run_id, OPERATOR).state == "running"
+    assert lg.resume(run_id, OPERATOR, reason="back to work").state == "running"
     assert len(lg.claim(run_id, WORKER, limit=3)) == 3
 
 

@@ -29,6 +29,7 @@ from ledger import (
     StaleReview,
 )
 from ledger.core import states as S
+from ledger.core.visibility import fingerprint
 from tests.support.clock import ManualClock
 from tests.support.drive import DECISION, event_count, item_zoo, run_in, submit
 from tests.support.runs import (
@@ -83,14 +84,16 @@ def test_rule1_every_transition_is_a_complete_event(lg: Ledger, clock: ManualClo
         expected.append((item, command, frm, to, actor_id, role, reason, clock()))
 
     rid = lg.submit(manifest(3, max_attempts=2), SUBMITTER).run_id
-    step(None, "submit", S.NEW, S.QUEUED, SUBMITTER, S.SUBMITTER, None)
+    # the reasons of commands that take none from the caller are the rule book's
+    step(None, "submit", S.NEW, S.QUEUED, SUBMITTER, S.SUBMITTER, "submitted")
     clock.advance(1)
     lg.start(rid, CONTROLLER)
-    step(None, "start", S.QUEUED, S.RUNNING, CONTROLLER, S.CONTROLLER, None)
+    step(None, "start", S.QUEUED, S.RUNNING, CONTROLLER, S.CONTROLLER, "started by controller")
     clock.advance(1)
     a, b, c = lg.claim(rid, WORKER, limit=3)
     for le in (a, b, c):
-        step(le.item_id, "claim", S.PENDING, S.IN_PROGRESS, WORKER, S.WORKER, None)
+        why = f"claimed under lease {fingerprint(le.token)}"  # never the token itself
+        step(le.item_id, "claim", S.PENDING, S.IN_PROGRESS, WORKER, S.WORKER, why)
     clock.advance(1)
     lg.accept(a, evidence={"rows": 12, "sha": "abc"}, stage="load")
     step(a.item_id, "accept", S.IN_PROGRESS, S.ACCEPTED, WORKER, S.WORKER, "accepted")
@@ -115,8 +118,8 @@ def test_rule1_every_transition_is_a_complete_event(lg: Ledger, clock: ManualClo
     lg.pause(rid, OPERATOR, "maintenance window")
     step(None, "pause", S.RUNNING, S.PAUSED, OPERATOR, S.OPERATOR, "maintenance window")
     clock.advance(1)
-    lg.resume(rid, OPERATOR)
-    step(None, "resume", S.PAUSED, S.RUNNING, OPERATOR, S.OPERATOR, None)
+    lg.resume(rid, OPERATOR, reason="back to work")
+    step(None, "resume", S.PAUSED, S.RUNNING, OPERATOR, S.OPERATOR, "back to work")
     clock.advance(1)
     lg.fail(
         rid,
@@ -227,8 +230,15 @@ def test_rule2_current_revision_is_accepted_and_advances(lg: Ledger) -> None:
     st2 = lg.pause(rid, OPERATOR, "hold", expected_revision=st.revision)
     assert st2.revision > st.revision
     # a caller still holding the older revision is refused
-    nothing_written(lg, lambda: lg.resume(rid, OPERATOR, expected_revision=st.revision), Conflict)
-    assert lg.resume(rid, OPERATOR, expected_revision=st2.revision).state == S.RUNNING
+    nothing_written(
+        lg,
+        lambda: lg.resume(rid, OPERATOR, expected_revision=st.revision, reason="back to work"),
+        Conflict,
+    )
+    assert (
+        lg.resume(rid, OPERATOR, expected_revision=st2.revision, reason="back to work").state
+        == S.RUNNING
+    )
 
 
 def test_rule2_item_commands_compare_the_item_revision(lg: Ledger) -> None:
@@ -305,7 +315,7 @@ def test_rule2_identity_fixed_revisions_and_times_monotonic(lg: Ledger, clock: M
     lg.pause(rid, OPERATOR, "hold")
     record()
     clock.advance(7200)
-    lg.resume(rid, OPERATOR)
+    lg.resume(rid, OPERATOR, reason="back to work")
     record()
     ident = {
         (s.run_id, s.created_at, s.created_by, s.source_version, s.config_version, s.root_run_id)
@@ -824,15 +834,15 @@ def test_rule9_counts_and_fields(lg: Ledger) -> None:
     assert st.waiting_on == "workers"
 
 
-def test_rule9_summary_fallback_and_latest_reason(lg: Ledger) -> None:
+def test_rule9_summary_is_the_latest_reason(lg: Ledger) -> None:
     rid = submit(lg, 1)
-    assert lg.status(rid).summary == "run queued"
+    assert lg.status(rid).summary == "submitted"
     lg.start(rid, CONTROLLER)
-    assert lg.status(rid).summary == "run running"
+    assert lg.status(rid).summary == "started by controller"
     lg.pause(rid, OPERATOR, "maintenance window")
     assert lg.status(rid).summary == "maintenance window"
-    lg.resume(rid, OPERATOR)
-    assert lg.status(rid).summary == "run running"
+    lg.resume(rid, OPERATOR, reason="back to work")
+    assert lg.status(rid).summary == "back to work"
 
 
 def test_rule9_summary_is_bounded_utf8(lg: Ledger) -> None:
@@ -840,7 +850,7 @@ def test_rule9_summary_is_bounded_utf8(lg: Ledger) -> None:
     lg.start(rid, CONTROLLER)
     for char in ("é", "€", "𝄞"):  # 2, 3 and 4 bytes
         _bounded(lg, rid, char)
-        lg.resume(rid, OPERATOR)
+        lg.resume(rid, OPERATOR, reason="back to work")
 
 
 def _bounded(lg: Ledger, rid: str, char: str) -> None:

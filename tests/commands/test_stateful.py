@@ -308,11 +308,20 @@ class LedgerMachine(RuleBasedStateMachine):
             return E.Conflict
         return state_error(run.state, sources) if sources is not None else None
 
-    def add_run(self, status: Any, items: list[tuple[str, bool]], policy: dict[str, Any]) -> None:
-        assert status.state == "queued" and status.revision == 1
+    def add_run(
+        self,
+        status: Any,
+        items: list[tuple[str, bool]],
+        policy: dict[str, Any],
+        weakened: bool = False,
+    ) -> None:
+        # a new run weaker than its original also records its weaken_acceptance transition
+        revision = 2 if weakened else 1
+        assert status.state == "queued" and status.revision == revision
         self.runs[status.run_id] = MRun(
             status.run_id, dict(policy), {i: MItem(i, r) for i, r in items}, status.input_version
         )
+        self.runs[status.run_id].revision = revision
         self.order.append(status.run_id)
 
     def finish_if_drained(self, run: MRun) -> str | None:
@@ -447,7 +456,9 @@ class LedgerMachine(RuleBasedStateMachine):
         expected = self.expected(rev, run.revision)
         ok, _ = self.call(
             self.run_checks(run, actor, {"operator"}, expected, ("pausing", "paused")),
-            lambda: self.lg.resume(run.run_id, actor, expected_revision=expected),
+            lambda: self.lg.resume(
+                run.run_id, actor, expected_revision=expected, reason="back to work"
+            ),
         )
         if ok:
             run.go("running")
@@ -689,7 +700,9 @@ class LedgerMachine(RuleBasedStateMachine):
         }
         ok, status = self.call(err, calls[command])
         if ok:
-            self.add_run(status, [(it.item_id, it.required) for it in items], policy)
+            # a compensation run carries no review: weaker than a reviewed original
+            weakened = command == "compensate" and run.policy.get("review") is not None
+            self.add_run(status, [(it.item_id, it.required) for it in items], policy, weakened)
             assert status.links[0].run_id == run.run_id
             run.linked[command] = status.run_id
 

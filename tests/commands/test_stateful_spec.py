@@ -627,6 +627,153 @@ class SpecMachine(RuleBasedStateMachine):
                 options.append({"max_attempts": p["max_attempts"] + 2})
         return options[which % len(options)] if options else {}
 
+    # -- governance beyond amend's policy: rule 13 and seed 000 ------------------
+    def weakenings_of(self, run_id: str) -> int:
+        return sum(t.command == "weaken_acceptance" for t in self.lg.history(run_id))
+
+    def governed(self, weak: bool, actor: Actor, reason: str | None) -> Any:
+        """Rule 13: a weakening is the operator's, with a reason; the submitter never."""
+        if actor.role not in (S.SUBMITTER, S.OPERATOR):
+            return NotAuthorized
+        if weak and actor.role == S.SUBMITTER:
+            return NotAuthorized
+        if weak and reason is None:
+            return InvalidInput
+        return None
+
+    @precondition(lambda self: self.order)
+    @rule(
+        pick=PICK,
+        item=PICK,
+        who=st.sampled_from([S.SUBMITTER, S.OPERATOR, S.OPERATOR, S.WORKER]),
+        no_reason=st.booleans(),
+    )
+    def flip_required(self, pick: int, item: int, who: str, no_reason: bool) -> None:
+        """Seed 000: every required item must satisfy the acceptance rule before the run
+        succeeds, so turning a required item optional weakens acceptance; the other way
+        round strengthens it."""
+        run = self.pick(pick, S.RUNNING, S.PAUSED, S.AWAITING_REVIEW)
+        if run.terminal or run.state == S.CANCELING:
+            return  # terminal: amend's own test; canceling: the rule book is silent
+        editable = [it for it in run.items.values() if it.state in EDITABLE and not it.withdrawn]
+        if not editable or any(it.alts for it in run.items.values()):
+            return
+        if run.approved and run.survives_at_approval:
+            return  # whether the same payload again "replaces" it the rule book does not say
+        target = editable[item % len(editable)]
+        actor = BY_ROLE[who]
+        weak = target.required  # required -> optional
+        reason = None if no_reason else "the customer does not need it"
+        err = self.governed(weak, actor, reason)
+        before = self.weakenings_of(run.run_id)
+        payload = next(i.payload for i in self.lg.items(run.run_id) if i.item_id == target.item_id)
+        flipped = {"item_id": target.item_id, "required": not target.required, "payload": payload}
+        ok, status = self.call(
+            err, lambda: self.lg.amend(run.run_id, actor, reason, items=[flipped])
+        )
+        if not ok:
+            return
+        assert self.weakenings_of(run.run_id) == before + weak
+        target.required = not target.required
+        run.input_version = status.input_version
+        run.versions.append(status.input_version)
+        run.amenders.add(actor.id)
+        if run.state == S.AWAITING_REVIEW:
+            run.bound = run.input_version
+        run.approved = False  # an amendment voids an approval that does not survive it
+
+    @precondition(lambda self: self.order)
+    @rule(
+        pick=PICK,
+        who=st.sampled_from([S.SUBMITTER, S.SUBMITTER, S.OPERATOR]),
+        new=st.sampled_from([None, 50.5, DEADLINE, 2 * DEADLINE]),
+        no_reason=st.booleans(),
+    )
+    def amend_run_deadline(self, pick: int, who: str, new: float | None, no_reason: bool) -> None:
+        """Seed 000: retries only within the accepted deadline policy. Removing or extending
+        a run deadline that has already passed weakens acceptance; before it passes, or
+        shortening it, is an ordinary amendment."""
+        run = self.pick(pick, S.RUNNING, S.PAUSED, S.AWAITING_REVIEW, S.QUEUED)
+        if run.terminal or run.state == S.CANCELING:
+            return
+        old = run.policy.get("run_deadline_seconds")
+        if new == old:
+            return
+        now = self.now()
+        passed = old is not None and run.started_at is not None and now > after(run.started_at, old)
+        weak = passed and (new is None or new > old)
+        actor = BY_ROLE[who]
+        reason = None if no_reason else "agreed with the customer"
+        err = self.governed(weak, actor, reason)
+        before = self.weakenings_of(run.run_id)
+        change = {"run_deadline_seconds": new}
+        ok, status = self.call(err, lambda: self.lg.amend(run.run_id, actor, reason, policy=change))
+        if not ok:
+            return
+        assert self.weakenings_of(run.run_id) == before + weak
+        assert status.policy.get("run_deadline_seconds") == new
+        run.policy.update(change)
+        run.input_version = status.input_version
+        run.versions.append(status.input_version)
+        run.amenders.add(actor.id)
+        if run.state == S.AWAITING_REVIEW:
+            run.bound = run.input_version
+        if run.approved and not run.survives_at_approval:
+            run.approved = False
+
+    @precondition(lambda self: len(self.order) < 6 and any(r.terminal for r in self.runs.values()))
+    @rule(
+        pick=PICK,
+        who=st.sampled_from([S.SUBMITTER, S.OPERATOR, S.WORKER]),
+        kind=st.sampled_from(["strengthen", "weaken", "weaken"]),
+        which=st.integers(0, 4),
+        no_reason=st.booleans(),
+    )
+    def repair_under_policy(
+        self, pick: int, who: str, kind: str, which: int, no_reason: bool
+    ) -> None:
+        """Rule 13 and 8: a repair under a corrected policy (a correction_of run) may not
+        shed what an amendment may not; an operator's weakening repair, with a reason, is
+        recorded on the new run."""
+        run = self.pick(pick, *S.TERMINAL_RUN_STATES)
+        if not run.terminal or any(it.alts for it in run.items.values()):
+            return
+        not_accepted = [
+            it for it in run.items.values() if not it.withdrawn and it.state != S.ACCEPTED
+        ]
+        if not not_accepted:
+            return  # nothing to repair: the rule book does not name the refusal
+        open_child = [c for c in run.children.get("correction_of", []) if not self.runs[c].terminal]
+        if open_child:
+            return  # rule 15 or rule 13 first: the rule book's order does not say
+        change = self.policy_change(run, kind, which)
+        if not change:
+            return
+        weak = weakens(run, change)
+        if "max_attempts" in change and change["max_attempts"] > run.policy["max_attempts"]:
+            # the rule book: raising max_attempts after an attempt failed or expired (an
+            # attempt a fail fenced ended abandoned, neither failed nor expired)
+            weak = run.failures > run.abandoned
+        actor = BY_ROLE[who]
+        reason = None if no_reason else "the gate was retired"
+        err = self.governed(weak, actor, reason)
+        ok, status = self.call(
+            err, lambda: self.lg.repair(run.run_id, actor, policy=change, reason=reason)
+        )
+        if not ok:
+            return
+        assert (status.links[0].relation, status.links[0].run_id) == ("correction_of", run.run_id)
+        child = self.adopt(status)
+        run.children.setdefault("correction_of", []).append(child.run_id)
+        assert sorted(child.items) == sorted(it.item_id for it in not_accepted)
+        for key, value in change.items():
+            assert same(child.policy.get(key), value), (key, child.policy)
+        weakening = [t for t in self.lg.history(child.run_id) if t.command == "weaken_acceptance"]
+        assert len(weakening) == weak
+        if weak:
+            assert (weakening[0].actor_id, weakening[0].reason) == (actor.id, reason)
+            assert child.run_id in {t.run_id for t in self.lg.audit(role=S.OPERATOR)}
+
     # -- run lifecycle ---------------------------------------------------------
     @precondition(lambda self: self.order)
     @rule(
@@ -659,7 +806,7 @@ class SpecMachine(RuleBasedStateMachine):
             if actor.role != S.OPERATOR
             else state_error(run.state, (S.PAUSING, S.PAUSED))
         )
-        ok, _ = self.call(err, lambda: self.lg.resume(run.run_id, actor))
+        ok, _ = self.call(err, lambda: self.lg.resume(run.run_id, actor, reason="back to work"))
         if ok:
             run.go(S.RUNNING)
 

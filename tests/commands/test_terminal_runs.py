@@ -287,7 +287,7 @@ def test_terminal_run_refuses_run_commands(lg: Ledger, clock: ManualClock, how: 
         "request_review": lambda: lg.request_review(rid, CONTROLLER, "qa"),
         "decide": lambda: lg.decide(rid, REVIEWER, lg.status(rid).input_version, True, "ok"),
         "pause": lambda: lg.pause(rid, OPERATOR, "hold"),
-        "resume": lambda: lg.resume(rid, OPERATOR),
+        "resume": lambda: lg.resume(rid, OPERATOR, reason="back to work"),
         "fail": lambda: lg.fail(rid, CONTROLLER, "again", transient=True),
     }
     if state not in (S.SUCCEEDED, S.COMPLETED_WITH_ERRORS):

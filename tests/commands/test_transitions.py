@@ -290,7 +290,7 @@ RUN_ALLOWED: dict[str, Callable[[Ledger, S.Rule, str, Actor], None]] = {
     "decide": allowed_decide,
     "pause": allowed_pause,
     "pause_finished": _finished("pause_finished", S.PAUSING, S.PAUSED, _clock),
-    "resume": _simple("resume", lambda lg, rid, who: lg.resume(rid, who)),
+    "resume": _simple("resume", lambda lg, rid, who: lg.resume(rid, who, reason="back to work")),
     "cancel": allowed_cancel,
     "cancel_finished": _finished("cancel_finished", S.CANCELING, S.CANCELED, _clock),
     "complete": allowed_complete,
@@ -350,7 +350,7 @@ def _run_act(command: str) -> Callable[[Ledger, str, Actor], Any]:
             rid, who, lg.status(rid).input_version, True, "fine"
         ),
         "pause": lambda lg, rid, who: lg.pause(rid, who, "hold"),
-        "resume": lambda lg, rid, who: lg.resume(rid, who),
+        "resume": lambda lg, rid, who: lg.resume(rid, who, reason="back to work"),
         "cancel": lambda lg, rid, who: lg.cancel(rid, who, "stop"),
         "complete": lambda lg, rid, who: lg.complete(rid, who),
         "fail": lambda lg, rid, who: lg.fail(rid, who, "broken", transient=True),

@@ -275,7 +275,7 @@ def test_legal_strings_are_stored_and_returned_byte_exact(lg: Ledger, clock: Man
         summary = lg.status(run_id).summary
         assert len(summary.encode()) <= 1024
         assert reason.startswith(summary.removesuffix("..."))
-        lg.resume(run_id, OPERATOR)
+        lg.resume(run_id, OPERATOR, reason="back to work")
 
 
 # --------------------------------------------------------------------------

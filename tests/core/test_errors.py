@@ -77,7 +77,7 @@ def test_every_error_type_is_raised(lg: Ledger, tmp_path: Any) -> None:
     e = check(Conflict, lambda: lg.start(rid, CONTROLLER, expected_revision=99))
     assert isinstance(e, Conflict) and e.current_state == S.QUEUED
     assert e.to_dict()["current_state"] == S.QUEUED
-    e = check(IllegalTransition, lambda: lg.resume(rid, OPERATOR))
+    e = check(IllegalTransition, lambda: lg.resume(rid, OPERATOR, reason="back to work"))
     assert isinstance(e, IllegalTransition) and e.state == S.QUEUED
     assert e.allowed == sorted(S.run_rule("resume").sources)
     assert e.to_dict()["allowed"] == e.allowed
@@ -204,7 +204,11 @@ def test_revision_before_state(lg: Ledger) -> None:
     rid = d.run_id
     stale = lg.status(rid).revision + 5
     raises(lg, Conflict, lambda: lg.start(rid, CONTROLLER, expected_revision=stale))
-    raises(lg, Conflict, lambda: lg.resume(rid, OPERATOR, expected_revision=stale))
+    raises(
+        lg,
+        Conflict,
+        lambda: lg.resume(rid, OPERATOR, expected_revision=stale, reason="back to work"),
+    )
     raises(lg, Conflict, lambda: lg.decide(rid, REVIEWER, "v", True, "r", expected_revision=stale))
     raises(lg, Conflict, lambda: lg.complete(rid, CONTROLLER, expected_revision=stale))
     done = run_in(lg, S.SUCCEEDED).run_id

@@ -293,7 +293,7 @@ def every_row(lg: Ledger, clock: Any) -> None:
     lg.pause(a, OPERATOR, "hold")  # pausing: leases are live
     for x in rest:
         lg.accept(x, evidence={"stored_as": "s3://a"})  # the last one: pause_finished
-    lg.resume(a, OPERATOR)
+    lg.resume(a, OPERATOR, reason="back to work")
     lg.complete(a, CONTROLLER)
 
     b = running(2, lease_seconds=30)

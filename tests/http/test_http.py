@@ -188,7 +188,8 @@ def test_pause_resume_cancel_fail_retry_reconcile(api: Api, clock: ManualClock) 
     assert api.get(f"/runs/{run_id}").json()["waiting_on"] == "operator"
     lost = api.post("/leases/accept", "worker", json=lease)
     error_of(lost, 409, "LeaseLost")
-    assert api.post(f"/runs/{run_id}/resume", "operator").json()["state"] == "running"
+    resumed = api.post(f"/runs/{run_id}/resume", "operator", json={"reason": "window over"})
+    assert resumed.json()["state"] == "running"
 
     failed = api.post(
         f"/runs/{run_id}/fail",
@@ -214,7 +215,9 @@ def test_pause_resume_cancel_fail_retry_reconcile(api: Api, clock: ManualClock) 
         "in_flight": 0,
         "already": False,
     }
-    again = api.post(f"/runs/{retry.json()['run_id']}/cancel", "operator", json={})
+    again = api.post(
+        f"/runs/{retry.json()['run_id']}/cancel", "operator", json={"reason": "not needed"}
+    )
     assert again.json()["already"] is True
 
     skip_run = api.running()
@@ -435,7 +438,7 @@ RUN_COMMANDS: dict[str, tuple[frozenset[str], str, dict[str, Any]]] = {
         {"input_version": "v", "approve": True, "reason": "r"},
     ),
     "pause": (run_rule("pause").roles, "/runs/{run}/pause", {"reason": "r"}),
-    "resume": (run_rule("resume").roles, "/runs/{run}/resume", {}),
+    "resume": (run_rule("resume").roles, "/runs/{run}/resume", {"reason": "r"}),
     "cancel": (run_rule("cancel").roles, "/runs/{run}/cancel", {"reason": "r"}),
     "complete": (run_rule("complete").roles, "/runs/{run}/complete", {}),
     "fail": (run_rule("fail").roles, "/runs/{run}/fail", {"reason": "r", "transient": True}),
@@ -468,7 +471,7 @@ def _direct_refusal(lg: Ledger, command: str, run_id: str, actor: Actor) -> str:
         "request_review": lambda: lg.request_review(run_id, actor, "d"),
         "decide": lambda: lg.decide(run_id, actor, "v", True, "r"),
         "pause": lambda: lg.pause(run_id, actor, "r"),
-        "resume": lambda: lg.resume(run_id, actor),
+        "resume": lambda: lg.resume(run_id, actor, reason="back to work"),
         "cancel": lambda: lg.cancel(run_id, actor, "r"),
         "complete": lambda: lg.complete(run_id, actor),
         "fail": lambda: lg.fail(run_id, actor, "r", True),

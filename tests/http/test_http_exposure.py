@@ -117,7 +117,9 @@ def test_key_reuse_by_another_actor_is_refused_after_authorization(api: Api) -> 
     assert "pause" not in body["message"]
     # an allowed role reusing the key: refused without naming the other command
     body = error_of(
-        api.post(f"/runs/{run_id}/resume", "operator", json={}, headers=key), 422, "InvalidInput"
+        api.post(f"/runs/{run_id}/resume", "operator", json={"reason": "go"}, headers=key),
+        422,
+        "InvalidInput",
     )
     assert "already used" in body["message"]
     assert "pause" not in body["message"] and "maintenance" not in body["message"]

@@ -172,7 +172,7 @@ class Program:
         elif kind == "pause":
             lg.pause(run_id, OPERATOR, "hold on")
         elif kind == "resume":
-            lg.resume(run_id, OPERATOR)
+            lg.resume(run_id, OPERATOR, reason="back to work")
         elif kind == "cancel":
             lg.cancel(run_id, OPERATOR, "stop it")
         elif kind == "complete":

@@ -66,7 +66,7 @@ def _populate(lg: Ledger, clock: ManualClock) -> list[str]:
     version = lg.status(main).input_version
     lg.decide(main, Actor("rita", "reviewer"), version, True, ODD)
     lg.pause(main, OPERATOR, ODD)
-    lg.resume(main, OPERATOR)
+    lg.resume(main, OPERATOR, reason="back to work")
     lg.complete(main, CONTROLLER)
 
     failing = lg.submit(manifest(2), SUBMITTER).run_id

@@ -55,7 +55,7 @@ def test_status_at_equals_each_status_seen_then(lg: Ledger, clock: ManualClock) 
         lambda: lg.fail_attempt(
             lg.items(run_id, state="in_progress")[0].lease, "bad", retryable=False
         ),  # type: ignore[arg-type]
-        lambda: lg.resume(run_id, OPERATOR),
+        lambda: lg.resume(run_id, OPERATOR, reason="back to work"),
         lambda: lg.claim(run_id, WORKER, limit=5),
         lambda: [lg.accept(i.lease) for i in lg.items(run_id, state="in_progress")],  # type: ignore[arg-type]
         lambda: (

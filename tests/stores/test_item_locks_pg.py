@@ -130,7 +130,7 @@ def test_compare_and_set_on_the_run_survives_workers(pg_dsn: str) -> None:
         for le in lg.claim(run_id, WORKER, limit=4):
             lg.accept(le)
         # the operator's pause with the revision read before the workers' commands applies
-        assert lg.pause(run_id, OPERATOR, expected_revision=read).state == "paused"
+        assert lg.pause(run_id, OPERATOR, expected_revision=read, reason="hold").state == "paused"
         assert lg.status(run_id).revision == read + 1
 
 

@@ -61,6 +61,7 @@ class MRun:
     versions: list[str] = field(default_factory=list)  # every input version it had
     amenders: set[str] = field(default_factory=set)
     failures: int = 0  # attempts that ended failed, expired or abandoned
+    abandoned: int = 0  # of those, the attempts a fail or a review rejection fenced
     children: dict[str, list[str]] = field(default_factory=dict)  # relation -> run ids
 
     @property
@@ -95,6 +96,7 @@ class MRun:
             it.state = S.RETRYABLE
             it.alts = frozenset({S.QUARANTINED})
             self.failures += 1
+            self.abandoned += 1
 
     def finish_if_drained(self) -> str | None:
         """The last live lease of a canceling or pausing run ended: it ends in the same
