@@ -63,7 +63,10 @@ def _openapi_schema(app: FastAPI) -> dict[str, Any]:
 
 
 def create_app(
-    lg: Ledger, tokens_path: str | os.PathLike[str] | None = None, public_reads: bool = False
+    lg: Ledger,
+    tokens_path: str | os.PathLike[str] | None = None,
+    public_reads: bool = False,
+    overview_max_age: float = operator.OVERVIEW_MAX_AGE,
 ) -> FastAPI:
     """The ASGI app serving `lg`: JSON reads and commands, `/openapi.json`, and the
     operator page at `/`.
@@ -71,6 +74,8 @@ def create_app(
     `tokens_path`: the tokens file (else `$LEDGER_TOKENS`, else `./ledger.tokens`);
     a missing file means no tokens (every command is a 401), a malformed one raises
     `InvalidInput` here. `public_reads`: anonymous callers may read and see the page.
+    `overview_max_age`: how many seconds `/overview` and `/metrics` may answer from one
+    overview snapshot (0: read it for each request).
     The caller keeps ownership of `lg` (closing the app does not close it).
     """
     hub = FeedHub(lg)  # event streams: one head watcher, capped (streams.py)
@@ -102,7 +107,7 @@ def create_app(
     app.include_router(reads.router)
     app.include_router(feed.router)
     app.include_router(commands.router)
-    operator.install(app)  # GET /overview, GET /metrics and the request metrics
+    operator.install(app, overview_max_age)  # GET /overview, GET /metrics and the request metrics
     app.mount("/static", page.static_files(), name="static")
     app.openapi = lambda: _openapi_schema(app)  # type: ignore[method-assign]
     return app

@@ -10,7 +10,10 @@ out because newer ones exist.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +53,8 @@ class StuckRun(_View):
     expired_leases: int
     stalled: bool
     scope: str
+    seq: int = 0
+    next_step: str = ""
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,54 @@ class Overview(_View):
     items_by_state: dict[str, int]
     stuck: list[StuckRun] = field(default_factory=list)
     longest_waiting: list[StuckRun] = field(default_factory=list)
+    # Seconds since `at` when the overview comes from a snapshot (OverviewSnapshot); 0: read now.
+    age_seconds: float = 0.0
+
+
+class OverviewSnapshot:
+    """The overview of `store`, read again at most every `max_age` seconds.
+
+    Every reader of a server (the operator pages, `/overview`, each Prometheus scrape)
+    shares one: however many ask, the store pays for one overview per `max_age`, and the
+    answer says how old it is (`age_seconds`). A reader that finds the snapshot stale while
+    another thread is already reading a new one gets the previous one (with its age) rather
+    than waiting; only the first read of all waits."""
+
+    def __init__(
+        self, store: Store, max_age: float = 2.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.store = store
+        self.max_age = max_age
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._refreshing = threading.Lock()
+        self._current: Overview | None = None
+        self._taken = 0.0
+
+    def get(self) -> Overview:
+        """The snapshot, read again first if it is older than `max_age`."""
+        with self._lock:
+            current, taken = self._current, self._taken
+        if current is not None and self._clock() - taken < self.max_age:
+            return self._aged(current, taken)
+        if current is not None and not self._refreshing.acquire(blocking=False):
+            return self._aged(current, taken)  # another thread is reading a new one
+        if current is None:
+            self._refreshing.acquire()
+        try:
+            with self._lock:  # a thread that waited may find it fresh already
+                if self._current is not None and self._clock() - self._taken < self.max_age:
+                    return self._aged(self._current, self._taken)
+            started = self._clock()
+            fresh = overview(self.store)
+            with self._lock:
+                self._current, self._taken = fresh, started
+            return fresh
+        finally:
+            self._refreshing.release()
+
+    def _aged(self, ov: Overview, taken: float) -> Overview:
+        return replace(ov, age_seconds=round(max(0.0, self._clock() - taken), 3))
 
 
 def overview(store: Store) -> Overview:
@@ -113,6 +166,8 @@ def overview(store: Store) -> Overview:
                     sig.expired_leases,
                     sig.stalled,
                     row["scope"],
+                    int(row["seq"]),
+                    sig.next_step,
                 )
                 if (sig.stalled or sig.expired_leases) and len(stuck) < MAX_LISTED:
                     stuck.append(entry)

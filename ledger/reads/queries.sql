@@ -456,8 +456,14 @@ AND i.state = ? AND i.lease_expires_at < ?) AS expired_oldest,
 LIMIT 1) AND t.item_id IS NOT NULL
 AND t.to_state IN ({final_item_states}) AND t.at >= ? AND t.at <= ?) AS finished,
 (SELECT COUNT(*) FROM lg_items i WHERE i.run_id = r.run_id AND i.required = 0
-AND i.state IN ({s_pending}, {s_in_progress}, {s_retryable})) AS optional_open
+AND i.state IN ({s_pending}, {s_in_progress}, {s_retryable})) AS optional_open,
+(SELECT COUNT(*) FROM lg_items i WHERE i.run_id = r.run_id
+AND i.state IN ({s_rejected}, {s_skipped}, {s_quarantined})
+AND i.required = 1 AND i.in_manifest = 1) AS lost_required
 FROM lg_runs r WHERE r.run_id {in_list};
+
+-- name: required_items_counted
+SELECT COUNT(*) AS n FROM lg_items WHERE run_id = ? AND in_manifest = 1 AND required = 1;
 
 -- name: lease_holders
 SELECT DISTINCT run_id, lease_worker FROM lg_items
