@@ -27,6 +27,9 @@ Cases (ratio = ledger / baseline, same run, same server):
     wake-up (< 100 ms), follower lag under 8 writer processes (< 1 s)
   11 the pre-commit rule checks: claim+record with the checks on vs off, in
     alternating rounds, PostgreSQL and SQLite (>= 0.95: a cost under 5%)
+  12 operator reads with 50,000 open runs: overview(), GET /overview, GET /metrics and a
+    `ledger top` frame vs the per-run recount (< 200 ms each); claim+accept latency with a
+    scraper looping GET /metrics vs none (<= 1.2), PostgreSQL and SQLite
 
 The throwaway server keeps PostgreSQL's durable defaults (fsync and
 synchronous_commit on) and its data on disk. `--profile DIR` runs cProfile

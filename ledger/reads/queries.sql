@@ -548,6 +548,7 @@ SELECT seq, run_id, state, counts, policy, review, created_at, updated_at, stopp
 FROM lg_runs WHERE run_id {in_list};
 
 -- name: overview_oldest_queued
+-- 20 entries of lg_runs_created (and of lg_runs_updated below), no sort
 SELECT seq, run_id, state, counts, policy, review, created_at, updated_at, stopped_at, scope
 FROM lg_runs WHERE state = {s_queued} ORDER BY created_at, seq LIMIT ?;
 
