@@ -153,10 +153,8 @@ def install(app: FastAPI, overview_max_age: float = OVERVIEW_MAX_AGE) -> None:
     """Give `app` its overview snapshot, metrics registry, the request middleware and the
     routes."""
     registry = CollectorRegistry()
-    snapshot = OverviewSnapshot(
-        getattr(app.state.ledger, "store", None),  # no ledger: openapi_document
-        overview_max_age,
-    )
+    lg = app.state.ledger  # None only for openapi_document, which never reads
+    snapshot = OverviewSnapshot(lg.store if lg is not None else None, overview_max_age)
     app.state.overview_snapshot = snapshot
     registry.register(LedgerCollector(app.state.ledger, snapshot))
     requests = Counter(

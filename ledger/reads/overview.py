@@ -95,7 +95,10 @@ class OverviewSnapshot:
     than waiting; only the first read of all waits."""
 
     def __init__(
-        self, store: Store, max_age: float = 2.0, clock: Callable[[], float] = time.monotonic
+        self,
+        store: Store | None,
+        max_age: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.max_age = max_age
@@ -120,6 +123,7 @@ class OverviewSnapshot:
                 if self._current is not None and self._clock() - self._taken < self.max_age:
                     return self._aged(self._current, self._taken)
             started = self._clock()
+            assert self.store is not None, "a snapshot of no store is never read"
             fresh = overview(self.store)
             with self._lock:
                 self._current, self._taken = fresh, started
