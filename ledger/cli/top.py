@@ -115,8 +115,9 @@ def top(
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """What is stuck, on whom: the overview of every open run, refreshing until Ctrl-C
-    (`--json`: the overview once, as one JSON document)."""
+    """What is stuck, on whom: the overview of every open run, its runs most urgent first
+    (the operator page's order), refreshing until Ctrl-C (`--json`: the overview once, as
+    one JSON document)."""
     from rich.live import Live
 
     from ledger.cli.render import console
