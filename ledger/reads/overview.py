@@ -242,9 +242,11 @@ def overview(store: Store) -> Overview:
             r["run_id"] for r in tx.fetchall(SQL.sql(tx, "overview_expired_runs"), (iso(now),))
         ]
         _add(tx, rows, [run_id for run_id in expired if run_id not in rows])
-        # running runs past their stall threshold, by their latest transition
+        # running runs past their stall threshold, by their latest transition: counted, and
+        # read whole only for the first of the stuck list (each waits on workers since its
+        # row changed, so the longest waits below cover the rest)
         stalled_ids = _past_stall(tx, now, rows)
-        _add(tx, rows, stalled_ids)
+        _add(tx, rows, sorted(stalled_ids, key=stalled_ids.__getitem__)[:MAX_LISTED])
         attention = set(rows)
         # the longest waits among the rest: queued runs (since created) and running runs
         # waiting on workers (since their row changed)
@@ -276,14 +278,18 @@ def overview(store: Store) -> Overview:
             )
         if since is not None:
             waits.append(entry)
-        if row["run_id"] not in attention:
-            continue  # listed for its wait only: counted below with its kind
+        if row["run_id"] not in attention or row["run_id"] in stalled_ids:
+            # listed for its wait only, or a stalled running run: counted below
+            if sig.stalled and len(stuck) < MAX_LISTED:
+                stuck.append(entry)
+            continue
         by_owner[sig.waiting_on] = by_owner.get(sig.waiting_on, 0) + 1
         stalled += sig.stalled
         if (sig.stalled or sig.expired_leases) and len(stuck) < MAX_LISTED:
             stuck.append(entry)
-    # every open run not read above: queued ones wait on their controller, running ones on
-    # their workers
+    # every open run not read above: queued ones wait on their controller, running ones
+    # (the stalled ones too) on their workers
+    stalled += len(stalled_ids)
     by_owner[S.CONTROLLER] += by_state[S.QUEUED]
     counted = sum(by_owner.values())
     open_runs = sum(by_state[s] for s in OPEN_STATES)
@@ -326,27 +332,29 @@ def _add(tx: Any, rows: dict[str, dict[str, Any]], run_ids: list[str]) -> None:
                 rows.setdefault(r["run_id"], r)
 
 
-def _past_stall(tx: Any, now: datetime, known: dict[str, dict[str, Any]]) -> list[str]:
+def _past_stall(tx: Any, now: datetime, known: dict[str, dict[str, Any]]) -> dict[str, int]:
     """Running runs not in `known` whose latest transition is older than their stall
-    threshold (a run with a live lease too: its worker may have gone quiet)."""
+    threshold (a run with a live lease too: its worker may have gone quiet), with their
+    `seq`."""
     candidates = [
         r
         for r in tx.fetchall(
-            SQL.sql(tx, "overview_stall_candidates"),
+            SQL.sql(tx, "overview_stall_candidates"),  # run_id, seq, updated_at, policy
             (iso(now - timedelta(seconds=DEFAULT_STALL_SECONDS)), '%"stall_seconds"%'),
         )
         if r["run_id"] not in known
     ]
-    out: list[str] = []
+    out: dict[str, int] = {}
     for k in range(0, len(candidates), PAGE):
         batch = candidates[k : k + PAGE]
         limits = {r["run_id"]: stall_seconds(_json(r["policy"]) or {}) for r in batch}
+        seqs = {r["run_id"]: int(r["seq"]) for r in batch}
         for r in tx.fetchall(
             SQL.sql(tx, "runs_last_activity"), (tx_list(tx, [r["run_id"] for r in batch]),)
         ):
             last = parse_dt(r["last_at"])
             if last is not None and (now - last).total_seconds() > limits[r["run_id"]]:
-                out.append(r["run_id"])
+                out[r["run_id"]] = seqs[r["run_id"]]
     return out
 
 

@@ -561,7 +561,7 @@ FROM lg_runs WHERE state = {s_running} ORDER BY updated_at, seq LIMIT ?;
 -- so its last activity is no older than its updated_at; only a run whose row is older than
 -- the default threshold, or whose policy sets its own (the key is stored only when set),
 -- can be past its threshold.
-SELECT run_id, updated_at, policy FROM lg_runs
+SELECT run_id, seq, updated_at, policy FROM lg_runs
 WHERE state = {s_running} AND (updated_at < ? OR policy LIKE ?);
 
 -- name: runs_last_activity

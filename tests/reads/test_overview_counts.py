@@ -177,3 +177,20 @@ def test_the_snapshot_is_read_again_after_its_age_and_says_how_old_it_is(
     fresh = snapshot.get()
     assert fresh.open_runs == 1 and fresh.age_seconds == 0.0
     assert OverviewSnapshot(lg.store, max_age=0).get().open_runs == 1
+
+
+def test_many_stalled_runs_are_counted_and_the_first_listed(lg: Ledger, clock: ManualClock) -> None:
+    dead = lg.submit(manifest(2, lease_seconds=10), SUBMITTER).run_id
+    lg.start(dead, CONTROLLER)
+    lg.claim(dead, WORKERS[0])
+    busy = []
+    for _ in range(30):
+        run_id = lg.submit(manifest(2), SUBMITTER).run_id
+        lg.start(run_id, CONTROLLER)
+        busy.append(run_id)
+    clock.advance(901)  # every running run is quiet past the default threshold
+    (lease,) = lg.claim(busy[3], WORKERS[1])  # but this one
+    ov = overview(lg.store)
+    assert ov == overview_recount(lg.store)
+    assert ov.stalled == 29 and ov.by_waiting_on["reconciler"] == 1
+    assert [s.run_id for s in ov.stuck] == [dead, *[r for r in busy if r != busy[3]]][:20]
