@@ -17,6 +17,7 @@ definition the fast read is tested against.
 from __future__ import annotations
 
 import heapq
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -89,45 +90,73 @@ class OverviewSnapshot:
     """The overview of `store`, read again at most every `max_age` seconds.
 
     Every reader of a server (the operator pages, `/overview`, each Prometheus scrape)
-    shares one: however many ask, the store pays for one overview per `max_age`, and the
-    answer says how old it is (`age_seconds`). A reader that finds the snapshot stale while
-    another thread is already reading a new one gets the previous one (with its age) rather
-    than waiting; only the first read of all waits."""
+    shares one: however many ask, the store pays for one overview per interval, and the
+    answer says how old it is (`age_seconds`). Only the first read of all waits for the
+    store: a reader that finds the snapshot stale gets it as it is (with its age) while a
+    background thread reads the next one (`background=False`: that reader reads it
+    itself). The interval stretches to `DUTY` times what the last read took, so however
+    large the ledger, reading the overview keeps the store busy a bounded share of the
+    time."""
+
+    DUTY = 4.0
 
     def __init__(
         self,
         store: Store | None,
         max_age: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        background: bool = True,
     ) -> None:
         self.store = store
         self.max_age = max_age
+        self.background = background
         self._clock = clock
         self._lock = threading.Lock()
         self._refreshing = threading.Lock()
         self._current: Overview | None = None
         self._taken = 0.0
+        self._cost = 0.0  # seconds the last read took
+
+    def _fresh_enough(self) -> bool:
+        interval = max(self.max_age, self.DUTY * self._cost) if self.max_age > 0 else 0.0
+        return self._current is not None and self._clock() - self._taken < interval
 
     def get(self) -> Overview:
-        """The snapshot, read again first if it is older than `max_age`."""
+        """The snapshot, read again (in the background, once there is one) when older than
+        its interval."""
         with self._lock:
             current, taken = self._current, self._taken
-        if current is not None and self._clock() - taken < self.max_age:
+            fresh_enough = self._fresh_enough()
+        if current is not None and fresh_enough:
             return self._aged(current, taken)
-        if current is not None and not self._refreshing.acquire(blocking=False):
-            return self._aged(current, taken)  # another thread is reading a new one
-        if current is None:
-            self._refreshing.acquire()
-        try:
+        if current is not None and self.background and self.max_age > 0:
+            if self._refreshing.acquire(blocking=False):
+                threading.Thread(
+                    target=self._refresh_released, name="overview-snapshot", daemon=True
+                ).start()
+            return self._aged(current, taken)
+        with self._refreshing:
             with self._lock:  # a thread that waited may find it fresh already
-                if self._current is not None and self._clock() - self._taken < self.max_age:
+                if self._fresh_enough():
+                    assert self._current is not None
                     return self._aged(self._current, self._taken)
-            started = self._clock()
-            assert self.store is not None, "a snapshot of no store is never read"
-            fresh = overview(self.store)
-            with self._lock:
-                self._current, self._taken = fresh, started
-            return fresh
+            return self._refresh()
+
+    def _refresh(self) -> Overview:
+        started = self._clock()
+        assert self.store is not None, "a snapshot of no store is never read"
+        fresh = overview(self.store)
+        with self._lock:
+            self._current, self._taken = fresh, started
+            self._cost = max(0.0, self._clock() - started)
+        return fresh
+
+    def _refresh_released(self) -> None:
+        try:
+            self._refresh()
+        except Exception:
+            # readers keep the last snapshot (its age grows); the next stale read tries again
+            logging.getLogger(__name__).warning("reading the overview failed", exc_info=True)
         finally:
             self._refreshing.release()
 

@@ -20,6 +20,7 @@ from tests.support.runs import (
     SUBMITTER,
     manifest,
 )
+from tests.support.waiting import wait_until
 
 WORKERS = (Actor("w1", "worker"), Actor("w2", "worker"))
 POLICIES: tuple[dict[str, Any], ...] = (
@@ -165,7 +166,7 @@ def test_the_snapshot_is_read_again_after_its_age_and_says_how_old_it_is(
     lg: Ledger, clock: ManualClock
 ) -> None:
     now = [100.0]
-    snapshot = OverviewSnapshot(lg.store, max_age=2.0, clock=lambda: now[0])
+    snapshot = OverviewSnapshot(lg.store, max_age=2.0, clock=lambda: now[0], background=False)
     first = snapshot.get()
     assert first.open_runs == 0 and first.age_seconds == 0.0
     lg.submit(manifest(1), SUBMITTER)
@@ -189,8 +190,21 @@ def test_many_stalled_runs_are_counted_and_the_first_listed(lg: Ledger, clock: M
         lg.start(run_id, CONTROLLER)
         busy.append(run_id)
     clock.advance(901)  # every running run is quiet past the default threshold
-    (lease,) = lg.claim(busy[3], WORKERS[1])  # but this one
+    lg.claim(busy[3], WORKERS[1])  # but this one
     ov = overview(lg.store)
     assert ov == overview_recount(lg.store)
     assert ov.stalled == 29 and ov.by_waiting_on["reconciler"] == 1
     assert [s.run_id for s in ov.stuck] == [dead, *[r for r in busy if r != busy[3]]][:20]
+
+
+def test_a_stale_snapshot_answers_at_once_while_the_next_is_read(
+    lg: Ledger, clock: ManualClock
+) -> None:
+    now = [100.0]
+    snapshot = OverviewSnapshot(lg.store, max_age=2.0, clock=lambda: now[0])
+    assert snapshot.get().open_runs == 0  # the first read of all waits for the store
+    lg.submit(manifest(1), SUBMITTER)
+    now[0] += 3
+    stale = snapshot.get()  # answered from the old one, a background read started
+    assert stale.open_runs == 0 and stale.age_seconds == 3.0
+    wait_until(lambda: snapshot.get().open_runs == 1, "the background read", timeout=30)
