@@ -117,6 +117,22 @@ def states() -> str:
     out += _rule_table(s.COMMAND_RULES, "run in")
     out += [
         "",
+        "## What the owner has to do",
+        "",
+        "The operator page shows this beside each run (and `board` and the overview give it",
+        "as `next_step`), by the run's state and who it waits on; a run that can no longer",
+        "succeed without a repair says so instead (last table).",
+        "",
+        "| run state | waiting on | next step |",
+        "|---|---|---|",
+    ]
+    out += [f"| `{st}` | {who} | {step} |" for (st, who), step in s.NEXT_STEP.items()]
+    out += ["", "| waiting on | next step (any other state) |", "|---|---|"]
+    out += [f"| {who} | {step} |" for who, step in s.NEXT_STEP_BY_OWNER.items()]
+    out += ["", "| waiting on | next step (the run cannot succeed) |", "|---|---|"]
+    out += [f"| {who} | {step} |" for who, step in s.NEXT_STEP_CANNOT_SUCCEED.items()]
+    out += [
+        "",
         "## Failure kinds and reasons",
         "",
         f"Kinds: `{s.TRANSIENT}` (a retry may succeed), `{s.PERMANENT}` (it would fail the same way).",

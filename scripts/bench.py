@@ -30,6 +30,9 @@ Cases (ratio = ledger / baseline, same run, same server):
   12 the stored Merkle tree: extending it per append as a share of case 1's work
     (< 5%), PostgreSQL and SQLite; a root and proofs at 1,000,000 leaves on PostgreSQL
     (< 1 s each) vs the root from scratch
+  13 operator reads with 50,000 open runs: overview(), GET /overview, GET /metrics and a
+    `ledger top` frame vs the per-run recount (< 200 ms each); claim+accept latency with a
+    scraper looping GET /metrics vs none (<= 1.2), PostgreSQL and SQLite
 
 The throwaway server keeps PostgreSQL's durable defaults (fsync and
 synchronous_commit on) and its data on disk. `--profile DIR` runs cProfile

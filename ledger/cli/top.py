@@ -1,5 +1,7 @@
 """`ledger top` (registered on the app by `ledger/cli/entry.py`): the overview in the terminal,
-refreshing, with the stuck runs (stalled, expired leases) first and then the longest waits."""
+refreshing, its runs in the attention order the operator page uses too
+(`ledger.reads.attention`): stuck runs (stalled, expired leases) first, then the longest
+waits on a person, then on workers."""
 
 from __future__ import annotations
 
@@ -71,20 +73,19 @@ def render_overview(ov: Overview, table: bool = True) -> Any:
     return Group(head, grid)
 
 
-TITLE = "needs attention first, then the longest waits"
+TITLE = "needs attention first (stuck, then the longest waits)"
 COLUMNS = ("run", "state", "waiting on", "for", "last activity", "flags", "scope")
 
 
 def overview_rows(ov: Overview, markup: bool) -> list[tuple[str, ...]]:
-    """The runs needing attention first, then the longest waits: one row each."""
+    """The overview's stuck runs and longest waits in the attention order: one row each."""
     from rich.markup import escape
 
+    from ledger.reads.attention import by_attention
+
     rows: list[tuple[str, ...]] = []
-    seen: set[str] = set()
-    for run in [*ov.stuck, *ov.longest_waiting]:
-        if run.run_id in seen:
-            continue
-        seen.add(run.run_id)
+    runs = {run.run_id: run for run in [*ov.stuck, *ov.longest_waiting]}
+    for run in sorted(runs.values(), key=by_attention):
         flags = []
         if run.stalled:
             flags.append("[bold red]STALLED[/]" if markup else "STALLED")
@@ -114,8 +115,9 @@ def top(
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """What is stuck, on whom: the overview of every open run, refreshing until Ctrl-C
-    (`--json`: the overview once, as one JSON document)."""
+    """What is stuck, on whom: the overview of every open run, its runs most urgent first
+    (the operator page's order), refreshing until Ctrl-C (`--json`: the overview once, as
+    one JSON document)."""
     from rich.live import Live
 
     from ledger.cli.render import console

@@ -442,6 +442,49 @@ WAITING_ON: dict[str, str | None] = {
 }
 
 
+# What the owner of a run's delay has to do next, by (run state, waiting_on), then by
+# waiting_on alone: what the operator page and `ledger top` say beside each run. A
+# running run waiting on its controller has every item final: the controller completes
+# it, or (when too many required items were not accepted for it to succeed) fails it and
+# submits a repair.
+NEXT_STEP: dict[tuple[str, str], str] = {
+    (QUEUED, CONTROLLER): "controller: start the run (or cancel it)",
+    (RUNNING, "workers"): "workers: claim and finish the open items",
+    (RUNNING, CONTROLLER): "controller: complete or repair the run",
+    (RUNNING, REVIEWER): "reviewer: release, skip or reject the quarantined items",
+    (AWAITING_REVIEW, REVIEWER): "reviewer: approve or reject",
+    (PAUSED, OPERATOR): "operator: resume or cancel the run",
+    (PAUSING, "workers"): "workers: finish the leased items; the run then pauses",
+    (PAUSING, CONTROLLER): "ledger: the run pauses as its last lease ends",
+    (CANCELING, "workers"): "workers: finish the leased items; the run then ends canceled",
+    (CANCELING, CONTROLLER): "ledger: the run ends canceled as its last lease ends",
+}
+NEXT_STEP_BY_OWNER: dict[str, str] = {
+    RECONCILER: "reconciler: expire the dead leases (ledger reconcile)",
+    REVIEWER: "reviewer: approve or reject",
+    OPERATOR: "operator: resume or cancel the run",
+    CONTROLLER: "controller: complete or repair the run",
+    "workers": "workers: claim and finish the open items",
+    "nobody": "nobody: the run is finished",
+}
+# The same step when the run can no longer succeed without a repair (required items
+# rejected, skipped or quarantined beyond what the policy tolerates).
+NEXT_STEP_CANNOT_SUCCEED: dict[str, str] = {
+    CONTROLLER: "controller: fail the run, then repair it",
+    REVIEWER: "reviewer: release the quarantined items, or the controller fails and repairs the run",
+    "workers": "workers: finish the open items; the run cannot succeed without a repair",
+}
+
+
+def next_step(state: str, owner: str, can_succeed: bool = True) -> str:
+    """What the owner of the run's delay (`waiting_on`) has to do next (NEXT_STEP)."""
+    if not can_succeed and state not in TERMINAL_RUN_STATES and owner in NEXT_STEP_CANNOT_SUCCEED:
+        return NEXT_STEP_CANNOT_SUCCEED[owner]
+    if owner == RECONCILER or state in TERMINAL_RUN_STATES:
+        return NEXT_STEP_BY_OWNER["nobody" if state in TERMINAL_RUN_STATES else owner]
+    return NEXT_STEP.get((state, owner)) or NEXT_STEP_BY_OWNER[owner]
+
+
 def waiting_on(state: str, counts: dict[str, int]) -> str:
     """Who owns the run's next step: the WAITING_ON row, or by its item counts."""
     owner = WAITING_ON[state]

@@ -70,6 +70,7 @@ def create_app(
     tokens_path: str | os.PathLike[str] | None = None,
     public_reads: bool = False,
     checkpoint_key: str | None = None,
+    overview_max_age: float = operator.OVERVIEW_MAX_AGE,
 ) -> FastAPI:
     """The ASGI app serving `lg`: JSON reads and commands, `/openapi.json`, and the
     operator page at `/`.
@@ -79,6 +80,8 @@ def create_app(
     `InvalidInput` here. `public_reads`: anonymous callers may read and see the page.
     `checkpoint_key`: the text of a checkpoint signing key (else `$LEDGER_CHECKPOINT_KEY`,
     else none): `GET /checkpoint` is then signed (proofs.py); a malformed key raises here.
+    `overview_max_age`: how many seconds `/overview` and `/metrics` may answer from one
+    overview snapshot (0: read it for each request).
     The caller keeps ownership of `lg` (closing the app does not close it).
     """
     hub = FeedHub(lg)  # event streams: one head watcher, capped (streams.py)
@@ -113,7 +116,7 @@ def create_app(
     app.include_router(feed.router)
     app.include_router(proofs.router)
     app.include_router(commands.router)
-    operator.install(app)  # GET /overview, GET /metrics and the request metrics
+    operator.install(app, overview_max_age)  # GET /overview, GET /metrics and the request metrics
     app.mount("/static", page.static_files(), name="static")
     app.openapi = lambda: _openapi_schema(app)  # type: ignore[method-assign]
     return app

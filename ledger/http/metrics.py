@@ -1,8 +1,9 @@
 """Prometheus metrics of a ledger (the `prometheus_client` library; every name `ledger_`).
 
-`LedgerCollector(lg)` reads the ledger's accepted state at each scrape: the overview
-(open runs by state and owner, oldest waits, stalled runs, expired leases, items of open
-runs by state) and the transition totals. The totals are counters the store already
+`LedgerCollector(lg, snapshot)` reads the ledger's accepted state at each scrape: the
+overview (open runs by state and owner, oldest waits, stalled runs, expired leases, items
+of open runs by state), from the server's overview snapshot (at most a few seconds old;
+`ledger_overview_age_seconds` says how old), and the transition totals. The totals are counters the store already
 holds: the collector counts the transitions appended since its previous scrape (a range
 read of the transition log by position), so a scrape never scans the whole log after
 the first one, and every server process reports the same ledger-wide totals.
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 from ledger.http.sql import SQL
 
 if TYPE_CHECKING:
+    from ledger.reads.overview import OverviewSnapshot
     from ledger.service.ledger import Ledger
     from ledger.stores.base import Store
 
@@ -32,6 +34,7 @@ STALLED = "ledger_stalled_runs"
 EXPIRED = "ledger_expired_leases"
 TRANSITIONS = "ledger_transitions"  # exposed as ledger_transitions_total
 EXPIRATIONS = "ledger_lease_expirations"  # exposed as ledger_lease_expirations_total
+OVERVIEW_AGE = "ledger_overview_age_seconds"
 FOLLOWER_LAG = "ledger_follower_lag_events"
 FOLLOWER_LAG_SECONDS = "ledger_follower_lag_seconds"
 # The reconciler's item command: the lease expired and the attempt ended `lease_expired`.
@@ -73,8 +76,9 @@ class TransitionTally:
 class LedgerCollector(Collector):
     """The ledger's state as metric families, read at each scrape."""
 
-    def __init__(self, lg: Ledger) -> None:
+    def __init__(self, lg: Ledger, snapshot: OverviewSnapshot | None = None) -> None:
         self.lg = lg
+        self.snapshot = snapshot
         self.tally = TransitionTally()
 
     def describe(self) -> list[Metric]:
@@ -82,7 +86,12 @@ class LedgerCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        ov = self.lg.overview()
+        ov = self.lg.overview() if self.snapshot is None else self.snapshot.get()
+        yield GaugeMetricFamily(
+            OVERVIEW_AGE,
+            "Age of the overview the ledger_ gauges below come from (0: read for this scrape).",
+            value=ov.age_seconds,
+        )
         runs = GaugeMetricFamily(OPEN_RUNS, "Open (not terminal) runs by state.", labels=["state"])
         for state, n in ov.by_state.items():
             runs.add_metric([state], n)

@@ -1,7 +1,10 @@
 """`GET /overview` (what is stuck, on whom) and `GET /metrics` (Prometheus text format).
 
 Both are reads: open to anonymous callers only with `public_reads`, else they need a
-bearer token (a Prometheus scrape config passes one with `authorization:`). Each app
+bearer token (a Prometheus scrape config passes one with `authorization:`). Both answer
+from one overview snapshot per app (`OverviewSnapshot`, read again at most every
+`OVERVIEW_MAX_AGE` seconds, its age in `age_seconds`), so looping scrapers and open
+operator pages cost the store one overview per interval, whatever their number. Each app
 has its own metrics registry (no process-global state): the ledger collector and the
 HTTP request counter and latency histogram, labelled by route template so the label
 set stays bounded whatever paths clients ask for.
@@ -25,12 +28,13 @@ from ledger.http.auth import Reader
 from ledger.http.deps import LedgerDep, view_response
 from ledger.http.errors import error_responses
 from ledger.http.metrics import LedgerCollector
-from ledger.reads.board import MAX_LIMIT, BoardPage
-from ledger.reads.overview import Overview
+from ledger.reads.board import MAX_LIMIT, ORDERS, BoardPage
+from ledger.reads.overview import Overview, OverviewSnapshot
 from ledger.reads.signals import OWNERS
 
 router = APIRouter(tags=["operator"], responses=error_responses(401))
 
+OVERVIEW_MAX_AGE = 2.0  # seconds: how stale /overview and /metrics may be
 REQUESTS = "ledger_http_requests"  # exposed as ledger_http_requests_total
 LATENCY = "ledger_http_request_duration_seconds"
 
@@ -57,10 +61,12 @@ def status_label(status: int) -> str:
 
 
 @router.get("/overview", response_model=Overview, summary="Open runs: what is stuck, on whom")
-def get_overview(_reader: Reader, lg: LedgerDep) -> JSONResponse:
+def get_overview(_reader: Reader, request: Request) -> JSONResponse:
     """`lg.overview()`: open runs by state and waiting_on, the oldest wait per owner,
-    stalled runs and expired leases, across every run of the ledger."""
-    return view_response(lg.overview())
+    stalled runs and expired leases, across every run of the ledger; from a snapshot at
+    most a few seconds old (`age_seconds`)."""
+    snapshot: OverviewSnapshot = request.app.state.overview_snapshot
+    return view_response(snapshot.get())
 
 
 @router.get("/board", response_model=BoardPage, summary="Runs with who they wait on, keyset paged")
@@ -84,10 +90,20 @@ def get_board(
         Query(ge=0, le=2**63 - 1, description="Cursor: `next_after` of the previous page."),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
+    order: Annotated[
+        str,
+        Query(
+            description="`newest` first (keyset pages), or by `attention` as `ledger top` "
+            "ranks runs (pages by rank).",
+            json_schema_extra={"enum": list(ORDERS)},
+        ),
+    ] = "newest",
 ) -> JSONResponse:
-    """`lg.board(...)`: open runs (or terminal ones) newest first, each with waiting_on, the
-    person where known, waiting since, last activity, stalled, rate, ETA and expired leases."""
-    return view_response(lg.board(state, waiting_on, stalled, terminal, after, limit))
+    """`lg.board(...)`: open runs (or terminal ones) newest first or by attention, each with
+    waiting_on, what its owner has to do, the person where known, waiting since, last
+    activity, stalled, rate, an ETA (only for a running run that can still succeed) and
+    expired leases."""
+    return view_response(lg.board(state, waiting_on, stalled, terminal, after, limit, order))
 
 
 @router.get(
@@ -133,10 +149,14 @@ class RequestMetrics:
             self.latency.labels(method, path).observe(time.perf_counter() - started)
 
 
-def install(app: FastAPI) -> None:
-    """Give `app` its metrics registry, the request middleware and the two routes."""
+def install(app: FastAPI, overview_max_age: float = OVERVIEW_MAX_AGE) -> None:
+    """Give `app` its overview snapshot, metrics registry, the request middleware and the
+    routes."""
     registry = CollectorRegistry()
-    registry.register(LedgerCollector(app.state.ledger))
+    lg = app.state.ledger  # None only for openapi_document, which never reads
+    snapshot = OverviewSnapshot(lg.store if lg is not None else None, overview_max_age)
+    app.state.overview_snapshot = snapshot
+    registry.register(LedgerCollector(app.state.ledger, snapshot))
     requests = Counter(
         REQUESTS,
         "HTTP requests answered, by method, route template and status.",

@@ -125,6 +125,10 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
         f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_state ON {t['lg_runs']} (state, seq)",
         f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_seq ON {t['lg_runs']} (seq)",
         f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_root ON {t['lg_runs']} (root_run_id, seq)",
+        # the longest waits of the overview, 20 index entries each: queued runs by creation,
+        # running ones by their last change (schema v12)
+        f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_created ON {t['lg_runs']} (state, created_at, seq)",
+        f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_updated ON {t['lg_runs']} (state, updated_at, seq)",
         f"""CREATE TABLE IF NOT EXISTS {t["lg_items"]} (
             run_id TEXT NOT NULL,
             item_id TEXT NOT NULL,

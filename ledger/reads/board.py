@@ -1,9 +1,12 @@
 """`board(store, ...)`: one keyset page of runs with their delay signals, for operators.
 
-Open runs by default (terminal ones only when asked), newest first, filtered by state,
-by who the run waits on and by whether it is stalled. The owner is computed (see
+Open runs by default (terminal ones only when asked), newest first or (`order="attention"`)
+in the attention order of `ledger top` (`ledger.reads.attention`), filtered by state, by
+who the run waits on and by whether it is stalled. The owner is computed (see
 `ledger.reads.signals`), so an owner filter reads candidate runs a batch at a time until
-the page is full: the cost is bounded by the open runs, never by the whole ledger.
+the page is full: the cost is bounded by the open runs, never by the whole ledger. The
+attention order ranks every matching run before it can page, so its pages are by rank
+(`after` is the rank of the last run shown) and it reads every candidate run each time.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from ledger.core.errors import InvalidInput
 from ledger.core.rows import parse_dt
 from ledger.core.views import Link, _View
 from ledger.projections.counts import attach as attach_counts
+from ledger.reads.attention import by_attention
 from ledger.reads.signals import OWNERS, signals_for
 from ledger.reads.sql import SQL
 
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
     from ledger.stores.base import Store
 
 MAX_LIMIT = 500
+ORDERS: tuple[str, ...] = ("newest", "attention")
 _BATCH = 200
 _MAX_BATCHES = 25  # at most 5,000 runs read per filtered page
 
@@ -58,6 +63,8 @@ class BoardRow(_View):
     eta: datetime | None
     expired_leases: int
     remaining_required: int
+    can_succeed: bool
+    next_step: str
 
 
 @dataclass(frozen=True)
@@ -76,9 +83,12 @@ def board(
     terminal: bool = False,
     after: int | None = None,
     limit: int = 50,
+    order: str = "newest",
 ) -> BoardPage:
-    """Runs newest first after cursor `after`: open ones, or terminal ones with `terminal`
-    (a `state` picks one state of either kind)."""
+    """Runs newest first after cursor `after` (or by attention, `order="attention"`): open
+    ones, or terminal ones with `terminal` (a `state` picks one state of either kind)."""
+    if order not in ORDERS:
+        raise InvalidInput(f"order {order!r} is not one of {', '.join(ORDERS)}")
     if state is not None and state not in S.RUN_STATES:
         raise InvalidInput(f"state {state!r} is not a run state; states: {', '.join(S.RUN_STATES)}")
     if waiting_on is not None and waiting_on not in OWNERS:
@@ -93,6 +103,8 @@ def board(
     states: tuple[str, ...] = () if state is None else (state,)
     name = "board_in_state" if state is not None else "board_terminal" if terminal else "board_open"
     filtered = waiting_on is not None or stalled
+    if order == "attention":
+        return _by_attention(store, name, states, waiting_on, stalled, after or 0, limit)
     out: list[BoardRow] = []
     cursor = after
     next_after: int | None = None
@@ -122,6 +134,42 @@ def board(
     return BoardPage(out, next_after)
 
 
+def _by_attention(
+    store: Store,
+    name: str,
+    states: tuple[str, ...],
+    waiting_on: str | None,
+    stalled: bool,
+    rank: int,
+    limit: int,
+) -> BoardPage:
+    """Every matching run ranked by `attention.by_attention`; the page after rank `rank`."""
+    found: list[BoardRow] = []
+    cursor: int | None = None
+    with store.read() as tx:
+        now = tx.now()
+        while True:
+            rows = tx.fetchall(
+                SQL.sql(tx, name if cursor is None else name + "_before"),
+                (*states, *(() if cursor is None else (cursor,)), _BATCH),
+            )
+            attach_counts(tx, rows)
+            signals = signals_for(tx, rows, now)
+            for row in rows:
+                sig = signals[row["run_id"]]
+                if (waiting_on is None or sig.waiting_on == waiting_on) and (
+                    not stalled or sig.stalled
+                ):
+                    found.append(_row(row, sig))
+            if len(rows) < _BATCH:
+                break
+            cursor = int(rows[-1]["seq"])
+    found.sort(key=by_attention)
+    page = found[rank : rank + limit]
+    more = rank + limit < len(found)
+    return BoardPage(page, rank + limit if more else None)
+
+
 def _row(row: dict[str, Any], sig: Any) -> BoardRow:
     return BoardRow(
         run_id=row["run_id"],
@@ -141,6 +189,8 @@ def _row(row: dict[str, Any], sig: Any) -> BoardRow:
         stopped_at=parse_dt(row["stopped_at"]),
         stop_reason=row["stop_reason"],
         remaining_required=sig.remaining_required,
+        can_succeed=sig.can_succeed,
+        next_step=sig.next_step,
         **sig.status_fields(),
     )
 

@@ -1,25 +1,37 @@
 """`overview(store)`: what is stuck, on whom, across every open run of the ledger.
 
-The counts by state are one SQL aggregate over the run state index; expired leases
-one aggregate over the item lease index. Who each open run waits on is the rule of
-`ledger.reads.signals` (a rule in Python, not copied into SQL), applied to every open run in
-keyset pages: terminal runs (the bulk of a ledger) are never read, and no run is left
-out because newer ones exist.
+Its cost follows the runs that need attention, not the open runs. The counts come from
+what the writes keep: open runs by state from the run state index, items of open runs
+from the count rows (`ledger.projections.counts`), expired leases from the item lease
+index. The rule of `ledger.reads.signals` (who each run waits on, since when, stalled) runs
+only for the runs whose owner is not simply "workers": those awaiting review, paused,
+pausing or canceling, running with nothing left to claim (one index probe per running
+run), with an expired lease, or past their stall threshold (only runs whose own row is
+older than it are probed); plus the 20 longest waits of the queued runs and of the
+running ones (two ordered reads). Every other running run waits on workers.
+
+`overview_recount(store)` applies the rule to every open run, one page at a time: the
+definition the fast read is tested against.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
-from datetime import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ledger.core import states as S
-from ledger.core.rows import iso
+from ledger.core.rows import iso, parse_dt
 from ledger.core.views import _View
 from ledger.projections.counts import attach as attach_counts
-from ledger.reads.signals import OWNERS, signals_for
+from ledger.reads.signals import DEFAULT_STALL_SECONDS, OWNERS, signals_for, stall_seconds
 from ledger.reads.sql import SQL
+from ledger.stores.named import tx_list
 
 if TYPE_CHECKING:
     from ledger.stores.base import Store
@@ -50,6 +62,8 @@ class StuckRun(_View):
     expired_leases: int
     stalled: bool
     scope: str
+    seq: int = 0
+    next_step: str = ""
 
 
 @dataclass(frozen=True)
@@ -68,10 +82,91 @@ class Overview(_View):
     items_by_state: dict[str, int]
     stuck: list[StuckRun] = field(default_factory=list)
     longest_waiting: list[StuckRun] = field(default_factory=list)
+    # Seconds since `at` when the overview comes from a snapshot (OverviewSnapshot); 0: read now.
+    age_seconds: float = 0.0
 
 
-def overview(store: Store) -> Overview:
-    """The overview, read in one consistent read transaction of `store`."""
+class OverviewSnapshot:
+    """The overview of `store`, read again at most every `max_age` seconds.
+
+    Every reader of a server (the operator pages, `/overview`, each Prometheus scrape)
+    shares one: however many ask, the store pays for one overview per interval, and the
+    answer says how old it is (`age_seconds`). Only the first read of all waits for the
+    store: a reader that finds the snapshot stale gets it as it is (with its age) while a
+    background thread reads the next one (`background=False`: that reader reads it
+    itself). The interval stretches to `DUTY` times what the last read took, so however
+    large the ledger, reading the overview keeps the store busy a bounded share of the
+    time."""
+
+    DUTY = 4.0
+
+    def __init__(
+        self,
+        store: Store | None,
+        max_age: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        background: bool = True,
+    ) -> None:
+        self.store = store
+        self.max_age = max_age
+        self.background = background
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._refreshing = threading.Lock()
+        self._current: Overview | None = None
+        self._taken = 0.0
+        self._cost = 0.0  # seconds the last read took
+
+    def _fresh_enough(self) -> bool:
+        interval = max(self.max_age, self.DUTY * self._cost) if self.max_age > 0 else 0.0
+        return self._current is not None and self._clock() - self._taken < interval
+
+    def get(self) -> Overview:
+        """The snapshot, read again (in the background, once there is one) when older than
+        its interval."""
+        with self._lock:
+            current, taken = self._current, self._taken
+            fresh_enough = self._fresh_enough()
+        if current is not None and fresh_enough:
+            return self._aged(current, taken)
+        if current is not None and self.background and self.max_age > 0:
+            if self._refreshing.acquire(blocking=False):
+                threading.Thread(
+                    target=self._refresh_released, name="overview-snapshot", daemon=True
+                ).start()
+            return self._aged(current, taken)
+        with self._refreshing:
+            with self._lock:  # a thread that waited may find it fresh already
+                if self._fresh_enough():
+                    assert self._current is not None
+                    return self._aged(self._current, self._taken)
+            return self._refresh()
+
+    def _refresh(self) -> Overview:
+        started = self._clock()
+        assert self.store is not None, "a snapshot of no store is never read"
+        fresh = overview(self.store)
+        with self._lock:
+            self._current, self._taken = fresh, started
+            self._cost = max(0.0, self._clock() - started)
+        return fresh
+
+    def _refresh_released(self) -> None:
+        try:
+            self._refresh()
+        except Exception:
+            # readers keep the last snapshot (its age grows); the next stale read tries again
+            logging.getLogger(__name__).warning("reading the overview failed", exc_info=True)
+        finally:
+            self._refreshing.release()
+
+    def _aged(self, ov: Overview, taken: float) -> Overview:
+        return replace(ov, age_seconds=round(max(0.0, self._clock() - taken), 3))
+
+
+def overview_recount(store: Store) -> Overview:
+    """The overview by the rule applied to every open run (cost: the open runs), read in
+    one consistent read transaction of `store`: what `overview` must equal."""
     with store.read() as tx:
         now: datetime = tx.now()
         by_state = {s: 0 for s in OPEN_STATES}
@@ -113,6 +208,8 @@ def overview(store: Store) -> Overview:
                     sig.expired_leases,
                     sig.stalled,
                     row["scope"],
+                    int(row["seq"]),
+                    sig.next_step,
                 )
                 if (sig.stalled or sig.expired_leases) and len(stuck) < MAX_LISTED:
                     stuck.append(entry)
@@ -148,3 +245,149 @@ def _counts(value: Any) -> dict[str, int]:
 
     out: dict[str, int] = json.loads(value) if isinstance(value, str) else value
     return out
+
+
+def overview(store: Store) -> Overview:
+    """The overview, read in one consistent read transaction of `store` (its cost follows
+    the runs needing attention; see the module docstring)."""
+    with store.read() as tx:
+        now: datetime = tx.now()
+        by_state = {s: 0 for s in OPEN_STATES}
+        for r in tx.fetchall(SQL.sql(tx, "open_runs_by_state")):
+            by_state[r["state"]] = int(r["n"])
+        lease = tx.fetchone(SQL.sql(tx, "expired_leases"), (iso(now),))
+        items = {s: 0 for s in S.ITEM_STATES}
+        for r in tx.fetchall(SQL.sql(tx, "overview_items")):
+            if r["state"] in items:
+                items[r["state"]] = int(r["n"] or 0)
+        # runs with their rule applied, by id: the ones needing attention first
+        rows: dict[str, dict[str, Any]] = {}
+        for r in tx.fetchall(SQL.sql(tx, "overview_deciding")):
+            rows[r["run_id"]] = r
+        drained = tx.fetchall(SQL.sql(tx, "overview_drained"))
+        for r in drained:
+            rows[r["run_id"]] = r
+        expired = [
+            r["run_id"] for r in tx.fetchall(SQL.sql(tx, "overview_expired_runs"), (iso(now),))
+        ]
+        _add(tx, rows, [run_id for run_id in expired if run_id not in rows])
+        # running runs past their stall threshold, by their latest transition: counted, and
+        # read whole only for the first of the stuck list (each waits on workers since its
+        # row changed, so the longest waits below cover the rest)
+        stalled_ids = _past_stall(tx, now, rows)
+        _add(tx, rows, sorted(stalled_ids, key=stalled_ids.__getitem__)[:MAX_LISTED])
+        attention = set(rows)
+        # the longest waits among the rest: queued runs (since created) and running runs
+        # waiting on workers (since their row changed)
+        for r in tx.fetchall(SQL.sql(tx, "overview_oldest_queued"), (MAX_LISTED,)):
+            rows.setdefault(r["run_id"], r)
+        listed = 0
+        for r in tx.fetchall(
+            SQL.sql(tx, "overview_oldest_running"), (MAX_LISTED + len(attention),)
+        ):
+            if r["run_id"] not in attention and listed < MAX_LISTED:
+                rows.setdefault(r["run_id"], r)
+                listed += 1
+        ordered = sorted(rows.values(), key=lambda r: int(r["seq"]))
+        attach_counts(tx, ordered)
+        signals = signals_for(tx, ordered, now)
+    by_owner = {o: 0 for o in OWNERS if o != "nobody"}
+    oldest: dict[str, OldestWait] = {}
+    stuck: list[StuckRun] = []
+    waits: list[StuckRun] = []
+    stalled = 0
+    for row in ordered:
+        sig = signals[row["run_id"]]
+        entry = _entry(row, sig)
+        since = sig.waiting_since
+        best = oldest.get(sig.waiting_on)
+        if since is not None and (best is None or since < best.since):
+            oldest[sig.waiting_on] = OldestWait(
+                row["run_id"], since, max(0.0, (now - since).total_seconds())
+            )
+        if since is not None:
+            waits.append(entry)
+        if row["run_id"] not in attention or row["run_id"] in stalled_ids:
+            # listed for its wait only, or a stalled running run: counted below
+            if sig.stalled and len(stuck) < MAX_LISTED:
+                stuck.append(entry)
+            continue
+        by_owner[sig.waiting_on] = by_owner.get(sig.waiting_on, 0) + 1
+        stalled += sig.stalled
+        if (sig.stalled or sig.expired_leases) and len(stuck) < MAX_LISTED:
+            stuck.append(entry)
+    # every open run not read above: queued ones wait on their controller, running ones
+    # (the stalled ones too) on their workers
+    stalled += len(stalled_ids)
+    by_owner[S.CONTROLLER] += by_state[S.QUEUED]
+    counted = sum(by_owner.values())
+    open_runs = sum(by_state[s] for s in OPEN_STATES)
+    by_owner["workers"] += open_runs - counted
+    return Overview(
+        at=now,
+        open_runs=open_runs,
+        by_state={s: by_state[s] for s in OPEN_STATES},
+        by_waiting_on=by_owner,
+        oldest_wait={o: oldest[o] for o in OWNERS if o in oldest},
+        stalled=stalled,
+        expired_leases=int(lease["n"]) if lease else 0,
+        runs_with_expired_leases=int(lease["runs"]) if lease else 0,
+        items_by_state=items,
+        stuck=stuck,
+        longest_waiting=heapq.nsmallest(MAX_LISTED, waits, key=_since),
+    )
+
+
+def _entry(row: dict[str, Any], sig: Any) -> StuckRun:
+    return StuckRun(
+        row["run_id"],
+        row["state"],
+        sig.waiting_on,
+        sig.waiting_since,
+        sig.last_activity_at,
+        sig.expired_leases,
+        sig.stalled,
+        row["scope"],
+        int(row["seq"]),
+        sig.next_step,
+    )
+
+
+def _add(tx: Any, rows: dict[str, dict[str, Any]], run_ids: list[str]) -> None:
+    """Read the open runs among `run_ids` into `rows`."""
+    for k in range(0, len(run_ids), PAGE):
+        for r in tx.fetchall(SQL.sql(tx, "overview_runs"), (tx_list(tx, run_ids[k : k + PAGE]),)):
+            if r["state"] in OPEN_STATES:
+                rows.setdefault(r["run_id"], r)
+
+
+def _past_stall(tx: Any, now: datetime, known: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Running runs not in `known` whose latest transition is older than their stall
+    threshold (a run with a live lease too: its worker may have gone quiet), with their
+    `seq`."""
+    candidates = [
+        r
+        for r in tx.fetchall(
+            SQL.sql(tx, "overview_stall_candidates"),  # run_id, seq, updated_at, policy
+            (iso(now - timedelta(seconds=DEFAULT_STALL_SECONDS)), '%"stall_seconds"%'),
+        )
+        if r["run_id"] not in known
+    ]
+    out: dict[str, int] = {}
+    for k in range(0, len(candidates), PAGE):
+        batch = candidates[k : k + PAGE]
+        limits = {r["run_id"]: stall_seconds(_json(r["policy"]) or {}) for r in batch}
+        seqs = {r["run_id"]: int(r["seq"]) for r in batch}
+        for r in tx.fetchall(
+            SQL.sql(tx, "runs_last_activity"), (tx_list(tx, [r["run_id"] for r in batch]),)
+        ):
+            last = parse_dt(r["last_at"])
+            if last is not None and (now - last).total_seconds() > limits[r["run_id"]]:
+                out[r["run_id"]] = seqs[r["run_id"]]
+    return out
+
+
+def _json(value: Any) -> Any:
+    import json
+
+    return json.loads(value) if isinstance(value, str) else value

@@ -462,8 +462,14 @@ AND i.state = ?) AS lease_latest,
 LIMIT 1) AND t.item_id IS NOT NULL
 AND t.to_state IN ({final_item_states}) AND t.at >= ? AND t.at <= ?) AS finished,
 (SELECT COUNT(*) FROM lg_items i WHERE i.run_id = r.run_id AND i.required = 0
-AND i.state IN ({s_pending}, {s_in_progress}, {s_retryable})) AS optional_open
+AND i.state IN ({s_pending}, {s_in_progress}, {s_retryable})) AS optional_open,
+(SELECT COUNT(*) FROM lg_items i WHERE i.run_id = r.run_id
+AND i.state IN ({s_rejected}, {s_skipped}, {s_quarantined})
+AND i.required = 1 AND i.in_manifest = 1) AS lost_required
 FROM lg_runs r WHERE r.run_id {in_list};
+
+-- name: required_items_counted
+SELECT COUNT(*) AS n FROM lg_items WHERE run_id = ? AND in_manifest = 1 AND required = 1;
 
 -- name: lease_holders
 SELECT DISTINCT run_id, lease_worker FROM lg_items
@@ -530,3 +536,54 @@ ORDER BY position, ord LIMIT ?;
 
 -- name: run_exists
 SELECT run_id FROM lg_runs WHERE run_id = ?;
+
+-- name: overview_items
+-- Items of open runs by state: the count rows kept with the writes hold the open runs only
+-- (a run's rows move into its own row when it ends; ledger/projections/counts.py).
+SELECT state, SUM(n) AS n FROM lg_run_counts GROUP BY state;
+
+-- name: overview_expired_runs
+-- the state as a literal: PostgreSQL's lg_items_lease holds only leased items
+SELECT DISTINCT run_id FROM lg_items WHERE state = {s_in_progress} AND lease_expires_at < ?;
+
+-- name: overview_deciding
+-- Open runs whose owner is a decision or a drain whatever their items: few, and each needs
+-- someone (awaiting review, paused, pausing, canceling).
+SELECT seq, run_id, state, counts, policy, review, created_at, updated_at, stopped_at, scope
+FROM lg_runs WHERE state IN ({s_awaiting_review}, {s_paused}, {s_pausing}, {s_canceling});
+
+-- name: overview_drained
+-- Running runs with no item left to claim or finish: they wait on their controller or on
+-- a reviewer (one probe of the item state index each).
+SELECT seq, run_id, state, counts, policy, review, created_at, updated_at, stopped_at, scope
+FROM lg_runs r WHERE r.state = {s_running} AND NOT EXISTS (
+SELECT 1 FROM lg_items i WHERE i.run_id = r.run_id
+AND i.state IN ({s_pending}, {s_in_progress}, {s_retryable}));
+
+-- name: overview_runs
+SELECT seq, run_id, state, counts, policy, review, created_at, updated_at, stopped_at, scope
+FROM lg_runs WHERE run_id {in_list};
+
+-- name: overview_oldest_queued
+-- 20 entries of lg_runs_created (and of lg_runs_updated below), no sort
+SELECT seq, run_id, state, counts, policy, review, created_at, updated_at, stopped_at, scope
+FROM lg_runs WHERE state = {s_queued} ORDER BY created_at, seq LIMIT ?;
+
+-- name: overview_oldest_running
+SELECT seq, run_id, state, counts, policy, review, created_at, updated_at, stopped_at, scope
+FROM lg_runs WHERE state = {s_running} ORDER BY updated_at, seq LIMIT ?;
+
+-- name: overview_stall_candidates
+-- Running runs that may be stalled: a run's own row changes with each of its transitions,
+-- so its last activity is no older than its updated_at; only a run whose row is older than
+-- the default threshold, or whose policy sets its own (the key is stored only when set),
+-- can be past its threshold.
+SELECT run_id, seq, updated_at, policy FROM lg_runs
+WHERE state = {s_running} AND (updated_at < ? OR policy LIKE ?);
+
+-- name: runs_last_activity
+-- each run's latest transition (see run_signals for why the run id is a range)
+SELECT r.run_id,
+(SELECT t.at FROM lg_transitions t WHERE t.run_id >= r.run_id AND t.run_id <= r.run_id
+ORDER BY t.run_id DESC, t.position DESC, t.ord DESC LIMIT 1) AS last_at
+FROM lg_runs r WHERE r.run_id {in_list};

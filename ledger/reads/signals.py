@@ -12,7 +12,9 @@ For a batch of `lg_runs` rows, a handful of indexed queries give each open run:
   active even when its own state has not changed for hours);
 - `stalled`: waiting on workers with no activity for `policy.stall_seconds` (900 s);
 - `rate`: items finished (accepted, rejected, skipped) per minute over the last 5 minutes,
-  and `eta`: remaining required items / rate.
+  and `eta`: remaining required items / rate, only for a running run that can still
+  succeed (`ledger.reads.attention.can_succeed`);
+- `next_step`: what the owner has to do (the rule book's NEXT_STEP table).
 
 Every query is bounded by the batch (the run index, the item state index, the
 transition run index), so a page of runs costs the same however large the ledger is.
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledger.core import states as S
 from ledger.core.rows import iso, parse_dt
+from ledger.reads.attention import can_succeed
 from ledger.reads.queries import waiting_on as base_waiting_on
 from ledger.reads.sql import SQL
 from ledger.stores.named import tx_list
@@ -60,6 +63,8 @@ class RunSignals:
     eta: datetime | None
     expired_leases: int
     remaining_required: int
+    can_succeed: bool = True
+    next_step: str = ""
 
     def status_fields(self) -> dict[str, Any]:
         """The signals a RunStatus carries, by field name (a board row adds
@@ -129,6 +134,7 @@ def signals_for(tx: Tx, rows: Sequence[dict[str, Any]], now: datetime) -> dict[s
     finished: dict[str, int] = {}
     remaining: dict[str, int] = {}
     stepped: dict[str, str] = {}  # run id: the latest a lease may expire, by the clock
+    lost: dict[str, int] = {}
     for r in found:
         run_id = r["run_id"]
         last[run_id] = r["last_at"]
@@ -148,6 +154,8 @@ def signals_for(tx: Tx, rows: Sequence[dict[str, Any]], now: datetime) -> dict[s
         left = sum(int(counts.get(s, 0)) for s in _REMAINING) - int(r["optional_open"] or 0)
         if left > 0:
             remaining[run_id] = left
+        if int(r["lost_required"] or 0):
+            lost[run_id] = int(r["lost_required"])
     holders: dict[str, list[str]] = {}
     if open_ids:
         for r in tx.fetchall(
@@ -177,6 +185,7 @@ def signals_for(tx: Tx, rows: Sequence[dict[str, Any]], now: datetime) -> dict[s
             holders.get(run_id, []),
             finished.get(run_id, 0),
             remaining.get(run_id, 0),
+            _succeeds(tx, row, lost.get(run_id, 0)),
         )
     return result
 
@@ -189,6 +198,7 @@ def _one(
     holders: list[str],
     finished: int,
     remaining: int,
+    succeeds: bool,
 ) -> RunSignals:
     state = row["state"]
     counts = _json(row["counts"])
@@ -224,7 +234,9 @@ def _one(
     open_run = state not in S.TERMINAL_RUN_STATES
     rate = finished * 60.0 / RATE_WINDOW_SECONDS if open_run else 0.0
     eta = None
-    if open_run and rate > 0 and remaining:
+    # an ETA only where the workers' pace leads to an end the run can reach: running, and
+    # not already lost (paused and draining runs move no item; see attention.can_succeed)
+    if state == S.RUNNING and succeeds and rate > 0 and remaining:
         eta = now + timedelta(minutes=remaining / rate)
     stalled = (
         owner == "workers"
@@ -241,4 +253,23 @@ def _one(
         eta=eta,
         expired_leases=n_expired,
         remaining_required=remaining if open_run else 0,
+        can_succeed=succeeds,
+        next_step=S.next_step(state, owner, succeeds),
+    )
+
+
+def _succeeds(tx: Tx, row: dict[str, Any], lost: int) -> bool:
+    """attention.can_succeed of a run row, the required items counted only if needed."""
+    run_id = row["run_id"]
+
+    def required_total() -> int:
+        found = tx.fetchone(SQL.sql(tx, "required_items_counted"), (run_id,))
+        return int(found["n"]) if found else 0
+
+    return can_succeed(
+        row["state"],
+        bool(row.get("cancel_requested")),
+        _json(row.get("policy")) or {},
+        lost,
+        required_total,
     )

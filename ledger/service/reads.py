@@ -175,12 +175,14 @@ class LedgerReads:
         terminal: bool = False,
         after: int | None = None,
         limit: int = 50,
+        order: str = "newest",
     ) -> BoardPage:
-        """A keyset page of runs with who they wait on since when, newest first: open runs,
-        or terminal ones with `terminal` (ledger/reads/board.py)."""
+        """A page of runs with who they wait on since when, newest first (or by attention,
+        `order="attention"`, as `ledger top` ranks them): open runs, or terminal ones with
+        `terminal` (ledger/reads/board.py)."""
         from ledger.reads.board import board
 
-        return board(self.store, state, waiting_on, stalled, terminal, after, limit)
+        return board(self.store, state, waiting_on, stalled, terminal, after, limit, order)
 
     @read_command
     def overview(self) -> Overview:

@@ -31,8 +31,9 @@ from ledger.stores.sql import STATEMENTS
 # (PostgreSQL; ledger/projections/schema.py); 10: lg_items_optional (the open items not required);
 # 11: each event's hash on its row, ledger_event_hashes folded in and dropped (hashchain.py);
 # 12: the Merkle tree's leaves and subtree hashes (ledger/stores/tree.py);
-# 13: a webhook's URL policy, previous secret and the lg_webhook_changes record (ledger/feed/)
-SCHEMA_VERSION = 13
+# 13: a webhook's URL policy, previous secret and the lg_webhook_changes record (ledger/feed/);
+# 14: lg_runs_created and lg_runs_updated, the overview's longest waits (ledger/reads/overview.py)
+SCHEMA_VERSION = 14
 
 
 def refuse_newer(current: int, known: int) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .common import DEFAULT, FULL, QUICK, TINY, PgTarget, Profiler, Row, Sizes, durable
 
-ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12")
+ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13")
 
 __all__ = [
     "ALL_CASES",
@@ -62,6 +62,7 @@ def run_all(config: BenchConfig) -> list[Row]:
         append,
         feed,
         invariants,
+        overview,
         peers,
         scaling,
         sqlite_items,
@@ -138,7 +139,9 @@ def run_all(config: BenchConfig) -> list[Row]:
         attempt("11", lambda: invariants.run(pg, sizes, say, tmp))
     if "12" in wanted:
         attempt("12", lambda: tree.run(pg, sizes, say, tmp))
-    # in case order: 1, 2, ..., 11, 12, then the peers (P)
+    if "13" in wanted:
+        attempt("13", lambda: overview.run(pg, sizes, say, tmp))
+    # in case order: 1, 2, ..., 12, 13, then the peers (P)
     return sorted(rows, key=lambda r: (0, int(r.case)) if r.case.isdigit() else (1, 0))
 
 

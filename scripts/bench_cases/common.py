@@ -51,6 +51,11 @@ class Sizes:
     feed_writers: int = 8  # case 10: writer processes during the lag measurement
     tree_leaves: int = 1_000_000  # case 12: leaves of the big tree (roots and proofs)
     feed_load_seconds: float = 10.0
+    overview_runs: int = 50_000  # case 13: open runs
+    overview_batch: int = 500  # case 13: commands per set-up transaction
+    overview_samples: int = 20  # case 13: calls per read measured
+    overview_claims: int = 200  # case 13: claim+accept timed per side
+    overview_scrape_seconds: float = 8.0
 
     def scaled(self, **changes: Any) -> Sizes:
         return replace(self, **changes)
@@ -72,6 +77,10 @@ QUICK = DEFAULT.scaled(
     feed_wake_samples=10,
     feed_load_seconds=5.0,
     tree_leaves=100_000,
+    overview_runs=5_000,
+    overview_samples=10,
+    overview_claims=100,
+    overview_scrape_seconds=4.0,
 )
 TINY = Sizes(
     throughput_items=60,
@@ -96,6 +105,11 @@ TINY = Sizes(
     feed_writers=2,
     tree_leaves=2_000,
     feed_load_seconds=1.0,
+    overview_runs=60,
+    overview_batch=25,
+    overview_samples=2,
+    overview_claims=5,
+    overview_scrape_seconds=1.0,
 )
 
 

@@ -190,3 +190,81 @@ def test_operator_page_shows_who_each_run_waits_on(
             assert errors == []
         finally:
             browser.close()
+
+
+def test_operator_page_lists_runs_by_attention_and_says_what_each_owner_does(
+    live_server: tuple[str, str, Ledger, dict[str, str]],
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    from ledger.cli.top import overview_rows
+
+    base, token, lg, runs = live_server
+    # two runs with workers at work: one can still succeed, one cannot (a required item
+    # rejected, no partial delivery) and would need a repair
+    runs["healthy"] = lg.submit(manifest(6), SUBMITTER).run_id
+    runs["lost"] = lg.submit(manifest(6), SUBMITTER).run_id
+    for name in ("healthy", "lost"):
+        lg.start(runs[name], CONTROLLER)
+        leases = lg.claim(runs[name], WORKER, limit=3)
+        lg.accept(leases[0])
+        if name == "lost":
+            lg.reject(leases[1], "bad-row")
+        else:
+            lg.accept(leases[1])
+    board = lg.board(order="attention").runs
+    by_attention = [r.run_id for r in board]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            overview_calls: list[str] = []
+            page.on(
+                "request",
+                lambda req: overview_calls.append(req.url) if "/overview" in req.url else None,
+            )
+            page.goto(base + "/")
+            page.fill("#token", token)
+            page.click("button[type=submit]")
+            rows = page.locator("tr.run-row")
+            expect(rows).to_have_count(len(by_attention))
+            # the ledger's attention order (ledger top's), not newest first
+            shown = [rows.nth(k).get_attribute("data-run-id") for k in range(rows.count())]
+            assert shown == by_attention
+            assert shown != [r.run_id for r in lg.board().runs]
+            top = [row[0] for row in overview_rows(lg.overview(), markup=False)]
+            assert [r for r in shown if r in top] == top
+            # what each owner has to do, as the ledger says it
+            for run in board:
+                row = page.locator(f"tr[data-run-id='{run.run_id}']")
+                expect(row.locator(".next-step")).to_have_text(run.next_step)
+            paused = page.locator(f"tr[data-run-id='{runs['paused']}'] .next-step")
+            expect(paused).to_have_text("operator: resume or cancel the run")
+            queued = page.locator(f"tr[data-run-id='{runs['queued']}'] .next-step")
+            expect(queued).to_have_text("controller: start the run (or cancel it)")
+            # an ETA only where the run can still succeed
+            healthy = page.locator(f"tr[data-run-id='{runs['healthy']}'] .eta")
+            expect(healthy).to_contain_text("done in ~")
+            lost = page.locator(f"tr[data-run-id='{runs['lost']}']")
+            expect(lost.locator(".eta")).to_have_text("cannot succeed without a repair")
+            expect(lost).not_to_contain_text("done in")
+            expect(page.locator(f"tr[data-run-id='{runs['paused']}']")).not_to_contain_text(
+                "done in"
+            )
+            # filters re-render the list at once, but the tally's /overview is read at most
+            # once per refresh interval however often the list is drawn
+            before = len(overview_calls)
+            assert before >= 1
+            for who in ("operator", "workers", "controller", ""):
+                page.select_option("#owner-filter", who)
+                expect(page.locator("#owner-filter")).to_have_value(who)
+            page.select_option("#state-filter", "paused")
+            expect(rows).to_have_count(1)
+            page.select_option("#state-filter", "")
+            expect(rows).to_have_count(len(by_attention))
+            assert len(overview_calls) - before <= 1, overview_calls
+            assert errors == []
+        finally:
+            browser.close()

@@ -22,7 +22,9 @@ def served(tmp_path: Path) -> Iterator[tuple[Ledger, ManualClock, TestClient, st
     clock = ManualClock()
     lg = Ledger.open(f"sqlite:///{tmp_path}/ledger.db", clock=clock)
     token = add_token("prom", "operator", tmp_path / "tokens")
-    with TestClient(create_app(lg, tokens_path=tmp_path / "tokens")) as client:
+    # overview_max_age=0: each scrape reads the ledger as it is (no snapshot)
+    app = create_app(lg, tokens_path=tmp_path / "tokens", overview_max_age=0)
+    with TestClient(app) as client:
         yield lg, clock, client, token
     lg.close()
 

@@ -120,6 +120,14 @@ def test_every_stuck_run_is_visible_and_says_on_whom(served: dict[str, Any]) -> 
             expect(healthy.locator(".badge.stalled")).to_have_count(0)
             expect(healthy.locator(".rate")).to_have_text("4.0/min")
             expect(page.locator("tr.run-row")).to_have_count(6)  # open runs first, one page
+            # most urgent first, as `ledger top` ranks them: the stuck runs (the dead worker's
+            # leases expired first, then the idle run), then the longest wait on a person
+            order = page.locator("tr.run-row").evaluate_all(
+                "rows => rows.map(r => r.dataset.runId)"
+            )
+            assert order[:3] == [runs["dead"], runs["idle"], runs["review"]], order
+            expect(dead_row.locator(".next-step")).to_contain_text("reconciler: expire")
+            expect(review_row.locator(".next-step")).to_have_text("reviewer: approve or reject")
             page.screenshot(path=str(shots / "operator-page.png"), full_page=True)
 
             # Filters: by owner from the tally, stalled only, then the finished runs, paged.

@@ -43,8 +43,9 @@ def check_rows(rows: list[Row], expected_cases: set[str]) -> None:
 
 
 def test_sqlite_cases(tmp_path: Path) -> None:
-    config = BenchConfig(sizes=TINY, pg=None, cases=("3", "4", "5", "6", "7"), tmp=tmp_path)
-    check_rows(run_all(config), {"3", "4", "5", "6", "7"})
+    cases = ("3", "4", "5", "6", "7", "13")
+    config = BenchConfig(sizes=TINY, pg=None, cases=cases, tmp=tmp_path)
+    check_rows(run_all(config), set(cases))
 
 
 @pytest.mark.postgres

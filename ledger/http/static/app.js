@@ -1,7 +1,9 @@
 // Operator page of the run ledger: what is stuck, and on whom. It reads the JSON API of
-// the same server: the tally from /overview (every open run), the list from /board (one
-// keyset page), a run page from /board/{id}/items and /attempts (one page each). Every
-// "stuck" signal is computed by the ledger, never here. No framework, no external files;
+// the same server: the tally from /overview (every open run; at most once per
+// OVERVIEW_MIN_MS), the list from /board (one page, in the attention order `ledger top`
+// uses), a run page from /board/{id}/items and /attempts (one page each). Every "stuck"
+// signal, the order, each owner's next step and whether a run can still succeed are
+// computed by the ledger, never here. No framework, no external files;
 // every value from the ledger goes into the page as text (never as HTML).
 "use strict";
 
@@ -14,14 +16,11 @@ const RUN_STATES = ["queued", "running", "awaiting_review", "pausing", "paused",
 const TERMINAL = new Set(["succeeded", "completed_with_errors", "failed", "canceled"]);
 const ITEM_STATES = ["pending", "in_progress", "retryable", "quarantined", "accepted", "rejected", "skipped"];
 const OWNERS = ["reconciler", "reviewer", "operator", "controller", "workers"];
-const OWNER_HINT = {
-  reconciler: "a lease expired and nobody reconciled it: is `ledger reconcile --watch` running?",
-  reviewer: "a reviewer must decide (review requested, or only quarantined items left)",
-  operator: "an operator must resume or cancel (paused)",
-  controller: "the controller must start, complete or fail the run",
-  workers: "workers are claiming or holding leases",
-  nobody: "terminal: nothing more will happen",
-};
+// The tally is read at most this often, whatever triggers a render (polling, the change
+// feed, a filter): the server answers it from a snapshot a few seconds old anyway.
+const OVERVIEW_MIN_MS = REFRESH_MS;
+let overviewCache = null;
+let overviewAt = 0;
 
 let timer = null;
 let renderSeq = 0;
@@ -70,11 +69,16 @@ function timeCell(iso, suffix) {
   return el("time", { datetime: iso, title: new Date(iso).toLocaleString() }, ago(iso) + (suffix === undefined ? " ago" : suffix));
 }
 
+// An ETA only for a running run that can still succeed (the ledger leaves `eta` null
+// otherwise); a run that cannot succeed without a repair says so instead.
 function etaCell(run) {
   if (TERMINAL.has(run.state) || (!run.rate && run.waiting_on !== "workers")) return el("span", { class: "muted" }, "–");
   const rate = run.rate ? run.rate.toFixed(run.rate < 10 ? 1 : 0) + "/min" : "0/min";
-  const eta = run.eta ? "done in ~" + span(Date.parse(run.eta) - serverNow()) : (run.remaining_required ? "no ETA" : "");
-  return el("span", {}, el("span", { class: "rate" }, rate), eta ? el("div", { class: "muted eta" }, eta) : null);
+  let eta = "";
+  if (!run.can_succeed) eta = "cannot succeed without a repair";
+  else if (run.eta) eta = "done in ~" + span(Date.parse(run.eta) - serverNow());
+  else if (run.state === "running" && run.remaining_required) eta = "no ETA";
+  return el("span", {}, el("span", { class: "rate" }, rate), eta ? el("div", { class: "muted eta" + (run.can_succeed ? "" : " lost") }, eta) : null);
 }
 
 function stateBadge(state) {
@@ -87,10 +91,10 @@ function failureText(run) {
     run.failure_kind + (run.failure_reason ? " · " + words(run.failure_reason) : ""));
 }
 
-function ownerBadge(who, actors, big) {
+function ownerBadge(who, actors, big, step) {
   const people = (actors || []).join(", ");
   return el("span", { class: "owner" },
-    el("span", { class: "badge waiting waiting-" + who + (big ? " big" : ""), title: OWNER_HINT[who] || "", dataset: { waitingOn: who } },
+    el("span", { class: "badge waiting waiting-" + who + (big ? " big" : ""), title: step || "", dataset: { waitingOn: who } },
       who === "nobody" ? "done" : "waiting on: " + who),
     people ? el("span", { class: "person", title: "who, where known" }, " " + people) : null);
 }
@@ -145,6 +149,14 @@ async function api(path) {
   const body = await response.json();
   if (!response.ok) throw new Error((body.error || response.status) + ": " + (body.message || ""));
   return body;
+}
+
+async function overview() {
+  if (overviewCache === null || Date.now() - overviewAt >= OVERVIEW_MIN_MS) {
+    overviewAt = Date.now();
+    try { overviewCache = await api("/overview"); } catch (error) { overviewAt = 0; throw error; }
+  }
+  return overviewCache;
 }
 
 function showSignIn(message) {
@@ -217,7 +229,8 @@ function runRow(run) {
       el("div", { class: "summary muted" }, run.summary)),
     td("State", {}, stateBadge(run.state), failureText(run),
       run.cancel_requested && run.state !== "canceled" ? el("div", { class: "muted" }, "cancel requested") : null),
-    td("Waiting on", { class: "waiting-cell" }, ownerBadge(run.waiting_on, run.waiting_on_actors), flags(run)),
+    td("Waiting on", { class: "waiting-cell" }, ownerBadge(run.waiting_on, run.waiting_on_actors, false, run.next_step), flags(run),
+      el("div", { class: "next-step" }, run.next_step)),
     td("Waiting since", {}, TERMINAL.has(run.state) ? el("span", { class: "muted" }, "stopped ", timeCell(run.stopped_at)) : timeCell(run.waiting_since)),
     td("Last activity", {}, timeCell(run.last_activity_at)),
     td("Items", {}, progressBar(run.counts), countChips(run.counts)),
@@ -230,7 +243,9 @@ async function renderRuns(seq) {
   for (const key of ["state", "waiting_on", "after"]) if (filter[key]) query.set(key, filter[key]);
   if (filter.stalled) query.set("stalled", "true");
   if (filter.terminal && !filter.state) query.set("terminal", "true");
-  const [ov, page] = await Promise.all([api("/overview"), api("/board?" + query)]);
+  // open runs in the attention order of `ledger top`; finished ones newest first
+  if (!filter.terminal && !TERMINAL.has(filter.state)) query.set("order", "attention");
+  const [ov, page] = await Promise.all([overview(), api("/board?" + query)]);
   if (seq !== renderSeq) return;
   noteServerTime(ov.at);
 
@@ -248,7 +263,7 @@ async function renderRuns(seq) {
     filter.after ? el("a", { href: "#", class: "button", onclick: (e) => { e.preventDefault(); change({}); } }, "← first page") : null,
     page.next_after !== null ? el("a", { href: "#", class: "button", id: "next-page", onclick: (e) => { e.preventDefault(); go("/", { ...filter, after: String(page.next_after) }); } }, "next page →") : null);
 
-  const what = filter.terminal ? "Finished runs" : "Open runs";
+  const what = filter.terminal ? "Finished runs" : "Open runs, most urgent first";
   show(
     tallyView(ov, filter),
     el("section", { class: "toolbar", "aria-label": "filters" },
@@ -313,6 +328,7 @@ async function renderRun(runId, seq) {
     fact("rate", TERMINAL.has(run.state) ? null : (run.rate || 0) + " items/min (last 5 min)"),
     fact("ETA", run.eta ? new Date(run.eta).toLocaleString() + " (in " + span(Date.parse(run.eta) - serverNow()) + ")" : null),
     fact("remaining", TERMINAL.has(run.state) ? null : run.remaining_required + " required items"),
+    fact("outcome", TERMINAL.has(run.state) || run.can_succeed ? null : "cannot succeed without a repair"),
     fact("failure", status.failure_kind ? status.failure_kind + " · " + words(status.failure_reason || "") : null),
     fact("created", timeCell(status.created_at)), fact("created by", status.created_by),
     fact("started", status.started_at ? timeCell(status.started_at) : null),
@@ -368,9 +384,9 @@ async function renderRun(runId, seq) {
     el("section", { class: "run-head" + (run.stalled || run.expired_leases ? " stuck" : "") },
       el("h1", {}, "Run ", el("span", { class: "mono" }, runId)),
       run.scope ? el("p", { class: "scope" }, run.scope) : null,
-      el("div", { class: "head-badges" }, stateBadge(run.state), ownerBadge(run.waiting_on, run.waiting_on_actors, true), flags(run)),
+      el("div", { class: "head-badges" }, stateBadge(run.state), ownerBadge(run.waiting_on, run.waiting_on_actors, true, run.next_step), flags(run)),
       failureText(run),
-      el("p", { class: "hint" }, OWNER_HINT[run.waiting_on] || ""),
+      el("p", { class: "hint next-step" }, run.next_step),
       el("p", { class: "summary big-summary" }, status.summary),
       el("div", { class: "counts" }, progressBar(run.counts), countChips(run.counts))),
     facts,
@@ -453,6 +469,7 @@ window.addEventListener("DOMContentLoaded", () => {
   document.getElementById("signout").addEventListener("click", async () => {
     await fetch("/session", { method: "DELETE", credentials: "same-origin" });
     if (stream !== null) { stream.close(); stream = null; }
+    overviewCache = null;
     route();
   });
   route();

@@ -1,0 +1,208 @@
+"""Case 13: the operator reads with many open runs, and claims while a scraper loops.
+
+A ledger gets `overview_runs` open runs of 2 items each (half queued, half running),
+written in bulk: `overview_batch` submits (or starts) share one transaction, through the
+commands' own handlers (the same events, checks and projections as one command each, far
+fewer commits). Then, one process:
+
+- `overview()` read fresh, `GET /overview` and `GET /metrics` as a server answers them
+  (from its overview snapshot, read again at most every 2 s: the median is what a
+  client waits; the reads of the ledger behind it are the `overview()` row), and one
+  frame of `ledger top` (a fresh overview rendered as a table): median milliseconds,
+  against the baseline of the rule applied to every open run (`overview_recount`, what
+  these reads cost before they counted); goal < 200 ms each;
+- claim + accept of one item on a separate running run: the median latency while a
+  second process loops `GET /metrics` on a server app with its default snapshot (an
+  operator's Prometheus scraping 20 times a second), against the same without it (ratio
+  goal <= 1.2, on a 2-core machine shared with the scraper).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .common import PgTarget, Row, Sizes, actors, child_env, manifest, median_ms
+
+GOAL_MS = 200.0
+# Between two scrapes of the looping scraper: 20 scrapes a second, hundreds of times what a
+# Prometheus server asks (every 15 s or more), without the scraper's own Python loop
+# taking a whole core of the two the benchmark's machine has.
+PAUSE = 0.05
+
+_SCRAPER = """
+import sys, time
+from fastapi.testclient import TestClient
+from ledger import Ledger
+from ledger.http import create_app
+dsn, seconds, pause = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+with Ledger.open(dsn) as lg, TestClient(create_app(lg, tokens_path="/dev/null", public_reads=True)) as client:
+    print("ready", flush=True)
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        assert client.get("/metrics").status_code == 200
+        n += 1
+        time.sleep(pause)
+    print(n, flush=True)
+"""
+
+
+def bulk_open_runs(lg: Any, n: int, batch: int, say: Callable[[str], None]) -> None:
+    """`n` open runs of 2 items, every other one started, `batch` commands per transaction."""
+    from ledger.commands import lineage, runs
+    from ledger.commands.uow import UnitOfWork
+
+    submitter, controller = actors()
+    made = 0
+    while made < n:
+        k = min(batch, n - made)
+        with lg.store.write() as tx:
+            for j in range(k):
+                uow = UnitOfWork(lg.store, lg._projector, tx)
+                status = lineage.submit(uow, manifest(2, scope=f"bench open {made + j}"), submitter)
+                if (made + j) % 2:
+                    runs.start(UnitOfWork(lg.store, lg._projector, tx), status.run_id, controller)
+        made += k
+        if made % (batch * 20) == 0 or made == n:
+            say(f"  {made} open runs")
+
+
+def _median_ms(fn: Callable[[], Any], samples: int) -> float:
+    times = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return median_ms(times)
+
+
+def _claim_latency(lg: Any, run_id: str, samples: int) -> list[float]:
+    from ledger import Actor
+
+    worker = Actor("bench-w", "worker")
+    out = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        (lease,) = lg.claim(run_id, worker, limit=1)
+        lg.accept(lease)
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _measure(dsn: str, label: str, sizes: Sizes, say: Callable[[str], None]) -> list[Row]:
+    import subprocess
+    import sys
+
+    from fastapi.testclient import TestClient
+    from rich.console import Console
+
+    from ledger import Ledger
+    from ledger.cli.top import render_overview
+    from ledger.http import create_app
+    from ledger.reads.overview import overview, overview_recount
+
+    from .common import running_run
+
+    n = sizes.overview_runs
+    rows: list[Row] = []
+    with Ledger.open(dsn) as lg:
+        say(f"{label}: {n} open runs in bulk")
+        start = time.perf_counter()
+        bulk_open_runs(lg, n, sizes.overview_batch, say)
+        setup = time.perf_counter() - start
+        work = running_run(lg, 2 * sizes.overview_claims + 10, prefix="w")
+        recount = _median_ms(lambda: overview_recount(lg.store), 2)
+        samples = sizes.overview_samples
+        got = overview(lg.store)
+        if got.open_runs != n + 1:
+            raise RuntimeError(f"{got.open_runs} open runs counted, {n + 1} written")
+
+        def frame() -> None:
+            Console(
+                file=open(  # noqa: SIM115 (closed at once below)
+                    "/dev/null", "w"
+                ),
+                width=160,
+            ).print(render_overview(lg.overview()))
+
+        app = create_app(lg, tokens_path="/dev/null", public_reads=True)
+        with TestClient(app) as client:
+            timings = {
+                "overview()": _median_ms(lambda: overview(lg.store), samples),
+                "GET /overview": _median_ms(
+                    lambda: client.get("/overview").raise_for_status(), samples
+                ),
+                "GET /metrics": _median_ms(
+                    lambda: client.get("/metrics").raise_for_status(), samples
+                ),
+                "`ledger top` frame": _median_ms(frame, samples),
+            }
+        for what, ms in timings.items():
+            rows.append(
+                Row(
+                    "13",
+                    f"{label} {what} median, {n} open runs vs the per-run recount",
+                    ms,
+                    "ms",
+                    recount,
+                    "ms",
+                    ms / recount if recount else None,
+                    f"< {GOAL_MS:g} ms",
+                    ms < GOAL_MS,
+                    note=f"set-up {setup:.0f}s (bulk, {sizes.overview_batch} per transaction)"
+                    if what == "overview()"
+                    else "",
+                )
+            )
+        claims = sizes.overview_claims
+        _claim_latency(lg, work, 5)  # warm-up
+        quiet = _claim_latency(lg, work, claims)
+        scraper = subprocess.Popen(
+            [sys.executable, "-c", _SCRAPER, dsn, str(sizes.overview_scrape_seconds), str(PAUSE)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+        try:
+            assert scraper.stdout is not None
+            if scraper.stdout.readline().strip() != "ready":
+                raise RuntimeError("the scraper did not start")
+            time.sleep(0.5)  # its first scrape reads the overview
+            busy = _claim_latency(lg, work, claims)
+        finally:
+            out, _ = scraper.communicate(timeout=sizes.overview_scrape_seconds + 60)
+        scrapes = int(out.split()[-1]) if out.split() else 0
+        q, b = statistics.median(quiet) * 1000, statistics.median(busy) * 1000
+        rows.append(
+            Row(
+                "13",
+                f"{label} claim+accept median, a scraper looping GET /metrics vs none",
+                b,
+                "ms",
+                q,
+                "ms",
+                b / q if q else None,
+                "ratio <= 1.2",
+                (b / q) <= 1.2 if q else None,
+                note=f"{scrapes} scrapes in {sizes.overview_scrape_seconds:g}s "
+                "(the server's overview snapshot: one read of the ledger per 2 s)",
+            )
+        )
+    return rows
+
+
+def run(
+    pg: PgTarget | None, sizes: Sizes, say: Callable[[str], None], tmp: Path | None
+) -> list[Row]:
+    rows: list[Row] = []
+    if pg is not None:
+        with pg.database("overview") as dsn:
+            rows.extend(_measure(dsn, "PG", sizes, say))
+    with tempfile.TemporaryDirectory(dir=tmp) as d:
+        rows.extend(_measure(f"sqlite:///{d}/overview.db", "SQLite", sizes, say))
+    return rows
