@@ -271,6 +271,15 @@ def overview(store: Store) -> Overview:
             r["run_id"] for r in tx.fetchall(SQL.sql(tx, "overview_expired_runs"), (iso(now),))
         ]
         _add(tx, rows, [run_id for run_id in expired if run_id not in rows])
+        # after a backward step of the clock (a transition stamped later than it reads), a
+        # lease granted before the step may lie further ahead than its run's lease length:
+        # the reconciler ends it, and the signals count it as expired (signals.py). Only then
+        # are the runs holding live leases read, to find those.
+        latest = tx.fetchone(SQL.sql(tx, "overview_latest_at"))
+        stepped = bool(latest and latest["at"] is not None and str(latest["at"]) > str(iso(now)))
+        if stepped:
+            leased = tx.fetchall(SQL.sql(tx, "overview_leased_runs"), (iso(now),))
+            _add(tx, rows, [r["run_id"] for r in leased if r["run_id"] not in rows])
         # running runs past their stall threshold, by their latest transition: counted, and
         # read whole only for the first of the stuck list (each waits on workers since its
         # row changed, so the longest waits below cover the rest)
@@ -323,6 +332,13 @@ def overview(store: Store) -> Overview:
     counted = sum(by_owner.values())
     open_runs = sum(by_state[s] for s in OPEN_STATES)
     by_owner["workers"] += open_runs - counted
+    n_expired = int(lease["n"]) if lease else 0
+    runs_expired = int(lease["runs"]) if lease else 0
+    if stepped:
+        # every run with an expired or a stepped lease was read above: count from the signals
+        with_leases = [signals[r] for r in attention if signals[r].expired_leases]
+        n_expired = sum(sig.expired_leases for sig in with_leases)
+        runs_expired = len(with_leases)
     return Overview(
         at=now,
         open_runs=open_runs,
@@ -330,8 +346,8 @@ def overview(store: Store) -> Overview:
         by_waiting_on=by_owner,
         oldest_wait={o: oldest[o] for o in OWNERS if o in oldest},
         stalled=stalled,
-        expired_leases=int(lease["n"]) if lease else 0,
-        runs_with_expired_leases=int(lease["runs"]) if lease else 0,
+        expired_leases=n_expired,
+        runs_with_expired_leases=runs_expired,
         items_by_state=items,
         stuck=stuck,
         longest_waiting=heapq.nsmallest(MAX_LISTED, waits, key=_since),

@@ -546,6 +546,16 @@ SELECT state, SUM(n) AS n FROM lg_run_counts GROUP BY state;
 -- the state as a literal: PostgreSQL's lg_items_lease holds only leased items
 SELECT DISTINCT run_id FROM lg_items WHERE state = {s_in_progress} AND lease_expires_at < ?;
 
+-- name: overview_latest_at
+-- the time of the latest transition (the last entry of lg_transitions_at): later than the
+-- clock only after the clock stepped back
+SELECT MAX(at) AS at FROM lg_transitions;
+
+-- name: overview_leased_runs
+-- runs holding a lease that expires after the given time (read only after a backward step
+-- of the clock: a lease granted before it may lie further ahead than its run's length)
+SELECT DISTINCT run_id FROM lg_items WHERE state = {s_in_progress} AND lease_expires_at > ?;
+
 -- name: overview_deciding
 -- Open runs whose owner is a decision or a drain whatever their items: few, and each needs
 -- someone (awaiting review, paused, pausing, canceling).

@@ -116,6 +116,7 @@ def test_status_waits_on_the_reconciler_while_a_lease_from_before_the_step_holds
     ov = lg.overview()
     assert ov.by_waiting_on["reconciler"] == 1 and ov.by_waiting_on["workers"] == 0
     assert [(r.run_id, r.expired_leases) for r in ov.stuck] == [(run_id, 1)]
+    assert (ov.expired_leases, ov.runs_with_expired_leases) == (1, 1)
     (row,) = lg.board(waiting_on="reconciler").runs
     assert row.run_id == run_id and row.expired_leases == 1
     assert lg.reconcile().expired_leases == 1
