@@ -91,7 +91,9 @@ class Violation:
     event: str
     detail: str
 
-    def error(self, position: int | None = None, when: str = "refused before commit") -> InvariantViolated:
+    def error(
+        self, position: int | None = None, when: str = "refused before commit"
+    ) -> InvariantViolated:
         """The typed error naming the rule, the stream and the event."""
         where = f"position {position}: " if position is not None else ""
         return InvariantViolated(
@@ -328,7 +330,7 @@ def _role_allowed(e: Any, facts: Facts) -> str | None:
 
 def _follows_state(e: Any, facts: Facts) -> str | None:
     kind = _kind(e)
-    if kind == _RUN_MOVE or kind == _AMEND:
+    if kind in (_RUN_MOVE, _AMEND):
         state = facts.run_state(run_of(e))
         said = e.from_state if kind == _RUN_MOVE else e.state
         if state is not None and said != state:
@@ -350,7 +352,9 @@ def _item_run_state(e: Any, facts: Facts) -> str | None:
         return None
     if state in S.TERMINAL_RUN_STATES:
         return None  # item_after_end names it
-    return f"{row.command} of an item needs its run {', '.join(sorted(row.run_states))}, not {state}"
+    return (
+        f"{row.command} of an item needs its run {', '.join(sorted(row.run_states))}, not {state}"
+    )
 
 
 def _lease_holder(e: Any, facts: Facts) -> str | None:
@@ -449,8 +453,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "state_continues",
         "the previous state an event records is the state its run or item was in",
-        "SPEC rule 1: each event carries the previous state; seed 000: previous state, new "
-        "state",
+        "SPEC rule 1: each event carries the previous state; seed 000: previous state, new state",
         _follows_state,
     ),
     Rule(
@@ -561,10 +564,10 @@ class Overlay:
 
     def required_not_accepted(self, run_id: str) -> list[tuple[str, str]]:
         rows = self._required(run_id)
-        now = {
-            (r, i): s for r, i, s in self._moved.values() if r == run_id
-        }  # this batch's moves
-        return [(i, now.get((run_id, i), s)) for i, s in rows if now.get((run_id, i), s) != S.ACCEPTED]
+        now = {(r, i): s for r, i, s in self._moved.values() if r == run_id}  # this batch's moves
+        return [
+            (i, now.get((run_id, i), s)) for i, s in rows if now.get((run_id, i), s) != S.ACCEPTED
+        ]
 
     def advance(self, e: Any) -> None:
         """Take the event into the facts (after it was checked)."""

@@ -77,12 +77,12 @@ class ReplayFacts:
 
     def last_time(self, stream: UUID) -> datetime | None:
         agg = self.rp.streams.get(stream)
-        return None if agg is None else agg.modified_on  # type: ignore[no-any-return]
+        return None if agg is None else agg.modified_on
 
     def item_counts(self, run_id: str) -> Mapping[str, int] | None:
         self._flush()
         run = self.rp.runs.get(run_id)
-        return None if run is None else run.counts  # type: ignore[no-any-return]
+        return None if run is None else run.counts
 
     def required_not_accepted(self, run_id: str) -> list[tuple[str, str]]:
         self._flush()

@@ -52,9 +52,9 @@ from ledger.projections.rebuild import (
     replay_pages,
     settle_ddl,
 )
+from ledger.projections.replay_rules import Problems, RuleObserver
 from ledger.projections.schema import PROJECTION_TABLES, TABLE_KEYS
 from ledger.projections.sql import STATEMENTS
-from ledger.projections.replay_rules import Problems, RuleObserver
 from ledger.stores.base import SCRATCH_MARK, Store, Tx
 from ledger.stores.hashchain import (
     GENESIS,
