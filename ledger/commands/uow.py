@@ -93,12 +93,19 @@ def stamp(now: datetime, agg: Any) -> datetime:
 class _ItemBefore:
     """An item's state and lease as the transaction loaded it."""
 
-    __slots__ = ("lease_token", "lease_worker", "state")
+    __slots__ = ("lease_expires_at", "lease_token", "lease_worker", "state")
 
-    def __init__(self, state: str, lease_token: str | None, lease_worker: str | None) -> None:
+    def __init__(
+        self,
+        state: str,
+        lease_token: str | None,
+        lease_worker: str | None,
+        lease_expires_at: str | None,
+    ) -> None:
         self.state = state
         self.lease_token = lease_token
         self.lease_worker = lease_worker
+        self.lease_expires_at = lease_expires_at
 
 
 def _required(tx: Tx) -> Callable[[str], list[tuple[str, str]]]:
@@ -106,6 +113,13 @@ def _required(tx: Tx) -> Callable[[str], list[tuple[str, str]]]:
         return [(r["item_id"], r["state"]) for r in required_not_accepted(tx, run_id, 50)]
 
     return required
+
+
+def _amended(tx: Tx) -> Callable[[str, str], bool]:
+    def amended_by(run_id: str, actor_id: str) -> bool:
+        return tx.fetchone(SQL.sql(tx, "run_amended_by"), (run_id, actor_id)) is not None
+
+    return amended_by
 
 
 class UnitOfWork:
@@ -181,7 +195,9 @@ class UnitOfWork:
         if agg is not None and agg.modified_on is not None:
             self._stamps[agg.id] = agg.modified_on
             if isinstance(agg, Item):
-                self._items[agg.id] = _ItemBefore(agg.state, agg.lease_token, agg.lease_worker)
+                self._items[agg.id] = _ItemBefore(
+                    agg.state, agg.lease_token, agg.lease_worker, agg.lease_expires_at
+                )
         return agg
 
     def guard(
@@ -240,7 +256,8 @@ class UnitOfWork:
             return
         # the rule checker verify and import apply to history, on these events, before
         # anything is written
-        check_batch(events, Overlay(runs, self._items, self._stamps, _required(tx), events))
+        facts = Overlay(runs, self._items, self._stamps, _required(tx), events, _amended(tx))
+        check_batch(events, facts)
         try:
             positioned = tx.append(cast("list[DomainEvent]", events))
         except StreamConflict as e:

@@ -58,6 +58,7 @@ class ItemFacts(Protocol):
     state: str
     lease_token: str | None
     lease_worker: str | None
+    lease_expires_at: str | None
 
 
 class Facts(Protocol):
@@ -77,6 +78,12 @@ class Facts(Protocol):
 
     def required_not_accepted(self, run_id: str) -> list[tuple[str, str]]:
         """The run's required items not accepted (item id, state), the first few."""
+
+    def run(self, run_id: str) -> Any:
+        """The run's aggregate (its creator, policy, input version and review), or None."""
+
+    def amended_by(self, run_id: str, actor_id: str) -> bool:
+        """Whether the actor has amended the run."""
 
 
 @dataclass(frozen=True)
@@ -279,6 +286,30 @@ def _success_unearned(e: Any, facts: Facts) -> str | None:
     return None
 
 
+def _review_independent(e: Any, facts: Facts) -> str | None:
+    if _kind(e) != _RUN_MOVE or e.command != "decide":
+        return None
+    run_id = run_of(e)
+    run = facts.run(run_id)
+    if run is not None and e.actor_id == run.created_by:
+        return f"{e.actor_id} submitted the run and may not decide its review"
+    if facts.amended_by(run_id, e.actor_id):
+        return f"{e.actor_id} amended the run and may not decide its review"
+    return None
+
+
+def _review_version(e: Any, facts: Facts) -> str | None:
+    if _kind(e) != _RUN_MOVE or e.command != "decide":
+        return None
+    run = facts.run(run_of(e))
+    review = getattr(run, "review", None) or {}
+    bound = review.get("input_version")
+    named = (e.evidence or {}).get("input_version")
+    if bound is not None and named != bound:
+        return f"the decision names input version {named}, but the review is of {bound}"
+    return None
+
+
 def _reserved_actor(e: Any, facts: Facts) -> str | None:
     if getattr(e, "actor_id", None) != S.LEDGER_ACTOR_ID:
         return None
@@ -375,6 +406,25 @@ def _lease_holder(e: Any, facts: Facts) -> str | None:
     return None
 
 
+def _lease_expired(e: Any, facts: Facts) -> str | None:
+    if _kind(e) != _ITEM_MOVE or e.command != "expire":
+        return None
+    item = _item_before(e, facts)
+    expires = getattr(item, "lease_expires_at", None)
+    if expires is None:
+        return None  # no live lease: lease_holder names it
+    try:
+        at = datetime.fromisoformat(expires)
+    except (TypeError, ValueError):
+        return f"the lease's expiry {expires!r} is not a time"
+    if e.timestamp < at:
+        return (
+            f"the lease is expired at {e.timestamp.isoformat()}, before its expiry "
+            f"({at.isoformat()}): the record would lead reality"
+        )
+    return None
+
+
 def _evidence(e: Any, facts: Facts) -> str | None:
     if _kind(e) not in (_RUN_MOVE, _ITEM_MOVE):
         return None
@@ -431,6 +481,20 @@ RULES: tuple[Rule, ...] = (
         _success_unearned,
     ),
     Rule(
+        "review_independent",
+        "a review is not decided by the actor who submitted or amended the run",
+        "SPEC rule 13: the actor who submitted or amended a run may not decide its review; "
+        "seed 000: an authorized decision",
+        _review_independent,
+    ),
+    Rule(
+        "review_version",
+        "a decision names the input version the review was requested for",
+        "SPEC rule 7: a decision must name that version; seed 000: never silently attach an "
+        "old decision to a materially changed package",
+        _review_version,
+    ),
+    Rule(
         "reserved_actor",
         "the actor `ledger` records only the ledger's own transitions",
         "SPEC Concepts: transitions the ledger makes by itself are recorded with actor "
@@ -470,6 +534,13 @@ RULES: tuple[Rule, ...] = (
         "SPEC rule 3: an outcome is accepted only with the live token; rule 4: success "
         "needs evidence from the party that did the work",
         _lease_holder,
+    ),
+    Rule(
+        "lease_expired",
+        "a lease is recorded expired only once its expiry has passed",
+        "SPEC rule 4: the record may lag reality but never lead it; the reconciler "
+        "expires stale leases",
+        _lease_expired,
     ),
     Rule(
         "evidence",
@@ -513,6 +584,7 @@ class _ItemNow:
     state: str
     lease_token: str | None
     lease_worker: str | None
+    lease_expires_at: str | None
 
 
 class Overlay:
@@ -528,6 +600,7 @@ class Overlay:
         stamps: dict[UUID, datetime],
         required: Callable[[str], list[tuple[str, str]]],
         events: Sequence[Any] = (),
+        amended_by: Callable[[str, str], bool] | None = None,
     ) -> None:
         self._states: dict[str, str] = {}
         for e in events:  # a run's state before the batch: its first event's from-state
@@ -544,6 +617,8 @@ class Overlay:
         self._moved: dict[UUID, tuple[str, str, str]] = {}  # stream -> run, item, state
         self.stamps = stamps
         self._required = required
+        self._amended_by = amended_by
+        self._amenders: set[tuple[str, str]] = set()  # amendments in this batch
 
     def run_state(self, run_id: str) -> str | None:
         return self._states.get(run_id)
@@ -569,14 +644,30 @@ class Overlay:
             (i, now.get((run_id, i), s)) for i, s in rows if now.get((run_id, i), s) != S.ACCEPTED
         ]
 
+    def run(self, run_id: str) -> Any:
+        return self._runs.get(run_id)
+
+    def amended_by(self, run_id: str, actor_id: str) -> bool:
+        if (run_id, actor_id) in self._amenders:
+            return True
+        return self._amended_by is not None and self._amended_by(run_id, actor_id)
+
     def advance(self, e: Any) -> None:
         """Take the event into the facts (after it was checked)."""
         kind = _kind(e)
         self.stamps[e.originator_id] = e.timestamp
+        if kind == _AMEND or (kind == _RUN_MOVE and e.command == "weaken_acceptance"):
+            self._amenders.add((run_of(e), e.actor_id))
         if kind == _SUBMITTED:
             self._states[run_of(e)] = S.QUEUED
         elif kind == _RUN_MOVE:
             self._states[run_of(e)] = e.to_state
+        elif kind == _LEASE:
+            item = self._items.get(e.originator_id)
+            if item is not None:
+                self._items[e.originator_id] = _ItemNow(
+                    item.state, item.lease_token, item.lease_worker, e.expires_at
+                )
         elif kind == _ITEM_MOVE:
             ev = e.evidence or {}
             claim = e.command == "claim"
@@ -584,6 +675,7 @@ class Overlay:
                 e.to_state,
                 ev.get("lease_token") if claim else None,
                 e.actor_id if claim else None,
+                ev.get("expires_at") if claim else None,
             )
             counts = self._counts.setdefault(e.run_id, Counter())
             counts[e.from_state] -= 1

@@ -17,6 +17,7 @@ from ledger.core.archived import Archived
 from ledger.core.rule_check import ItemFacts, Violation, check_event, run_of
 from ledger.projections.counts import required_not_accepted
 from ledger.projections.rebuild import Replayer
+from ledger.projections.sql import STATEMENTS
 from ledger.stores.base import Tx
 
 MAX_PROBLEMS = 1000
@@ -88,6 +89,16 @@ class ReplayFacts:
         self._flush()
         rows = required_not_accepted(self.tx, run_id, 5, self.items_table)
         return [(r["item_id"], r["state"]) for r in rows]
+
+    def run(self, run_id: str) -> Any:
+        return self.rp.runs.get(run_id)
+
+    def amended_by(self, run_id: str, actor_id: str) -> bool:
+        self._flush()
+        sql = STATEMENTS.sql(
+            self.tx, "run_amended_by", transitions=self.rp.projector.transitions_table
+        )
+        return self.tx.fetchone(sql, (run_id, actor_id)) is not None
 
     def _flush(self) -> None:
         # the counts and item rows as of the previous event (a grouped replay defers them)
