@@ -114,7 +114,29 @@ class Violation:
         )
 
 
-RuleFn = Callable[[Any, Facts], "str | None"]
+class At:
+    """An event as the rules see it, worked out once per event: its kind, command, table
+    row, run, and the state of its run and item just before it."""
+
+    __slots__ = ("command", "item", "kind", "row", "run_id", "run_state")
+
+    def __init__(self, e: Any, facts: Facts) -> None:
+        kind = _kind(e)
+        self.kind = kind
+        command = _command(e, kind)
+        self.command = command
+        self.row = _table_row(kind, command)
+        self.run_id = run_of(e)
+        self.run_state = facts.run_state(self.run_id)
+        self.item = facts.item(e.originator_id) if kind in _ITEM_KINDS else None
+
+    @property
+    def item_state(self) -> str:
+        """The item's state (pending while its stream has not begun)."""
+        return self.item.state if self.item is not None else S.PENDING
+
+
+RuleFn = Callable[[Any, Facts, At], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -132,6 +154,7 @@ class Rule:
 # what an event is (found once per class: isinstance on eventsourcing's ABCs is slow)
 # --------------------------------------------------------------------------
 _SUBMITTED, _CREATED, _RUN_MOVE, _AMEND, _ITEM_MOVE, _LEASE, _OTHER = range(7)
+_ITEM_KINDS = frozenset({_ITEM_MOVE, _LEASE})
 _KINDS: dict[type, int] = {}
 
 
@@ -164,21 +187,14 @@ def run_of(e: Any) -> str:
 
 def describe(e: Any) -> str:
     """The event in words: its command and target."""
-    kind = _kind(e)
-    if kind == _LEASE:
-        command = "heartbeat"
-    elif kind == _AMEND:
-        command = "amend"
-    else:
-        command = getattr(e, "command", None) or type(e).__name__
+    command = _command(e, _kind(e)) or type(e).__name__
     to = getattr(e, "to_state", None)
     item = getattr(e, "item_id", None)
     text = f"{command}" + (f" -> {to}" if to else "")
     return text + (f" of item {item!r}" if item is not None else "")
 
 
-def _command(e: Any) -> str | None:
-    kind = _kind(e)
+def _command(e: Any, kind: int) -> str | None:
     if kind == _LEASE:
         return "heartbeat"
     if kind == _AMEND:
@@ -188,36 +204,33 @@ def _command(e: Any) -> str | None:
     return None
 
 
-def _table_row(e: Any) -> S.Rule | None:
-    """The transition table's row for the event (None: no row names it)."""
-    kind, command = _kind(e), _command(e)
+_ROWS: dict[tuple[int, str | None], S.Rule | None] = {}
+
+
+def _table_row(kind: int, command: str | None) -> S.Rule | None:
+    """The transition table's row for an event of this kind and command (None: no row)."""
+    key = (kind, command)
+    if key in _ROWS:
+        return _ROWS[key]
+    row: S.Rule | None = None
     try:
-        if kind in (_ITEM_MOVE, _LEASE):
-            return S.item_rule(command or "")
-        if kind == _SUBMITTED:
-            return S.run_rule(command or "") if command in RUN_CREATING_COMMANDS else None
-        if kind in (_RUN_MOVE, _AMEND):
-            return S.any_run_rule(command or "")
+        if kind in _ITEM_KINDS:
+            row = S.item_rule(command or "")
+        elif kind == _SUBMITTED:
+            row = S.run_rule(command or "") if command in RUN_CREATING_COMMANDS else None
+        elif kind in (_RUN_MOVE, _AMEND):
+            row = S.any_run_rule(command or "")
     except KeyError:
-        return None
-    return None
-
-
-def _item_before(e: Any, facts: Facts) -> ItemFacts | None:
-    return facts.item(e.originator_id)
-
-
-def _item_state(e: Any, facts: Facts) -> str:
-    item = _item_before(e, facts)
-    return item.state if item is not None else S.PENDING
+        row = None
+    if len(_ROWS) < 1000:  # commands are few; a forged file may name many
+        _ROWS[key] = row
+    return row
 
 
 # --------------------------------------------------------------------------
 # the rules
 # --------------------------------------------------------------------------
-def _time_backwards(e: Any, facts: Facts) -> str | None:
-    if _kind(e) in (_SUBMITTED, _CREATED):
-        return None
+def _time_backwards(e: Any, facts: Facts, at: At) -> str | None:
     last = facts.last_time(e.originator_id)
     if last is not None and e.timestamp < last:
         return (
@@ -227,36 +240,35 @@ def _time_backwards(e: Any, facts: Facts) -> str | None:
     return None
 
 
-def _terminal_changed(e: Any, facts: Facts) -> str | None:
-    kind = _kind(e)
-    if kind not in (_RUN_MOVE, _AMEND):
+def _terminal_changed(e: Any, facts: Facts, at: At) -> str | None:
+    if at.kind not in (_RUN_MOVE, _AMEND):
         return None
-    state = facts.run_state(run_of(e))
+    state = at.run_state
     if state is not None and state in S.TERMINAL_RUN_STATES:
         return f"the run is {state} (terminal) and never changes again"
     return None
 
 
-def _item_after_end(e: Any, facts: Facts) -> str | None:
-    if _kind(e) not in (_ITEM_MOVE, _LEASE):
+def _item_after_end(e: Any, facts: Facts, at: At) -> str | None:
+    if at.kind not in _ITEM_KINDS:
         return None
-    state = facts.run_state(run_of(e))
+    state = at.run_state
     if state is not None and state in S.TERMINAL_RUN_STATES:
         return f"the item changes after its run ended {state}; items of a terminal run never change"
     return None
 
 
-def _two_leases(e: Any, facts: Facts) -> str | None:
-    if _kind(e) != _ITEM_MOVE or e.command != "claim":
+def _two_leases(e: Any, facts: Facts, at: At) -> str | None:
+    if at.kind != _ITEM_MOVE or at.command != "claim":
         return None
-    item = _item_before(e, facts)
+    item = at.item
     if e.from_state == S.IN_PROGRESS or (item is not None and item.state == S.IN_PROGRESS):
         holder = item.lease_worker if item is not None else None
         return f"claimed by {e.actor_id} while the lease of {holder or 'another worker'} is live"
     return None
 
 
-def _reconciler_success(e: Any, facts: Facts) -> str | None:
+def _reconciler_success(e: Any, facts: Facts, at: At) -> str | None:
     if getattr(e, "role", None) == S.RECONCILER and getattr(e, "to_state", None) in SUCCESS_STATES:
         return (
             f"the reconciler {getattr(e, 'actor_id', '?')} records a success; only the party "
@@ -265,11 +277,10 @@ def _reconciler_success(e: Any, facts: Facts) -> str | None:
     return None
 
 
-def _success_unearned(e: Any, facts: Facts) -> str | None:
-    if _kind(e) != _RUN_MOVE or e.to_state not in (S.SUCCEEDED, S.COMPLETED_WITH_ERRORS):
+def _success_unearned(e: Any, facts: Facts, at: At) -> str | None:
+    if at.kind != _RUN_MOVE or e.to_state not in (S.SUCCEEDED, S.COMPLETED_WITH_ERRORS):
         return None
-    run_id = run_of(e)
-    counts = facts.item_counts(run_id)
+    counts = facts.item_counts(at.run_id)
     if counts is not None:
         open_ = {s: counts.get(s, 0) for s in OPEN_ITEM_STATES if counts.get(s, 0) > 0}
         if open_:
@@ -278,7 +289,7 @@ def _success_unearned(e: Any, facts: Facts) -> str | None:
             )
     if e.to_state != S.SUCCEEDED:
         return None
-    missing = facts.required_not_accepted(run_id)
+    missing = facts.required_not_accepted(at.run_id)
     if missing:
         return "succeeded with required items not accepted: " + ", ".join(
             f"{item_id} ({state})" for item_id, state in missing[:5]
@@ -286,22 +297,21 @@ def _success_unearned(e: Any, facts: Facts) -> str | None:
     return None
 
 
-def _review_independent(e: Any, facts: Facts) -> str | None:
-    if _kind(e) != _RUN_MOVE or e.command != "decide":
+def _review_independent(e: Any, facts: Facts, at: At) -> str | None:
+    if at.kind != _RUN_MOVE or at.command != "decide":
         return None
-    run_id = run_of(e)
-    run = facts.run(run_id)
+    run = facts.run(at.run_id)
     if run is not None and e.actor_id == run.created_by:
         return f"{e.actor_id} submitted the run and may not decide its review"
-    if facts.amended_by(run_id, e.actor_id):
+    if facts.amended_by(at.run_id, e.actor_id):
         return f"{e.actor_id} amended the run and may not decide its review"
     return None
 
 
-def _review_version(e: Any, facts: Facts) -> str | None:
-    if _kind(e) != _RUN_MOVE or e.command != "decide":
+def _review_version(e: Any, facts: Facts, at: At) -> str | None:
+    if at.kind != _RUN_MOVE or at.command != "decide":
         return None
-    run = facts.run(run_of(e))
+    run = facts.run(at.run_id)
     review = getattr(run, "review", None) or {}
     bound = review.get("input_version")
     named = (e.evidence or {}).get("input_version")
@@ -310,11 +320,10 @@ def _review_version(e: Any, facts: Facts) -> str | None:
     return None
 
 
-def _reserved_actor(e: Any, facts: Facts) -> str | None:
+def _reserved_actor(e: Any, facts: Facts, at: At) -> str | None:
     if getattr(e, "actor_id", None) != S.LEDGER_ACTOR_ID:
         return None
-    command = _command(e)
-    if command in LEDGER_COMMANDS and getattr(e, "role", S.CONTROLLER) == S.CONTROLLER:
+    if at.command in LEDGER_COMMANDS and getattr(e, "role", S.CONTROLLER) == S.CONTROLLER:
         return None
     return (
         f"recorded by the reserved actor {S.LEDGER_ACTOR_ID!r}, which makes only the ledger's "
@@ -322,17 +331,12 @@ def _reserved_actor(e: Any, facts: Facts) -> str | None:
     )
 
 
-def _in_table(e: Any, facts: Facts) -> str | None:
-    kind = _kind(e)
-    if kind not in (_SUBMITTED, _RUN_MOVE, _AMEND, _ITEM_MOVE, _LEASE):
-        return None
-    row = _table_row(e)
+def _in_table(e: Any, facts: Facts, at: At) -> str | None:
+    kind, row = at.kind, at.row
     if row is None:
-        return f"no row of the transition tables names the command {_command(e)!r}"
-    if kind == _SUBMITTED:
-        return None
-    if kind == _LEASE:
-        return None  # heartbeat keeps the state: its source is checked by lease_holder
+        return f"no row of the transition tables names the command {at.command!r}"
+    if kind in (_SUBMITTED, _LEASE):
+        return None  # a heartbeat keeps the state: its source is checked by lease_holder
     if kind == _AMEND:
         frm = e.state
         return None if frm in row.sources else f"amend is allowed from {row.allowed()}, not {frm}"
@@ -344,11 +348,13 @@ def _in_table(e: Any, facts: Facts) -> str | None:
     return None
 
 
-def _role_allowed(e: Any, facts: Facts) -> str | None:
-    row = _table_row(e)
+def _role_allowed(e: Any, facts: Facts, at: At) -> str | None:
+    row = at.row
     role = getattr(e, "role", None)
     if row is None or role is None:
-        return None  # no row: in_table says so; a heartbeat records no role (lease_holder)
+        return None  # no row: transition_allowed says so; a heartbeat records no role
+    if role in row.roles:
+        return None
     roles = row.roles
     if row.command in _RECONCILE_COMMANDS:
         roles = roles | S.command_rule("reconcile").roles
@@ -359,26 +365,25 @@ def _role_allowed(e: Any, facts: Facts) -> str | None:
     return f"role {role!r} may not {row.command}; allowed roles: {S.describe_roles(roles)}"
 
 
-def _follows_state(e: Any, facts: Facts) -> str | None:
-    kind = _kind(e)
+def _follows_state(e: Any, facts: Facts, at: At) -> str | None:
+    kind = at.kind
     if kind in (_RUN_MOVE, _AMEND):
-        state = facts.run_state(run_of(e))
+        state = at.run_state
         said = e.from_state if kind == _RUN_MOVE else e.state
         if state is not None and said != state:
             return f"records a move from {said}, but the run is {state}"
         return None
     if kind == _ITEM_MOVE:
-        state = _item_state(e, facts)
+        state = at.item_state
         if e.from_state != state:
             return f"records a move from {e.from_state}, but the item is {state}"
     return None
 
 
-def _item_run_state(e: Any, facts: Facts) -> str | None:
-    if _kind(e) not in (_ITEM_MOVE, _LEASE):
+def _item_run_state(e: Any, facts: Facts, at: At) -> str | None:
+    if at.kind not in _ITEM_KINDS:
         return None
-    row = _table_row(e)
-    state = facts.run_state(run_of(e))
+    row, state = at.row, at.run_state
     if row is None or state is None or not row.run_states or state in row.run_states:
         return None
     if state in S.TERMINAL_RUN_STATES:
@@ -388,15 +393,15 @@ def _item_run_state(e: Any, facts: Facts) -> str | None:
     )
 
 
-def _lease_holder(e: Any, facts: Facts) -> str | None:
-    kind = _kind(e)
+def _lease_holder(e: Any, facts: Facts, at: At) -> str | None:
+    kind, command = at.kind, at.command
     if kind == _LEASE:
-        command, token = "heartbeat", e.token
-    elif kind == _ITEM_MOVE and (e.command in _HOLDER_COMMANDS or e.command in _FENCING_COMMANDS):
-        command, token = e.command, (e.evidence or {}).get("lease_token")
+        token = e.token
+    elif kind == _ITEM_MOVE and (command in _HOLDER_COMMANDS or command in _FENCING_COMMANDS):
+        token = (e.evidence or {}).get("lease_token")
     else:
         return None
-    item = _item_before(e, facts)
+    item = at.item
     if item is None or item.state != S.IN_PROGRESS or item.lease_token is None:
         return f"{command} needs a live lease, and the item holds none (it was never claimed)"
     if token != item.lease_token:
@@ -406,29 +411,28 @@ def _lease_holder(e: Any, facts: Facts) -> str | None:
     return None
 
 
-def _lease_expired(e: Any, facts: Facts) -> str | None:
-    if _kind(e) != _ITEM_MOVE or e.command != "expire":
+def _lease_expired(e: Any, facts: Facts, at: At) -> str | None:
+    if at.kind != _ITEM_MOVE or at.command != "expire":
         return None
-    item = _item_before(e, facts)
-    expires = getattr(item, "lease_expires_at", None)
+    expires = getattr(at.item, "lease_expires_at", None)
     if expires is None:
         return None  # no live lease: lease_holder names it
     try:
-        at = datetime.fromisoformat(expires)
+        until = datetime.fromisoformat(expires)
     except (TypeError, ValueError):
         return f"the lease's expiry {expires!r} is not a time"
-    if e.timestamp < at:
+    if e.timestamp < until:
         return (
             f"the lease is expired at {e.timestamp.isoformat()}, before its expiry "
-            f"({at.isoformat()}): the record would lead reality"
+            f"({until.isoformat()}): the record would lead reality"
         )
     return None
 
 
-def _evidence(e: Any, facts: Facts) -> str | None:
-    if _kind(e) not in (_RUN_MOVE, _ITEM_MOVE):
+def _evidence(e: Any, facts: Facts, at: At) -> str | None:
+    if at.kind not in (_RUN_MOVE, _ITEM_MOVE):
         return None
-    row = _table_row(e)
+    row = at.row
     if row is None or not row.evidence:
         return None
     evidence = e.evidence if isinstance(e.evidence, dict) else {}
@@ -553,38 +557,67 @@ RULES: tuple[Rule, ...] = (
 RULE_NAMES: tuple[str, ...] = tuple(r.name for r in RULES)
 
 
+# the rules that judge each kind of event: a run's creation and events of no run or
+# item (an `Archived` one) are judged by none; a creating event by the table only
+_JUDGES: dict[str, tuple[int, ...]] = {
+    "time_backwards": (_RUN_MOVE, _AMEND, _ITEM_MOVE, _LEASE),
+    "terminal_changed": (_RUN_MOVE, _AMEND),
+    "item_after_end": (_ITEM_MOVE, _LEASE),
+    "two_leases": (_ITEM_MOVE,),
+    "reconciler_success": (_RUN_MOVE, _ITEM_MOVE),
+    "success_unearned": (_RUN_MOVE,),
+    "review_independent": (_RUN_MOVE,),
+    "review_version": (_RUN_MOVE,),
+    "reserved_actor": (_SUBMITTED, _RUN_MOVE, _AMEND, _ITEM_MOVE, _LEASE),
+    "transition_allowed": (_SUBMITTED, _RUN_MOVE, _AMEND, _ITEM_MOVE, _LEASE),
+    "role_allowed": (_SUBMITTED, _RUN_MOVE, _AMEND, _ITEM_MOVE),
+    "state_continues": (_RUN_MOVE, _AMEND, _ITEM_MOVE),
+    "item_run_state": (_ITEM_MOVE, _LEASE),
+    "lease_holder": (_ITEM_MOVE, _LEASE),
+    "lease_expired": (_ITEM_MOVE,),
+    "evidence": (_RUN_MOVE, _ITEM_MOVE),
+}
+_BY_KIND: dict[int, tuple[Rule, ...]] = {
+    kind: tuple(r for r in RULES if kind in _JUDGES[r.name]) for kind in range(7)
+}
+
+
 def check_event(e: Any, facts: Facts, first: bool = False) -> list[Violation]:
     """The rules `e` breaks, given the facts just before it (the first only, when
     `first`); [] when it breaks none."""
+    at = At(e, facts)
     found: list[Violation] = []
-    for rule in RULES:
-        detail = rule.check(e, facts)
+    for rule in _BY_KIND[at.kind]:
+        detail = rule.check(e, facts, at)
         if detail is None:
             continue
-        found.append(
-            Violation(
-                rule.name,
-                run_of(e),
-                str(e.originator_id),
-                int(e.originator_version),
-                describe(e),
-                detail,
-            )
-        )
+        found.append(_violation(rule, e, at, detail))
         if first:
             break
     return found
 
 
+def _violation(rule: Rule, e: Any, at: At, detail: str) -> Violation:
+    return Violation(
+        rule.name, at.run_id, str(e.originator_id), int(e.originator_version), describe(e), detail
+    )
+
+
 # --------------------------------------------------------------------------
 # the facts of a transaction about to commit
 # --------------------------------------------------------------------------
-@dataclass
 class _ItemNow:
-    state: str
-    lease_token: str | None
-    lease_worker: str | None
-    lease_expires_at: str | None
+    """An item's state and lease after an event of the batch."""
+
+    __slots__ = ("lease_expires_at", "lease_token", "lease_worker", "state")
+
+    def __init__(
+        self, state: str, token: str | None, worker: str | None, expires: str | None
+    ) -> None:
+        self.state = state
+        self.lease_token = token
+        self.lease_worker = worker
+        self.lease_expires_at = expires
 
 
 class Overlay:
@@ -612,7 +645,7 @@ class Overlay:
         self._runs = runs
         for run_id, run in runs.items():
             self._states.setdefault(run_id, run.state)
-        self._counts: dict[str, Counter[str]] = {}
+        self._counts: dict[str, dict[str, int]] = {}
         self._items = items  # advanced in place: the writer's next batch starts from here
         self._moved: dict[UUID, tuple[str, str, str]] = {}  # stream -> run, item, state
         self.stamps = stamps
@@ -652,45 +685,54 @@ class Overlay:
             return True
         return self._amended_by is not None and self._amended_by(run_id, actor_id)
 
-    def advance(self, e: Any) -> None:
+    def advance(self, e: Any, kind: int | None = None) -> None:
         """Take the event into the facts (after it was checked)."""
-        kind = _kind(e)
-        self.stamps[e.originator_id] = e.timestamp
-        if kind == _AMEND or (kind == _RUN_MOVE and e.command == "weaken_acceptance"):
-            self._amenders.add((run_of(e), e.actor_id))
-        if kind == _SUBMITTED:
-            self._states[run_of(e)] = S.QUEUED
+        if kind is None:
+            kind = _kind(e)
+        oid = e.originator_id
+        self.stamps[oid] = e.timestamp
+        if kind == _ITEM_MOVE:
+            to = e.to_state
+            if e.command == "claim":
+                ev = e.evidence or {}
+                self._items[oid] = _ItemNow(
+                    to, ev.get("lease_token"), e.actor_id, ev.get("expires_at")
+                )
+            else:
+                self._items[oid] = _ItemNow(to, None, None, None)
+            counts = self._counts.get(e.run_id)
+            if counts is None:
+                counts = self._counts[e.run_id] = {}
+            frm = e.from_state
+            counts[frm] = counts.get(frm, 0) - 1
+            counts[to] = counts.get(to, 0) + 1
+            self._moved[oid] = (e.run_id, e.item_id, to)
         elif kind == _RUN_MOVE:
             self._states[run_of(e)] = e.to_state
+            if e.command == "weaken_acceptance":
+                self._amenders.add((run_of(e), e.actor_id))
+        elif kind == _AMEND:
+            self._amenders.add((run_of(e), e.actor_id))
+        elif kind == _SUBMITTED:
+            self._states[run_of(e)] = S.QUEUED
         elif kind == _LEASE:
-            item = self._items.get(e.originator_id)
+            item = self._items.get(oid)
             if item is not None:
-                self._items[e.originator_id] = _ItemNow(
+                self._items[oid] = _ItemNow(
                     item.state, item.lease_token, item.lease_worker, e.expires_at
                 )
-        elif kind == _ITEM_MOVE:
-            ev = e.evidence or {}
-            claim = e.command == "claim"
-            self._items[e.originator_id] = _ItemNow(
-                e.to_state,
-                ev.get("lease_token") if claim else None,
-                e.actor_id if claim else None,
-                ev.get("expires_at") if claim else None,
-            )
-            counts = self._counts.setdefault(e.run_id, Counter())
-            counts[e.from_state] -= 1
-            counts[e.to_state] += 1
-            self._moved[e.originator_id] = (e.run_id, e.item_id, e.to_state)
 
 
 def check_batch(events: Iterable[Any], facts: Overlay) -> None:
     """Raise InvariantViolated at the first event of the batch that breaks a rule;
     otherwise take every event into `facts`."""
     for e in events:
-        found = check_event(e, facts, first=True)
-        if found:
-            raise found[0].error()
-        facts.advance(e)
+        at = At(e, facts)
+        for rule in _BY_KIND[at.kind]:
+            detail = rule.check(e, facts, at)
+            if detail is not None:
+                raise _violation(rule, e, at, detail).error()
+        facts.advance(e, at.kind)
 
 
 __all__ = [

@@ -17,6 +17,7 @@ from ledger import Ledger
 from ledger.core import states as S
 from ledger.core.domain import Item, Run
 from ledger.core.rows import item_from_row, run_from_row
+from ledger.service.copy import copy_ledger
 from ledger.stores.raw import max_position
 from ledger.transfer.history_file import (
     MAX_POSITION,
@@ -284,3 +285,17 @@ def test_after_an_import_at_high_positions_new_events_land_above_the_head(
         head = now
         assert lg.history(run_id)[-1].position == now
     assert lg.verify().ok
+
+
+def test_a_copy_refuses_a_source_whose_history_breaks_a_rule(tmp_path: Any, dsn: str) -> None:
+    """`copy` is an import like any other: a source written behind the commands' back
+    (a start by a worker) is refused naming the rule, and the target stays empty."""
+    source = f"sqlite:///{tmp_path}/forged.db"
+    clock = ManualClock()
+    with Ledger.open(source, clock=clock) as forger:
+        _, rule = _started_by_a_worker(forger, clock)
+    with pytest.raises(ImportRefused) as info:
+        copy_ledger(source, dsn)
+    assert info.value.rule == rule
+    with Ledger.open(dsn) as target:
+        assert target.runs() == []
