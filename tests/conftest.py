@@ -67,3 +67,15 @@ def hold(monkeypatch: pytest.MonkeyPatch) -> Any:
     from tests.support.hold import HeldInTransaction
 
     return lambda: HeldInTransaction(monkeypatch)
+
+
+@pytest.fixture
+def webhook_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A webhook encryption key in LEDGER_WEBHOOK_KEYS for this test (and the processes it
+    starts): webhook secrets are stored encrypted with it."""
+    from ledger.feed.webhook_secrets import KEY_FILE_ENV, KEYS_ENV, new_key
+
+    key = new_key()
+    monkeypatch.setenv(KEYS_ENV, key)
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    return key

@@ -102,6 +102,14 @@ def serve(
     public_reads: Annotated[
         bool, typer.Option("--public-reads", help="Reads need no token")
     ] = False,
+    checkpoint_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--checkpoint-key",
+            metavar="FILE",
+            help="Sign GET /checkpoint with this key [default: $LEDGER_CHECKPOINT_KEY, the key's text]",
+        ),
+    ] = None,
 ) -> None:
     """Serve the HTTP API and the operator page until interrupted."""
     from ledger.http.serve import serve as serve_http
@@ -113,9 +121,18 @@ def serve(
         port=port,
         tokens_path=tokens,
         public_reads=public_reads,
+        checkpoint_key=None if checkpoint_key is None else _key_text(checkpoint_key),
         create=False,  # a mistyped --dsn is refused, as by every command that only reads
         announce=lambda line: typer.echo(line, err=True),
     )
+
+
+def _key_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        typer.echo(f"error: cannot read the key file {path}: {e.strerror}", err=True)
+        raise typer.Exit(2) from None
 
 
 # -- the demo -------------------------------------------------------------------

@@ -3,8 +3,10 @@ them (ledger/service/checkpoints.py; key and note formats in ledger/core/note.py
 
     ledger checkpoint keygen NAME --out DIR       DIR/NAME.key (mode 0600), DIR/NAME.vkey
     ledger checkpoint sign --key FILE [--out FILE] [--origin TEXT]
+    ledger checkpoint sign --key FILE --every 60s --to DIR|URL [--count N]   ship on a schedule
     ledger checkpoint prove --index I --size N    an inclusion proof (JSON)
     ledger checkpoint prove --from N1 --to N2     a consistency proof (JSON)
+    ledger checkpoint prove --run RUN [--size N | --checkpoint FILE]   a run's events, proved
     ledger checkpoint check-proof PROOF --checkpoint FILE... --vkey FILE...   offline
 
 The private key comes from `--key` or `$LEDGER_CHECKPOINT_KEY` (the key's text) and is
@@ -16,8 +18,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -70,6 +75,17 @@ def keygen(
     typer.echo(f"verifier key {vkey_path}: {signer.verifier().text()}")
 
 
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _seconds(text: str) -> float:
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise _fail(f"--every takes a duration such as 60s, 5m or 1h, not {text!r}")
+    return float(m.group(1)) * _UNIT[m.group(2) or "s"]
+
+
 @checkpoint_app.command("sign")
 def sign(
     ctx: typer.Context,
@@ -82,8 +98,24 @@ def sign(
         str | None,
         typer.Option("--origin", help="The log's name in the checkpoint (default run-ledger/<id>)"),
     ] = None,
+    every: Annotated[
+        str | None,
+        typer.Option("--every", help="Sign and ship on a schedule (60s, 5m, 1h) until stopped"),
+    ] = None,
+    to: Annotated[
+        str | None,
+        typer.Option(
+            "--to", help="--every: a directory (one file each, and latest) or a URL to POST to"
+        ),
+    ] = None,
+    count: Annotated[
+        int | None, typer.Option("--count", min=1, help="--every: stop after this many ticks")
+    ] = None,
 ) -> None:
-    """Sign a checkpoint of the tree over the readable events (its size and root hash)."""
+    """Sign a checkpoint of the tree over the readable events (its size and root hash);
+    with --every, sign and ship one every interval to --to (skipped when the tree did not
+    grow) until SIGINT or SIGTERM."""
+    from ledger.core.note import Signer
     from ledger.service.checkpoints import sign as sign_tree
 
     if key is not None:
@@ -92,33 +124,89 @@ def sign(
         text = os.environ[KEY_ENV]
     else:
         raise _fail(f"give --key FILE or set ${KEY_ENV}")
-    with _ledger(ctx) as lg:
-        note = sign_tree(lg, text, origin)
-    if out is None:
-        typer.echo(note, nl=False)
-    else:
-        out.write_text(note, encoding="utf-8")
-        typer.echo(f"checkpoint {out}: {note.splitlines()[1]} events", err=True)
+    if every is None:
+        if to is not None or count is not None:
+            raise _fail("--to and --count go with --every")
+        with _ledger(ctx) as lg:
+            note = sign_tree(lg, text, origin)
+        if out is None:
+            typer.echo(note, nl=False)
+        else:
+            out.write_text(note, encoding="utf-8")
+            typer.echo(f"checkpoint {out}: {note.splitlines()[1]} events", err=True)
+        return
+    if to is None or out is not None:
+        raise _fail("--every ships to --to DIR|URL (not --out)")
+    _ship(ctx, Signer.parse(text), to, origin, _seconds(every), count)
+
+
+def _ship(
+    ctx: typer.Context, signer: Any, to: str, origin: str | None, every_s: float, count: int | None
+) -> None:
+    from ledger.feed.shipping import Shipper, Tick, ship_every
+
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        stop.set()
+
+    def said(t: Tick) -> None:
+        if t.error is not None:
+            typer.echo(f"not shipped ({t.error}); trying again next tick", err=True)
+        elif t.shipped:
+            typer.echo(f"checkpoint of {t.size} events -> {t.where}", err=True)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with _ledger(ctx) as lg:
+            ship_every(Shipper(lg, signer, to, origin), every_s, stop, count, said)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 @checkpoint_app.command("prove")
 def prove(
     ctx: typer.Context,
     index: Annotated[int | None, typer.Option("--index", help="Inclusion: the leaf")] = None,
-    size: Annotated[int | None, typer.Option("--size", help="Inclusion: the tree size")] = None,
+    size: Annotated[
+        int | None, typer.Option("--size", help="Inclusion or --run: the tree size")
+    ] = None,
     first: Annotated[int | None, typer.Option("--from", help="Consistency: the older size")] = None,
     second: Annotated[int | None, typer.Option("--to", help="Consistency: the newer size")] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help="Every event of this run, each with its proof")
+    ] = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option("--checkpoint", help="--run: prove against this checkpoint's size"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document")] = True,
 ) -> None:
-    """An inclusion proof (--index, --size) or a consistency proof (--from, --to), as JSON."""
-    from ledger.service.checkpoints import consistency, inclusion
+    """An inclusion proof (--index, --size), a consistency proof (--from, --to), or a run's
+    events with their inclusion proofs (--run, against --size or --checkpoint, default the
+    tree now), as JSON; `check-proof` checks any of them offline."""
+    from ledger.core.note import Checkpoint, NoteError
+    from ledger.service.checkpoints import consistency, inclusion, run_proof
 
-    inc = index is not None or size is not None
+    inc = index is not None
     con = first is not None or second is not None
-    if inc == con:
-        raise _fail("give --index and --size, or --from and --to")
+    if [inc, con, run is not None].count(True) != 1:
+        raise _fail("give --index and --size, --from and --to, or --run")
+    if checkpoint is not None:
+        if run is None:
+            raise _fail("--checkpoint goes with --run")
+        if size is not None:
+            raise _fail("give --size or --checkpoint, not both")
+        text = _read(checkpoint, "checkpoint")
+        try:
+            size = Checkpoint.parse(text.split("\n\n")[0] + "\n").size
+        except (ValueError, NoteError) as e:
+            raise _fail(f"{checkpoint} is not a checkpoint: {e}") from None
     with _ledger(ctx) as lg:
-        if inc:
+        if run is not None:
+            proof = run_proof(lg, run, size)
+        elif inc:
             if index is None or size is None:
                 raise _fail("an inclusion proof needs --index and --size")
             proof = inclusion(lg, index, size)

@@ -146,41 +146,147 @@ def _show(rows: list[Any], as_json: bool) -> None:
         typer.echo("  ".join("" if v is None else str(v) for v in row.to_dict().values()))
 
 
+def _read_secret(path: Path | None) -> str | None:
+    from ledger.core.errors import InvalidInput
+
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"cannot read the secret file {str(path)!r}: {e}") from e
+
+
+def _show_hook(hook: Any, as_json: bool, what: str) -> None:
+    if as_json:
+        _emit_json(hook)
+        return
+    typer.echo(f"webhook {hook.webhook_id} {what} -> {hook.url}")
+    if hook.secret is not None:
+        typer.echo(f"signing secret (shown this once; keep it now): {hook.secret}")
+
+
+SecretFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--secret-file",
+        metavar="F",
+        help="The signing secret (whsec_<base64>, as Standard Webhooks); "
+        "without it the ledger makes one and prints it once",
+    ),
+]
+AllowHostOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--allow-host",
+        metavar="HOST",
+        help="Allow the URL's host to resolve to a loopback, private, link-local or "
+        "metadata address (it must be the URL's own host)",
+    ),
+]
+WebhookReasonOpt = Annotated[
+    str, typer.Option("--reason", help="Why (recorded with the change; required)")
+]
+
+
 @webhooks_app.command("add")
 def webhooks_add(
     ctx: typer.Context,
     url: Annotated[str, typer.Argument(metavar="URL")],
-    secret_file: Annotated[
-        Path,
-        typer.Option(
-            "--secret-file",
-            metavar="F",
-            help="The signing secret (whsec_<base64>, as Standard Webhooks)",
-        ),
-    ],
+    reason: WebhookReasonOpt,
+    secret_file: SecretFileOpt = None,
     run: RunOpt = None,
     kind: KindOpt = None,
+    allow_http: Annotated[
+        bool, typer.Option("--allow-http", help="Allow a plain http:// URL")
+    ] = False,
+    allow_host: AllowHostOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Deliver every (matching) transition to URL as a signed POST."""
-    from ledger.core.errors import InvalidInput
+    """Deliver every (matching) transition to URL as a signed POST (operator role). The
+    URL must be https:// to a host whose addresses are public, unless --allow-http or
+    --allow-host say otherwise. The secret is stored encrypted (LEDGER_WEBHOOK_KEYS)."""
+    from ledger.cli.app import _actor
     from ledger.feed.webhooks import add_webhook
 
-    try:
-        secret = secret_file.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidInput(f"cannot read the secret file {str(secret_file)!r}: {e}") from e
+    secret = _read_secret(secret_file)
     with _ledger(ctx) as lg:
-        hook = add_webhook(lg, url, secret, run_id=run, kinds=kind)
-    if as_json:
-        _emit_json(hook)
-    else:
-        typer.echo(f"webhook {hook.webhook_id} -> {hook.url}")
+        hook = add_webhook(
+            lg,
+            _actor(ctx, "webhooks add"),
+            url,
+            reason=reason,
+            secret=secret,
+            run_id=run,
+            kinds=kind,
+            allow_http=allow_http,
+            allow_host=allow_host,
+        )
+    _show_hook(hook, as_json, "added")
+
+
+@webhooks_app.command("change")
+def webhooks_change(
+    ctx: typer.Context,
+    webhook_id: Annotated[str, typer.Argument(metavar="WEBHOOK_ID")],
+    reason: WebhookReasonOpt,
+    url: Annotated[str | None, typer.Option("--url", metavar="URL", help="A new URL")] = None,
+    rotate_secret: Annotated[
+        bool,
+        typer.Option(
+            "--rotate-secret", help="A new signing secret, made by the ledger and printed once"
+        ),
+    ] = False,
+    secret_file: Annotated[
+        Path | None,
+        typer.Option("--secret-file", metavar="F", help="A new signing secret, from a file"),
+    ] = None,
+    grace: Annotated[
+        float,
+        typer.Option(
+            "--grace",
+            metavar="SECONDS",
+            help="How long the replaced secret still signs (beside the new one)",
+        ),
+    ] = 86_400.0,
+    allow_http: Annotated[
+        bool | None,
+        typer.Option("--allow-http/--no-allow-http", help="Allow a plain http:// URL, or not"),
+    ] = None,
+    allow_host: AllowHostOpt = None,
+    no_allow_host: Annotated[
+        bool, typer.Option("--no-allow-host", help="Take the allowed host back")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a webhook's URL or policy, or rotate its signing secret (operator role)."""
+    from ledger.cli.app import _actor
+    from ledger.feed.webhooks import change_webhook
+
+    changes: dict[str, Any] = {}
+    if allow_host is not None and no_allow_host:
+        raise typer.BadParameter("give --allow-host or --no-allow-host, not both")
+    if allow_host is not None or no_allow_host:
+        changes["allow_host"] = None if no_allow_host else allow_host
+    with _ledger(ctx) as lg:
+        hook = change_webhook(
+            lg,
+            _actor(ctx, "webhooks change"),
+            webhook_id,
+            reason=reason,
+            url=url,
+            allow_http=allow_http,
+            rotate_secret=rotate_secret,
+            secret=_read_secret(secret_file),
+            grace_seconds=grace,
+            **changes,
+        )
+    _show_hook(hook, as_json, "changed")
 
 
 @webhooks_app.command("list")
 def webhooks_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Every webhook, with its follower's position."""
+    """Every webhook, with its follower's position and its secret's fingerprint."""
     from ledger.feed.webhooks import list_webhooks
 
     with _ledger(ctx) as lg:
@@ -189,14 +295,51 @@ def webhooks_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
 @webhooks_app.command("remove")
 def webhooks_remove(
-    ctx: typer.Context, webhook_id: Annotated[str, typer.Argument(metavar="WEBHOOK_ID")]
+    ctx: typer.Context,
+    webhook_id: Annotated[str, typer.Argument(metavar="WEBHOOK_ID")],
+    reason: WebhookReasonOpt,
 ) -> None:
-    """Stop delivering to a webhook (its delivery records are kept)."""
+    """Stop delivering to a webhook (operator role; its delivery records are kept)."""
+    from ledger.cli.app import _actor
     from ledger.feed.webhooks import remove_webhook
 
     with _ledger(ctx) as lg:
-        remove_webhook(lg, webhook_id)
+        remove_webhook(lg, _actor(ctx, "webhooks remove"), webhook_id, reason=reason)
     typer.echo(f"webhook {webhook_id} removed")
+
+
+@webhooks_app.command("changes")
+def webhooks_changes(
+    ctx: typer.Context,
+    webhook_id: Annotated[str | None, typer.Option("--webhook", metavar="WEBHOOK_ID")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10000)] = 100,
+    as_json: JsonOpt = False,
+) -> None:
+    """Who added, changed, rotated, re-encrypted and removed webhooks, when and why."""
+    from ledger.feed.webhooks import webhook_changes
+
+    with _ledger(ctx) as lg:
+        _show(webhook_changes(lg, webhook_id=webhook_id, limit=limit), as_json)
+
+
+@webhooks_app.command("rekey")
+def webhooks_rekey(ctx: typer.Context, reason: WebhookReasonOpt) -> None:
+    """Encrypt every stored secret with the first key of LEDGER_WEBHOOK_KEYS (after a key
+    rotation; operator role). Then the old key may be dropped."""
+    from ledger.cli.app import _actor
+    from ledger.feed.webhooks import rekey_webhooks
+
+    with _ledger(ctx) as lg:
+        n = rekey_webhooks(lg, _actor(ctx, "webhooks rekey"), reason=reason)
+    typer.echo(f"{n} webhook secret(s) encrypted with the first key")
+
+
+@webhooks_app.command("keygen")
+def webhooks_keygen() -> None:
+    """Print a new key for LEDGER_WEBHOOK_KEYS (or the LEDGER_WEBHOOK_KEY_FILE file)."""
+    from ledger.feed.webhook_secrets import new_key
+
+    typer.echo(new_key())
 
 
 @webhooks_app.command("deliveries")

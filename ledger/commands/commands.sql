@@ -15,12 +15,14 @@ ORDER BY seq LIMIT ? {claim_lock};
 
 -- name: claimable
 -- two index range scans (run_id, state, seq) instead of one scan over every item of the
--- run: an OR across states defeats the index on both stores
+-- run: an OR across states defeats the index on both stores. A retryable item is due at
+-- its eligible_at, or at once when that lies further ahead than the run's backoff: it was
+-- scheduled by a clock that has since stepped back (leases.claim)
 SELECT * FROM (SELECT * FROM (SELECT * FROM lg_items WHERE run_id = ?
 AND state = {s_pending} ORDER BY seq LIMIT ? {claim_lock}) AS p UNION ALL SELECT * FROM
 (SELECT * FROM lg_items WHERE run_id = ? AND state = {s_retryable} AND
-(eligible_at IS NULL OR eligible_at <= ?) ORDER BY seq LIMIT ? {claim_lock}) AS r) AS c
-ORDER BY seq LIMIT ?;
+(eligible_at IS NULL OR eligible_at <= ? OR eligible_at > ?) ORDER BY seq LIMIT ?
+{claim_lock}) AS r) AS c ORDER BY seq LIMIT ?;
 
 -- name: items_by_id
 -- the named items of a run (the ids: one list parameter)
@@ -44,8 +46,10 @@ SELECT run_id FROM lg_runs WHERE state IN
 ({s_running}, {s_awaiting_review}, {s_pausing}, {s_paused}, {s_canceling});
 
 -- name: expired_leases_of_run
+-- expired, or set to expire further ahead than one lease: granted by a clock that has
+-- since stepped back (reconcile.reconcile_run)
 SELECT * FROM lg_items WHERE run_id = ? AND state = {s_in_progress} AND
-lease_expires_at < ? ORDER BY seq;
+(lease_expires_at < ? OR lease_expires_at > ?) ORDER BY seq;
 
 -- name: retryable_items
 SELECT * FROM lg_items WHERE run_id = ? AND state = {s_retryable} ORDER BY seq;

@@ -66,23 +66,40 @@ def claim(
             rows = tx.fetchall(SQL.sql(tx, "claimable_pending"), (run_id, limit))
         else:
             # two index range scans (commands.sql, claimable)
+            # A backward step of the store's clock (an NTP step, a VM restored) leaves
+            # items scheduled on the clock as it was: an eligible_at more than one
+            # backoff ahead cannot come from this clock, so the item is due now rather
+            # than frozen for the size of the step (its claim records the step)
+            ahead = iso(now + timedelta(seconds=policy["backoff_seconds"]))
             rows = tx.fetchall(
-                SQL.sql(tx, "claimable"), (run_id, limit, run_id, iso(now), limit, limit)
+                SQL.sql(tx, "claimable"), (run_id, limit, run_id, iso(now), ahead, limit, limit)
             )
         leases, items = [], []
         for row in rows:
             item = uow.materialize(row, now)
             at = stamp(now, item)
             token = uuid.uuid4().hex
-            expires = at + timedelta(seconds=policy["lease_seconds"])
+            # a lease lasts lease_seconds of the clock as it reads now, even when the
+            # event's time stays at a later one already recorded (a clock stepped back)
+            expires = now + timedelta(seconds=policy["lease_seconds"])
             attempt = item.attempts + 1
+            evidence: dict[str, Any] = {
+                "lease_token": token,
+                "attempt": attempt,
+                "expires_at": iso(expires),
+            }
+            if row.get("eligible_at") is not None and row["eligible_at"] > iso(now):
+                evidence["clock_stepped_back"] = {
+                    "scheduled": row["eligible_at"],
+                    "clock": iso(now),
+                }
             item.transition(
                 "claim",
                 S.IN_PROGRESS,
                 worker.id,
                 worker.role,
                 None,
-                {"lease_token": token, "attempt": attempt, "expires_at": iso(expires)},
+                evidence,
                 at,
                 run.state,
             )
@@ -150,7 +167,7 @@ def heartbeat(uow: UnitOfWork, lease: Lease) -> Lease:
         item, row = check_lease(uow, tx, run, lease, now)
         require_item_run_state(run, S.item_rule("heartbeat"))
         at = stamp(now, item)
-        expires = at + timedelta(seconds=run.policy["lease_seconds"])
+        expires = now + timedelta(seconds=run.policy["lease_seconds"])  # as claim's
         item.extend_lease(iso(expires) or "", lease.worker_id, at, run.state)
         uow.commit(tx, {run.run_id: run}, [item])
         return Lease(
@@ -249,7 +266,7 @@ def apply_outcome(
                 run.state,
             )
         else:
-            eligible = at + timedelta(seconds=policy["backoff_seconds"])
+            eligible = now + timedelta(seconds=policy["backoff_seconds"])  # as claim's
             item.transition(
                 "fail_attempt",
                 S.RETRYABLE,

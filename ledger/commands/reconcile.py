@@ -59,7 +59,12 @@ def reconcile_run(
             return 0, 0, 0, 0  # its items never change (rule 12 of the rule book)
         now = now_arg or tx.now()
         policy = run.policy
-        rows = tx.fetchall(SQL.sql(tx, "expired_leases_of_run"), (run_id, iso(now)))
+        # a lease set to expire more than lease_seconds ahead was granted by a clock that
+        # has since stepped back: the ledger cannot tell how long it has been held, so it
+        # ends as an expired one would (its holder gets LeaseLost) rather than freezing
+        # the item for the size of the step
+        ahead = iso(tx.now() + timedelta(seconds=policy["lease_seconds"])) or ""  # the clock
+        rows = tx.fetchall(SQL.sql(tx, "expired_leases_of_run"), (run_id, iso(now), ahead))
         deadline = policy.get("item_deadline_seconds")
         past_item_deadline = (
             deadline is not None
@@ -77,6 +82,8 @@ def reconcile_run(
                 "outcome": "lease_expired",
                 "expired_at": item.lease_expires_at,
             }
+            if item.lease_expires_at is not None and item.lease_expires_at > ahead:
+                ev["clock_stepped_back"] = {"scheduled": item.lease_expires_at, "clock": iso(now)}
             if to == S.RETRYABLE:
                 ev["eligible_at"] = iso(now + timedelta(seconds=policy["backoff_seconds"]))
             item.transition(

@@ -17,7 +17,7 @@ The ledger's leaves are its events in position order (`ledger/service/checkpoint
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 HASH_SIZE = 32
 EMPTY_ROOT = hashlib.sha256(b"").digest()
@@ -43,15 +43,30 @@ class Frontier:
         self.size = 0
         self.nodes: list[bytes] = []
 
-    def append(self, leaf: bytes) -> None:
+    def append(self, leaf: bytes) -> list[tuple[int, int, bytes]]:
         """Add one leaf hash at the right: merge equal-sized subtrees as a binary counter
-        carries."""
-        node, size = leaf, self.size
+        carries. Returns the perfect subtrees this completed above the leaf, as (level,
+        index, hash) (see `perfect_subtrees`), for a caller that stores them."""
+        node, size, level = leaf, self.size, 0
+        made: list[tuple[int, int, bytes]] = []
         while size & 1:
             node = node_hash(self.nodes.pop(), node)
             size >>= 1
+            level += 1
+            made.append((level, self.size >> level, node))
         self.nodes.append(node)
         self.size += 1
+        return made
+
+    @classmethod
+    def of(cls, size: int, nodes: Sequence[bytes]) -> Frontier:
+        """The frontier of a tree of `size` leaves from its perfect subtrees' roots
+        (`perfect_subtrees(0, size)`, left to right)."""
+        if len(nodes) != size.bit_count():
+            raise ValueError(f"a tree of {size} leaves has {size.bit_count()} frontier nodes")
+        f = cls()
+        f.size, f.nodes = size, list(nodes)
+        return f
 
     def extend(self, leaves: Sequence[bytes]) -> None:
         for leaf in leaves:
@@ -92,10 +107,25 @@ def _check_size(size: int, leaves: Sequence[bytes]) -> None:
         raise ValueError(f"tree size {size} is not between 0 and {len(leaves)}")
 
 
+RangeRoot = Callable[[int, int], bytes]
+"""`range_root(lo, hi)`: MTH of leaves lo..hi-1 taken as a tree of their own."""
+
+
+def _list_range_root(leaves: Sequence[bytes]) -> RangeRoot:
+    return lambda lo, hi: _range_root(leaves, lo, hi)
+
+
 def inclusion_proof(index: int, size: int, leaves: Sequence[bytes]) -> list[bytes]:
     """PATH(index, D[size]) (section 2.1.3.1): the hashes that take leaf `index` of the
     tree of the first `size` leaves to its root."""
     _check_size(size, leaves)
+    return inclusion_path(index, size, _list_range_root(leaves))
+
+
+def inclusion_path(index: int, size: int, range_root: RangeRoot) -> list[bytes]:
+    """`inclusion_proof` with the subtrees' roots from `range_root` (stored subtree hashes:
+    ledger/stores/tree.py). Every range asked for starts at a multiple of a power of two at
+    least its length, so it is a few aligned perfect subtrees."""
     if not 0 <= index < size:
         raise ValueError(f"leaf index {index} is not in a tree of {size} leaves")
     out: list[bytes] = []
@@ -103,10 +133,10 @@ def inclusion_proof(index: int, size: int, leaves: Sequence[bytes]) -> list[byte
     while hi - lo > 1:  # walk down from the root; siblings are collected leaf-side first
         k = _split(hi - lo)
         if m < k:
-            out.append(_range_root(leaves, lo + k, hi))
+            out.append(range_root(lo + k, hi))
             hi = lo + k
         else:
-            out.append(_range_root(leaves, lo, lo + k))
+            out.append(range_root(lo, lo + k))
             lo, m = lo + k, m - k
     out.reverse()
     return out
@@ -117,6 +147,11 @@ def consistency_proof(first: int, second: int, leaves: Sequence[bytes]) -> list[
     `first` leaves is a prefix of the tree of the first `second`. Empty when `first` is 0
     or equals `second`."""
     _check_size(second, leaves)
+    return consistency_path(first, second, _list_range_root(leaves))
+
+
+def consistency_path(first: int, second: int, range_root: RangeRoot) -> list[bytes]:
+    """`consistency_proof` with the subtrees' roots from `range_root`."""
     if not 0 <= first <= second:
         raise ValueError(f"tree size {first} is not between 0 and {second}")
     if first == 0 or first == second:
@@ -127,16 +162,40 @@ def consistency_proof(first: int, second: int, leaves: Sequence[bytes]) -> list[
         n = hi - lo
         if m == n:
             if not whole:
-                out.append(_range_root(leaves, lo, hi))
+                out.append(range_root(lo, hi))
             break
         k = _split(n)
         if m <= k:
-            out.append(_range_root(leaves, lo + k, hi))
+            out.append(range_root(lo + k, hi))
             hi = lo + k
         else:
-            out.append(_range_root(leaves, lo, lo + k))
+            out.append(range_root(lo, lo + k))
             lo, m, whole = lo + k, m - k, False
     out.reverse()
+    return out
+
+
+def perfect_subtrees(lo: int, hi: int) -> list[tuple[int, int]]:
+    """The aligned perfect subtrees that make up leaves lo..hi-1, left to right, as
+    (level, index): the subtree (level, index) holds leaves index * 2**level up to
+    (index + 1) * 2**level - 1. Their roots folded from the right are the range's root."""
+    out: list[tuple[int, int]] = []
+    while lo < hi:
+        level = (lo & -lo).bit_length() - 1 if lo else (hi - lo).bit_length() - 1
+        while lo + (1 << level) > hi:
+            level -= 1
+        out.append((level, lo >> level))
+        lo += 1 << level
+    return out
+
+
+def fold(nodes: Sequence[bytes]) -> bytes:
+    """The root of a range from its perfect subtrees' roots (left to right)."""
+    if not nodes:
+        return EMPTY_ROOT
+    out = nodes[-1]
+    for node in reversed(nodes[:-1]):
+        out = node_hash(node, out)
     return out
 
 

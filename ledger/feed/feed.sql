@@ -66,11 +66,39 @@ SELECT 1;
 SELECT pg_advisory_unlock(?);
 
 -- name: add_webhook
-INSERT INTO lg_webhooks (webhook_id, url, secret, run_id, kinds, created_at)
-VALUES (?, ?, ?, ?, ?, ?);
+INSERT INTO lg_webhooks (webhook_id, url, secret, run_id, kinds, created_at, allow_http,
+allow_host, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: webhook
 SELECT * FROM lg_webhooks WHERE webhook_id = ?;
+
+-- name: webhook_locked
+-- the webhook's row, locked until the transaction ends (PostgreSQL): one change at a time
+SELECT * FROM lg_webhooks WHERE webhook_id = ? {lock};
+
+-- name: change_webhook
+UPDATE lg_webhooks SET url = ?, secret = ?, allow_http = ?, allow_host = ?,
+previous_secret = ?, previous_until = ?, updated_at = ? WHERE webhook_id = ?;
+
+-- name: webhook_secrets
+SELECT webhook_id, secret, previous_secret FROM lg_webhooks ORDER BY webhook_id {lock};
+
+-- name: reseal_webhook
+UPDATE lg_webhooks SET secret = ?, previous_secret = ? WHERE webhook_id = ?;
+
+-- name: webhook_change_version
+SELECT MAX(version) AS version FROM lg_webhook_changes WHERE webhook_id = ?;
+
+-- name: record_webhook_change
+INSERT INTO lg_webhook_changes (webhook_id, version, command, actor_id, role, reason, at,
+url, run_id, kinds, allow_http, allow_host, secret_fingerprint)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: webhook_changes
+SELECT * FROM lg_webhook_changes ORDER BY at DESC, webhook_id, version DESC LIMIT ?;
+
+-- name: webhook_changes_of_webhook
+SELECT * FROM lg_webhook_changes WHERE webhook_id = ? ORDER BY version DESC LIMIT ?;
 
 -- name: webhook_exists
 SELECT 1 AS x FROM lg_webhooks WHERE webhook_id = ?;

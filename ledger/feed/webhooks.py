@@ -6,6 +6,13 @@ it), `webhook-timestamp` (Unix seconds of the attempt) and `webhook-signature`
 (`v1,` + base64 HMAC-SHA256 over `{id}.{timestamp}.{body}` with the secret's bytes:
 a `whsec_<base64>` secret is base64-decoded, as the reference libraries do).
 
+A webhook has an owner: adding, changing (URL, policy, a new secret) and removing one are
+operator commands with a reason, each recorded in `lg_webhook_changes` (who, role, why,
+when, and what the webhook then was) in the transaction that makes the change
+(`ledger webhooks changes`). Its URL is held to a policy (`webhook_policy`), checked
+then and before every delivery; its signing secret is stored encrypted with a key
+outside the database (`webhook_secrets`) and shown once, when it is made.
+
 Each transition is posted until the receiver answers 2xx, retried with exponential
 backoff (doubling up to `max_backoff` seconds) without moving on, so the receiver
 sees each run's transitions in order, and a receiver down for an hour gets
@@ -17,7 +24,6 @@ a crash between the POST and its record posts it once more (at least once).
 from __future__ import annotations
 
 import base64
-import binascii
 import contextlib
 import hashlib
 import hmac
@@ -29,34 +35,65 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from ledger.core.errors import InvalidInput, LedgerError, WebhookNotFound
+from ledger.core import args as A
+from ledger.core import states as S
+from ledger.core.errors import InvalidInput, LedgerError, NotAuthorized, WebhookNotFound
 from ledger.core.rows import iso, parse_dt
 from ledger.core.validation import check_identifier
-from ledger.core.views import Transition, _View
+from ledger.core.views import Actor, Transition, _View
 from ledger.core.visibility import for_reader
+from ledger.feed import webhook_secrets as secrets
 from ledger.feed.checkpoints import checkpoint, ensure
 from ledger.feed.follower import Follower
 from ledger.feed.sql import SQL
+from ledger.feed.webhook_policy import UrlPolicy, check_allow_host, check_target, check_url
+from ledger.feed.webhook_secrets import secret_key
 from ledger.reads import feed
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
+    from ledger.stores.base import Tx
 
 log = logging.getLogger("ledger.feed.webhooks")
 
 MAX_URL = 2000
-MIN_SECRET_BYTES = 16
 FOLLOWER_PREFIX = "webhook:"
 REFRESH_S = 2.0  # the dispatcher looks for added and removed webhooks this often
+ROTATION_GRACE_S = 86_400.0  # a replaced secret still signs for this long, by default
+MAX_GRACE_S = 30 * 86_400.0
+ROLES = (S.OPERATOR,)  # who may add, change and remove webhooks
+
+__all__ = [
+    "Delivery",
+    "Dispatcher",
+    "Webhook",
+    "WebhookChange",
+    "add_webhook",
+    "body_of",
+    "change_webhook",
+    "deliveries",
+    "get_webhook",
+    "list_webhooks",
+    "post_once",
+    "rekey_webhooks",
+    "remove_webhook",
+    "secret_key",
+    "sign",
+    "webhook_changes",
+]
 
 
 @dataclass(frozen=True)
 class Webhook(_View):
-    """A webhook: where transitions go, which ones, and how far delivery has got."""
+    """A webhook: where transitions go, which ones, and how far delivery has got.
+
+    `secret` is set only in what `add_webhook` and a rotating `change_webhook` return:
+    the new signing secret, shown that once; every read leaves it None and shows its
+    fingerprint."""
 
     webhook_id: str
     url: str
@@ -64,6 +101,31 @@ class Webhook(_View):
     kinds: list[str]
     created_at: datetime | None
     position: int  # every matching transition up to here has been delivered
+    allow_http: bool = False
+    allow_host: str | None = None
+    updated_at: datetime | None = None
+    secret_fingerprint: str | None = None
+    secret: str | None = None
+
+
+@dataclass(frozen=True)
+class WebhookChange(_View):
+    """One recorded command on a webhook: who, in which role, why, when, and what the
+    webhook was after it (`command`: add, change, rotate, remove, rekey)."""
+
+    webhook_id: str
+    version: int
+    command: str
+    actor_id: str
+    role: str
+    reason: str
+    at: datetime | None
+    url: str
+    run_id: str | None
+    kinds: list[str]
+    allow_http: bool
+    allow_host: str | None
+    secret_fingerprint: str | None
 
 
 @dataclass(frozen=True)
@@ -79,24 +141,6 @@ class Delivery(_View):
     error: str | None
     at: datetime | None
     duration_ms: int
-
-
-def secret_key(secret: Any) -> bytes:
-    """The HMAC key of a secret: `whsec_<base64>` (or bare base64), at least 16 bytes."""
-    if not isinstance(secret, str) or not secret:
-        raise InvalidInput("the webhook secret must be text: whsec_<base64>")
-    text = secret.strip().removeprefix("whsec_")
-    try:
-        key = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidInput(
-            "the webhook secret must be whsec_ followed by base64 (Standard Webhooks); e.g. "
-            'python -c \'import base64,secrets; print("whsec_" + '
-            "base64.b64encode(secrets.token_bytes(32)).decode())'"
-        ) from None
-    if len(key) < MIN_SECRET_BYTES:
-        raise InvalidInput(f"the webhook secret must hold at least {MIN_SECRET_BYTES} bytes")
-    return key
 
 
 def sign(key: bytes, message_id: str, timestamp: int, body: bytes) -> str:
@@ -120,29 +164,81 @@ def body_of(t: Transition) -> bytes:
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def _check_url(url: Any) -> str:
-    if not isinstance(url, str) or not url or len(url) > MAX_URL:
-        raise InvalidInput(f"the webhook URL must be 1-{MAX_URL} characters")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidInput(f"the webhook URL must be http:// or https:// with a host, not {url!r}")
-    return url
+# -- the commands --------------------------------------------------------------------
+
+
+def _operator(actor: Any, command: str) -> Actor:
+    who = A.actor(actor)
+    if who.role not in ROLES:
+        raise NotAuthorized(
+            f"role {who.role!r} may not {command} webhooks; allowed: {', '.join(ROLES)}"
+        )
+    return who
+
+
+def _flag(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{what} must be true or false, not {value!r}")
+    return value
+
+
+def _record(
+    tx: Tx, actor: Actor, command: str, reason: str, row: dict[str, Any], secret: str | None
+) -> None:
+    """One lg_webhook_changes row: the command and the webhook as it now is."""
+    found = tx.fetchone(SQL.sql(tx, "webhook_change_version"), (row["webhook_id"],))
+    version = int(found["version"] or 0) + 1 if found is not None else 1
+    tx.execute(
+        SQL.sql(tx, "record_webhook_change"),
+        (
+            row["webhook_id"],
+            version,
+            command,
+            actor.id,
+            actor.role,
+            reason,
+            iso(tx.now()),
+            row["url"],
+            row["run_id"],
+            row["kinds"],
+            int(bool(row["allow_http"])),
+            row["allow_host"],
+            None if secret is None else secrets.fingerprint(secret),
+        ),
+    )
 
 
 def add_webhook(
     lg: Ledger,
+    actor: Actor,
     url: str,
-    secret: str,
+    *,
+    reason: str,
+    secret: str | None = None,
     run_id: str | None = None,
     kinds: Any = None,
     after: int | None = None,
+    allow_http: bool = False,
+    allow_host: str | None = None,
 ) -> Webhook:
-    """Register a webhook; it is sent the matching transitions after `after` (default:
-    the feed's head now, so only what happens from here on)."""
-    url = _check_url(url)
-    secret_key(secret)
+    """Register a webhook (operator role, with a reason); it is sent the matching
+    transitions after `after` (default: the feed's head now, so only what happens from
+    here on). The URL is held to the policy (`ledger.feed.webhook_policy`): https, and a
+    host whose addresses are all public unless `allow_host` names it; plain http only
+    with `allow_http`. Without `secret` the ledger makes one. The secret is stored
+    encrypted and returned in `Webhook.secret` this once."""
+    policy = UrlPolicy(_flag(allow_http, "allow_http"), check_allow_host(allow_host))
+    reason = A.reason(reason, required=True)
+    check_url(url, policy)
+    if secret is not None:
+        secret_key(secret)
+        secret = secret.strip()
     flt = feed.FeedFilter.of(run_id, kinds)
     start = None if after is None else feed.check_position(after)
+    actor = _operator(actor, "add")
+    check_target(url, policy)  # its host's addresses, now
+    secret = secret or secrets.new_secret()
+    stored = secrets.seal(secret)  # before anything is written: a key must be configured
     webhook_id = "wh_" + uuid.uuid4().hex[:16]
     with lg.store.write() as tx:
         if flt.run_id is not None:
@@ -151,13 +247,162 @@ def add_webhook(
         now = iso(tx.now())
         tx.execute(
             SQL.sql(tx, "add_webhook"),
-            (webhook_id, url, secret.strip(), flt.run_id, flt.kinds_json(), now),
+            (
+                webhook_id,
+                url,
+                stored,
+                flt.run_id,
+                flt.kinds_json(),
+                now,
+                int(policy.allow_http),
+                policy.allow_host,
+                now,
+            ),
         )
         ensure(tx, FOLLOWER_PREFIX + webhook_id, flt, position)
-    return get_webhook(lg, webhook_id)
+        row = tx.fetchone(SQL.sql(tx, "webhook"), (webhook_id,))
+        assert row is not None
+        _record(tx, actor, "add", reason, row, secret)
+    return _webhook(row, position, secret=secret)
 
 
-def _webhook(row: dict[str, Any], position: int | None) -> Webhook:
+_UNCHANGED: Any = object()
+
+
+def change_webhook(
+    lg: Ledger,
+    actor: Actor,
+    webhook_id: str,
+    *,
+    reason: str,
+    url: str | None = None,
+    allow_http: bool | None = None,
+    allow_host: str | None = _UNCHANGED,
+    rotate_secret: bool = False,
+    secret: str | None = None,
+    grace_seconds: float = ROTATION_GRACE_S,
+) -> Webhook:
+    """Change a webhook's URL or policy, or give it a new signing secret (operator role,
+    with a reason). `allow_host=None` takes an allowed host back. `rotate_secret` makes a
+    new secret (or takes `secret`), returned in `Webhook.secret` this once; deliveries
+    are signed with both the new and the replaced secret for `grace_seconds` (Standard
+    Webhooks: a receiver accepts either signature), so the receiver can switch over."""
+    check_identifier(webhook_id, "webhook_id")
+    reason = A.reason(reason, required=True)
+    if allow_http is not None:
+        _flag(allow_http, "allow_http")
+    if allow_host is not _UNCHANGED:
+        allow_host = check_allow_host(allow_host)
+    _flag(rotate_secret, "rotate_secret")
+    if secret is not None:
+        secret_key(secret)
+        secret = secret.strip()
+        rotate_secret = True
+    if (
+        isinstance(grace_seconds, bool)
+        or not isinstance(grace_seconds, (int, float))
+        or not 0 <= grace_seconds <= MAX_GRACE_S
+    ):
+        raise InvalidInput(f"grace_seconds must be a number from 0 to {MAX_GRACE_S:g}")
+    if url is None and allow_http is None and allow_host is _UNCHANGED and not rotate_secret:
+        raise InvalidInput("nothing to change: give a url, allow_http, allow_host or a new secret")
+    with lg.store.read() as tx:
+        if tx.fetchone(SQL.sql(tx, "webhook"), (webhook_id,)) is None:
+            raise WebhookNotFound(webhook_id)
+    actor = _operator(actor, "change")
+    new_secret = (secret or secrets.new_secret()) if rotate_secret else None
+    with lg.store.write() as tx:
+        row = tx.fetchone(SQL.sql(tx, "webhook_locked"), (webhook_id,))
+        if row is None:
+            raise WebhookNotFound(webhook_id)
+        policy = UrlPolicy(
+            bool(row["allow_http"]) if allow_http is None else allow_http,
+            row["allow_host"] if allow_host is _UNCHANGED else allow_host,
+        )
+        target = row["url"] if url is None else url
+        check_target(target, policy)  # the URL and policy as they will be, resolved now
+        now = tx.now()
+        stored, previous, until = row["secret"], row["previous_secret"], row["previous_until"]
+        if new_secret is not None:
+            previous = secrets.reseal(stored) if grace_seconds > 0 else None
+            until = iso(now + timedelta(seconds=grace_seconds)) if grace_seconds > 0 else None
+            stored = secrets.seal(new_secret)
+        tx.execute(
+            SQL.sql(tx, "change_webhook"),
+            (
+                target,
+                stored,
+                int(policy.allow_http),
+                policy.allow_host,
+                previous,
+                until,
+                iso(now),
+                webhook_id,
+            ),
+        )
+        row = tx.fetchone(SQL.sql(tx, "webhook"), (webhook_id,))
+        assert row is not None
+        command = "rotate" if new_secret is not None else "change"
+        _record(tx, actor, command, reason, row, _secret_or_none(row["secret"]))
+        position = checkpoint(tx, FOLLOWER_PREFIX + webhook_id)
+    return _webhook(row, position, secret=new_secret)
+
+
+def remove_webhook(lg: Ledger, actor: Actor, webhook_id: str, *, reason: str) -> None:
+    """Stop delivering to a webhook (operator role, with a reason); its delivery records
+    and its recorded changes stay."""
+    check_identifier(webhook_id, "webhook_id")
+    reason = A.reason(reason, required=True)
+    with lg.store.read() as tx:
+        if tx.fetchone(SQL.sql(tx, "webhook"), (webhook_id,)) is None:
+            raise WebhookNotFound(webhook_id)
+    actor = _operator(actor, "remove")
+    with lg.store.write() as tx:
+        row = tx.fetchone(SQL.sql(tx, "webhook_locked"), (webhook_id,))
+        if row is None:
+            raise WebhookNotFound(webhook_id)
+        _record(tx, actor, "remove", reason, row, _secret_or_none(row["secret"]))
+        tx.execute(SQL.sql(tx, "remove_webhook"), (webhook_id,))
+        tx.execute(SQL.sql(tx, "remove_follower"), (FOLLOWER_PREFIX + webhook_id,))
+
+
+def rekey_webhooks(lg: Ledger, actor: Actor, *, reason: str) -> int:
+    """Encrypt every stored secret (a plaintext one from before encryption too) with the
+    first configured key, after a key rotation (operator role, with a reason); returns
+    how many webhooks it re-encrypted. Then the old key can be dropped."""
+    reason = A.reason(reason, required=True)
+    actor = _operator(actor, "rekey")
+    with lg.store.write() as tx:
+        rows = tx.fetchall(SQL.sql(tx, "webhook_secrets"))
+        for r in rows:
+            previous = r["previous_secret"]
+            tx.execute(
+                SQL.sql(tx, "reseal_webhook"),
+                (
+                    secrets.reseal(r["secret"]),
+                    None if previous is None else secrets.reseal(previous),
+                    r["webhook_id"],
+                ),
+            )
+            row = tx.fetchone(SQL.sql(tx, "webhook"), (r["webhook_id"],))
+            assert row is not None
+            _record(tx, actor, "rekey", reason, row, secrets.unseal(row["secret"]))
+    return len(rows)
+
+
+def _secret_or_none(stored: str) -> str | None:
+    """The secret of a stored form, for its fingerprint; None when no key opens it."""
+    try:
+        return secrets.unseal(stored)
+    except InvalidInput:
+        return None
+
+
+# -- the reads -----------------------------------------------------------------------
+
+
+def _webhook(row: dict[str, Any], position: int | None, secret: str | None = None) -> Webhook:
+    shown = secret if secret is not None else _secret_or_none(row["secret"])
     return Webhook(
         webhook_id=row["webhook_id"],
         url=row["url"],
@@ -165,10 +410,16 @@ def _webhook(row: dict[str, Any], position: int | None) -> Webhook:
         kinds=json.loads(row["kinds"]) if row["kinds"] else [],
         created_at=parse_dt(row["created_at"]),
         position=position or 0,
+        allow_http=bool(row.get("allow_http")),
+        allow_host=row.get("allow_host"),
+        updated_at=parse_dt(row.get("updated_at") or row["created_at"]),
+        secret_fingerprint=None if shown is None else secrets.fingerprint(shown),
+        secret=secret,
     )
 
 
 def get_webhook(lg: Ledger, webhook_id: str) -> Webhook:
+    """One webhook, without its secret (its fingerprint only)."""
     check_identifier(webhook_id, "webhook_id")
     with lg.store.read() as tx:
         row = tx.fetchone(SQL.sql(tx, "webhook"), (webhook_id,))
@@ -178,20 +429,41 @@ def get_webhook(lg: Ledger, webhook_id: str) -> Webhook:
 
 
 def list_webhooks(lg: Ledger) -> list[Webhook]:
-    """Every webhook, oldest first, with its delivery position."""
+    """Every webhook, oldest first, with its delivery position (never its secret)."""
     with lg.store.read() as tx:
         rows = tx.fetchall(SQL.sql(tx, "webhooks"))
         return [_webhook(r, checkpoint(tx, FOLLOWER_PREFIX + r["webhook_id"])) for r in rows]
 
 
-def remove_webhook(lg: Ledger, webhook_id: str) -> None:
-    """Stop delivering to a webhook; its delivery records stay."""
-    check_identifier(webhook_id, "webhook_id")
-    with lg.store.write() as tx:
-        gone = tx.fetchall(SQL.sql(tx, "remove_webhook"), (webhook_id,))
-        if not gone:
-            raise WebhookNotFound(webhook_id)
-        tx.execute(SQL.sql(tx, "remove_follower"), (FOLLOWER_PREFIX + webhook_id,))
+def webhook_changes(
+    lg: Ledger, webhook_id: str | None = None, limit: int = 100
+) -> list[WebhookChange]:
+    """The recorded commands on webhooks, newest first (of one webhook, or all)."""
+    limit = feed.check_limit(limit)
+    with lg.store.read() as tx:
+        if webhook_id is None:
+            rows = tx.fetchall(SQL.sql(tx, "webhook_changes"), (limit,))
+        else:
+            check_identifier(webhook_id, "webhook_id")
+            rows = tx.fetchall(SQL.sql(tx, "webhook_changes_of_webhook"), (webhook_id, limit))
+    return [
+        WebhookChange(
+            webhook_id=r["webhook_id"],
+            version=int(r["version"]),
+            command=r["command"],
+            actor_id=r["actor_id"],
+            role=r["role"],
+            reason=r["reason"],
+            at=parse_dt(r["at"]),
+            url=r["url"],
+            run_id=r["run_id"],
+            kinds=json.loads(r["kinds"]) if r["kinds"] else [],
+            allow_http=bool(r["allow_http"]),
+            allow_host=r["allow_host"],
+            secret_fingerprint=r["secret_fingerprint"],
+        )
+        for r in rows
+    ]
 
 
 def deliveries(lg: Ledger, webhook_id: str | None = None, limit: int = 100) -> list[Delivery]:
@@ -218,6 +490,18 @@ def deliveries(lg: Ledger, webhook_id: str | None = None, limit: int = 100) -> l
         )
         for r in rows
     ]
+
+
+# -- delivery ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where and how one attempt goes, read from the webhook's row just before it."""
+
+    url: str
+    policy: UrlPolicy
+    keys: list[bytes]  # the current secret's, then a replaced one's still in its grace
 
 
 class _Stopped(Exception):
@@ -284,13 +568,11 @@ class Dispatcher:
             row = tx.fetchone(SQL.sql(tx, "webhook"), (webhook_id,))
         if row is None:
             return
-        key = secret_key(row["secret"])
         kinds = json.loads(row["kinds"]) if row["kinds"] else None
-        url = row["url"]
 
         def handler(found: list[Transition]) -> None:
             for t in found:
-                self._deliver(webhook_id, url, key, t)
+                self._deliver(webhook_id, t)
 
         follower = Follower(
             self.lg,
@@ -318,7 +600,22 @@ class Dispatcher:
         self._threads[webhook_id] = (thread, follower)
         thread.start()
 
-    def _deliver(self, webhook_id: str, url: str, key: bytes, t: Transition) -> None:
+    def _target(self, webhook_id: str) -> _Target:
+        """The webhook as it is now (a change applies from the next attempt on), its
+        secrets decrypted; _Stopped when it was removed."""
+        with self.lg.store.read() as tx:
+            row = tx.fetchone(SQL.sql(tx, "webhook"), (webhook_id,))
+            now = tx.now()
+        if row is None:
+            raise _Stopped
+        keys = [secret_key(secrets.unseal(row["secret"]))]
+        until = parse_dt(row.get("previous_until"))
+        if row.get("previous_secret") and until is not None and now < until:
+            keys.append(secret_key(secrets.unseal(row["previous_secret"])))
+        policy = UrlPolicy(bool(row.get("allow_http")), row.get("allow_host"))
+        return _Target(row["url"], policy, keys)
+
+    def _deliver(self, webhook_id: str, t: Transition) -> None:
         """POST one transition until a 2xx answer (or stop), recording each attempt."""
         with self.lg.store.read() as tx:
             row = tx.fetchone(SQL.sql(tx, "delivery_tries"), (webhook_id, t.position))
@@ -332,7 +629,7 @@ class Dispatcher:
             if self._stop.is_set():
                 raise _Stopped
             attempt += 1
-            status, error, ms = self._post(url, key, msg_id, body)
+            status, error, ms = self._attempt(webhook_id, msg_id, body)
             ok = status is not None and 200 <= status < 300
             with self.lg.store.write() as tx:
                 tx.execute(
@@ -358,37 +655,46 @@ class Dispatcher:
                 raise _Stopped
             delay = min(delay * 2, self.max_backoff)
 
-    def _post(
-        self, url: str, key: bytes, msg_id: str, body: bytes
+    def _attempt(
+        self, webhook_id: str, msg_id: str, body: bytes
     ) -> tuple[int | None, str | None, int]:
-        """(status, error, milliseconds) of one POST, signed at the time it is made.
-
-        `timeout` bounds the whole delivery (connect, send, answer), not each socket
-        read: a receiver trickling its answer is cut off at the deadline and the attempt
-        fails. A redirect is never followed: a 3xx is a failed attempt (the receiver did
-        not take the body, and a signed request must not go where the URL does not say)."""
+        """(status, error, milliseconds) of one attempt: the webhook's URL checked against
+        its policy on the addresses its host resolves to now (a refusal is a failed
+        attempt that sends nothing), then one POST to the address checked."""
+        started = time.monotonic()
+        try:
+            target = self._target(webhook_id)
+            address = check_target(target.url, target.policy)
+        except InvalidInput as e:  # refused by the policy, or no key opens the secret
+            return None, f"not sent: {e}"[:500], int((time.monotonic() - started) * 1000)
         timestamp = int(time.time())
         headers = {
             "content-type": "application/json",
             "user-agent": "run-ledger-webhooks",
             "webhook-id": msg_id,
             "webhook-timestamp": str(timestamp),
-            "webhook-signature": sign(key, msg_id, timestamp, body),
+            # one signature per live secret: during a rotation's grace a receiver that
+            # knows either one verifies the message (Standard Webhooks)
+            "webhook-signature": " ".join(sign(k, msg_id, timestamp, body) for k in target.keys),
         }
-        started = time.monotonic()
-        status, error = post_once(url, headers, body, self.timeout)
-        ms = int((time.monotonic() - started) * 1000)
-        return status, error, ms
+        status, error = post_once(target.url, headers, body, self.timeout, address=str(address))
+        return status, error, int((time.monotonic() - started) * 1000)
 
 
 ANSWER_BYTES = 65536  # of a receiver's answer, read and dropped
 
 
 def post_once(
-    url: str, headers: dict[str, str], body: bytes, deadline_s: float
+    url: str,
+    headers: dict[str, str],
+    body: bytes,
+    deadline_s: float,
+    address: str | None = None,
 ) -> tuple[int | None, str | None]:
     """POST `body` to `url` once: (status, error). No redirect is followed; the whole
-    exchange ends by `deadline_s` seconds (the connection is shut at the deadline)."""
+    exchange ends by `deadline_s` seconds (the connection is shut at the deadline). With
+    `address`, the connection goes to that address (the one the policy checked), the
+    URL's host still named in `Host` and, for https, in TLS (SNI and the certificate)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return None, f"not an http(s) URL: {url!r}"[:500]
@@ -396,6 +702,13 @@ def post_once(
         http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     )
     conn = conn_type(parts.hostname, parts.port, timeout=deadline_s)
+    if address is not None:
+        pinned = address
+
+        def connect(where: tuple[str, int], timeout: float, source: Any = None) -> socket.socket:
+            return socket.create_connection((pinned, where[1]), timeout, source)
+
+        conn._create_connection = connect  # type: ignore[attr-defined]
     expired = threading.Event()
 
     def cut() -> None:

@@ -12,12 +12,15 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from ledger.core.manifest import Manifest
-from ledger.http import commands, docs, feed, operator, page, reads
+from ledger.core.note import Signer
+from ledger.http import commands, docs, feed, operator, page, proofs, reads
 from ledger.http.auth import Gate
 from ledger.http.errors import install_error_handlers
 from ledger.http.guard import SUBMIT_BODY_BYTES, ReadDeadline, RequestGuard
 from ledger.http.streams import FeedHub
 from ledger.http.tokens import TokenFile
+
+CHECKPOINT_KEY_ENV = "LEDGER_CHECKPOINT_KEY"  # the key's text, as `ledger checkpoint sign` reads it
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -63,7 +66,10 @@ def _openapi_schema(app: FastAPI) -> dict[str, Any]:
 
 
 def create_app(
-    lg: Ledger, tokens_path: str | os.PathLike[str] | None = None, public_reads: bool = False
+    lg: Ledger,
+    tokens_path: str | os.PathLike[str] | None = None,
+    public_reads: bool = False,
+    checkpoint_key: str | None = None,
 ) -> FastAPI:
     """The ASGI app serving `lg`: JSON reads and commands, `/openapi.json`, and the
     operator page at `/`.
@@ -71,6 +77,8 @@ def create_app(
     `tokens_path`: the tokens file (else `$LEDGER_TOKENS`, else `./ledger.tokens`);
     a missing file means no tokens (every command is a 401), a malformed one raises
     `InvalidInput` here. `public_reads`: anonymous callers may read and see the page.
+    `checkpoint_key`: the text of a checkpoint signing key (else `$LEDGER_CHECKPOINT_KEY`,
+    else none): `GET /checkpoint` is then signed (proofs.py); a malformed key raises here.
     The caller keeps ownership of `lg` (closing the app does not close it).
     """
     hub = FeedHub(lg)  # event streams: one head watcher, capped (streams.py)
@@ -93,6 +101,8 @@ def create_app(
     app.state.ledger = lg
     app.state.gate = Gate(tokens=TokenFile(tokens_path), public_reads=public_reads)
     app.state.feed_hub = hub
+    key = checkpoint_key or os.environ.get(CHECKPOINT_KEY_ENV) or None
+    app.state.checkpoint_signer = None if key is None else Signer.parse(key)
     install_error_handlers(app)
     # token before body, per-route body limits, read deadlines (guard.py)
     app.state.read_deadline = ReadDeadline()
@@ -101,6 +111,7 @@ def create_app(
     app.include_router(docs.router)
     app.include_router(reads.router)
     app.include_router(feed.router)
+    app.include_router(proofs.router)
     app.include_router(commands.router)
     operator.install(app)  # GET /overview, GET /metrics and the request metrics
     app.mount("/static", page.static_files(), name="static")

@@ -29,6 +29,7 @@ def make_server(
     public_reads: bool = False,
     log_level: str = "info",
     *,
+    checkpoint_key: str | None = None,
     header_timeout: float = HEADER_TIMEOUT_SECONDS,
     read_idle_seconds: float = READ_IDLE_SECONDS,
     read_total_seconds: float = READ_TOTAL_SECONDS,
@@ -49,7 +50,9 @@ def make_server(
     from ledger.http.app import create_app
     from ledger.http.protocol import protocol_with
 
-    app = create_app(lg, tokens_path=tokens_path, public_reads=public_reads)
+    app = create_app(
+        lg, tokens_path=tokens_path, public_reads=public_reads, checkpoint_key=checkpoint_key
+    )
     app.state.read_deadline.idle_seconds = read_idle_seconds
     app.state.read_deadline.total_seconds = read_total_seconds
     config = uvicorn.Config(
@@ -93,11 +96,14 @@ def serve(
     *,
     create: bool = True,
     announce: Callable[[str], None] | None = None,
+    checkpoint_key: str | None = None,
 ) -> None:
     """Open the ledger at `dsn` (None: `LEDGER_DSN`, else `sqlite:///./ledger.db`), serve it
     on `host:port` until interrupted (Ctrl-C / SIGTERM), then close it. `create=False`:
     a missing SQLite file is refused (`StoreUnavailable`), not created empty.
-    `announce(line)` is told what is served, where, and whether anyone can sign in."""
+    `announce(line)` is told what is served, where, and whether anyone can sign in.
+    `checkpoint_key`: a checkpoint signing key's text for `GET /checkpoint` (else
+    `$LEDGER_CHECKPOINT_KEY`; ledger/http/proofs.py)."""
     from ledger.core.redact import redact
     from ledger.feed.webhooks import Dispatcher
     from ledger.http.tokens import list_tokens
@@ -110,7 +116,12 @@ def serve(
     try:
         # built before anything is announced: a missing extra is the only thing said
         server = make_server(
-            lg, host=host, port=port, tokens_path=tokens_path, public_reads=public_reads
+            lg,
+            host=host,
+            port=port,
+            tokens_path=tokens_path,
+            public_reads=public_reads,
+            checkpoint_key=checkpoint_key,
         )
         if announce is not None:
             where = resolve_tokens(tokens_path)

@@ -48,6 +48,8 @@ def open_store(
     if dsn.startswith(("postgresql://", "postgres://")):
         try:
             import psycopg
+            from eventsourcing.persistence import InterfaceError as ESInterfaceError
+            from eventsourcing.persistence import OperationalError as ESOperationalError
 
             from ledger.stores.postgres import PostgresStore
         except ModuleNotFoundError as e:
@@ -55,9 +57,11 @@ def open_store(
 
         try:
             return PostgresStore(dsn, clock=clock)
-        except psycopg.OperationalError as e:
+        except (psycopg.OperationalError, ESOperationalError, ESInterfaceError) as e:
             # unreachable, refused, bad password, no such database: typed like a missing
-            # SQLite file, with libpq's reason (secrets redacted)
+            # SQLite file, with libpq's reason (secrets redacted). The pool's first queries
+            # (type adapters, the recorder) fail as eventsourcing's errors: a statement
+            # timeout or a terminated backend there is the same fault, typed the same.
             raise StoreUnavailable(
                 f"cannot open the PostgreSQL ledger: {redact(str(e).strip())}"
             ) from e

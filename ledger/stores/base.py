@@ -29,8 +29,10 @@ from ledger.stores.sql import STATEMENTS
 # ledger/projections/counts.py); 8: single positions drawn under the block mutex (PostgreSQL);
 # 9: narrower transition and item indexes, fillfactor 50 on lg_items and lg_attempts
 # (PostgreSQL; ledger/projections/schema.py); 10: lg_items_optional (the open items not required);
-# 11: each event's hash on its row, ledger_event_hashes folded in and dropped (hashchain.py)
-SCHEMA_VERSION = 11
+# 11: each event's hash on its row, ledger_event_hashes folded in and dropped (hashchain.py);
+# 12: the Merkle tree's leaves and subtree hashes (ledger/stores/tree.py);
+# 13: a webhook's URL policy, previous secret and the lg_webhook_changes record (ledger/feed/)
+SCHEMA_VERSION = 13
 
 
 def refuse_newer(current: int, known: int) -> None:

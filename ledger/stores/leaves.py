@@ -45,11 +45,13 @@ def unchained_leaf(stream: UUID, version: int, topic: str, state: bytes) -> byte
 
 def leaf_data(row: Any) -> bytes:
     """One leaf's data from a `merkle_leaves` row."""
-    hx = row["hash"]
+    return leaf_data_of(row["hash"], row["oid"], int(row["version"]), row["topic"], row["state"])
+
+
+def leaf_data_of(hx: str | None, oid: Any, version: int, topic: str, state: Any) -> bytes:
+    """One leaf's data from an event's recorded hash (or, without one, its content)."""
     if hx is None:
-        return unchained_leaf(
-            as_uuid(row["oid"]), int(row["version"]), row["topic"], bytes(row["state"] or b"")
-        )
+        return unchained_leaf(as_uuid(oid), version, topic, bytes(state or b""))
     if len(hx) == 64:
         try:
             return bytes.fromhex(hx)

@@ -163,7 +163,82 @@ WHERE a.attrelid = ANY(CAST(? AS regclass[])) AND a.attnum > 0 AND NOT a.attisdr
 
 -- the Merkle tree's leaves (ledger/stores/leaves.py): each event's recorded hash, and what
 -- an event without one is hashed from
+-- name: tree_new_leaves
+-- the events to add to the tree, in position order: their chain hashes only
+SELECT e.{position}, e.hash
+FROM {events} e WHERE e.{position} > ? AND e.{position} <= ? ORDER BY e.{position} LIMIT ?
+
+-- name: tree_unchained_events
+-- what the leaf of an event without a chain hash is made of (unchained_leaf in leaves.py)
+SELECT e.{position}, e.originator_id, e.originator_version, e.topic, e.state
+FROM {events} e WHERE e.{position} {in_list}
+
 -- name: merkle_leaves
 SELECT e.{position} AS position, e.originator_id AS oid, e.originator_version AS version,
   e.topic, e.hash AS hash, CASE WHEN e.hash IS NULL THEN e.state END AS state
 FROM {events} e WHERE e.{position} > ? AND e.{position} <= ? ORDER BY e.{position} LIMIT ?
+
+-- the stored Merkle tree (ledger/stores/tree.py): one row per leaf (its event's position,
+-- its data, whether the ledger itself removed the event) and one per perfect subtree
+-- above the leaves, keyed by level * 2^48 + index
+
+-- name: tree_last_leaf
+SELECT leaf_index, position FROM lg_merkle_leaves ORDER BY leaf_index DESC LIMIT 1
+
+-- name: tree_leaves_at
+SELECT leaf_index, data FROM lg_merkle_leaves WHERE leaf_index {in_list}
+
+-- name: tree_nodes_at
+SELECT node, hash FROM lg_merkle_nodes WHERE node {in_list}
+
+-- name: tree_leaves_by_position
+SELECT leaf_index, position, data, gone FROM lg_merkle_leaves WHERE position {in_list}
+
+-- name: tree_leaves_with_events
+-- the leaves from an index on, each with its event where the events table still holds it
+SELECT l.leaf_index, l.position, l.data, l.gone, e.originator_id AS oid,
+  e.originator_version AS version, e.topic, e.hash AS hash,
+  CASE WHEN e.hash IS NULL THEN e.state END AS state,
+  CASE WHEN e.{position} IS NULL THEN 0 ELSE 1 END AS present
+FROM lg_merkle_leaves l LEFT JOIN {events} e ON e.{position} = l.position
+WHERE l.leaf_index >= ? AND l.leaf_index < ? ORDER BY l.leaf_index
+
+-- name: tree_mark_gone
+-- the leaves of events the ledger deletes (archive, restore): the leaves stay
+UPDATE lg_merkle_leaves SET gone = 1 WHERE position IN (
+  SELECT {position} FROM {events}
+  WHERE originator_id {in_list} AND originator_version <= ? AND originator_version >= ?)
+
+-- name: tree_mark_back
+UPDATE lg_merkle_leaves SET gone = 0 WHERE position {in_list}
+
+-- name: tree_lock
+-- PostgreSQL: one transaction at a time extends the tree
+SELECT pg_advisory_xact_lock(?)
+
+-- name: tree_unleafed
+SELECT COUNT(*) AS n FROM {events}
+WHERE originator_id {in_list} AND originator_version <= ? AND originator_version >= ?
+  AND {position} > ?
+
+-- name: pg_tree_insert_leaves
+-- PostgreSQL: a page of leaves in one statement: the first leaf index, the positions as
+-- comma-separated text and the data as one bytea of 32 bytes per leaf (arrays of bytea
+-- cost the client a quoting pass per element)
+INSERT INTO lg_merkle_leaves (leaf_index, position, data)
+SELECT ?::bigint + t.n - 1, t.p, substring(?::bytea FROM ((t.n - 1) * 32 + 1)::int FOR 32)
+FROM unnest(string_to_array(?::text, ',')::bigint[]) WITH ORDINALITY AS t(p, n)
+
+-- name: sqlite_tree_insert_leaves
+-- SQLite: the same, the positions as a JSON array
+INSERT INTO lg_merkle_leaves (leaf_index, position, data)
+SELECT ? + key, value, substr(?, key * 32 + 1, 32) FROM json_each(?)
+
+-- name: sqlite_tree_insert_nodes
+INSERT INTO lg_merkle_nodes (node, hash) SELECT value, substr(?, key * 32 + 1, 32) FROM json_each(?)
+
+-- name: pg_tree_insert_nodes
+-- the same for a page of nodes: their keys as text, their hashes as one bytea
+INSERT INTO lg_merkle_nodes (node, hash)
+SELECT t.k, substring(?::bytea FROM ((t.n - 1) * 32 + 1)::int FOR 32)
+FROM unnest(string_to_array(?::text, ',')::bigint[]) WITH ORDINALITY AS t(k, n)

@@ -229,12 +229,19 @@ def delete_stream_events(
         STATEMENTS.sql(tx, "delete_stream_events"),
     )
     deleted = 0
-    for bound, ids in by_bound.items():
-        for i in range(0, len(ids), _CHUNK):
-            params = (tx_list(tx, ids[i : i + _CHUNK]), bound, low)
-            row = tx.fetchone(count, params)
-            deleted += int(row["n"]) if row else 0
-            tx.execute(delete, params)
+    batches = [
+        (tx_list(tx, ids[i : i + _CHUNK]), bound, low)
+        for bound, ids in by_bound.items()
+        for i in range(0, len(ids), _CHUNK)
+    ]
+    # the events leave, their leaves stay (marked gone): checkpoints and proofs still hold
+    from ledger.stores.tree import mark_gone  # tree.py reads through this module
+
+    mark_gone(tx, batches)
+    for params in batches:
+        row = tx.fetchone(count, params)
+        deleted += int(row["n"]) if row else 0
+        tx.execute(delete, params)
     return deleted
 
 

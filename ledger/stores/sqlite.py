@@ -19,11 +19,39 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
 
+from ledger.core.errors import StoreUnavailable
+from ledger.core.redact import redact
 from ledger.stores.base import Store, StreamConflict, Tx, apply_migrations
 from ledger.stores.migrations import steps as schema_steps
 from ledger.stores.sql import STATEMENTS
 
 BUSY_TIMEOUT_S = 60.0
+
+# SQLite's primary result codes that mean the file cannot be used now, not that the
+# statement is wrong: busy or locked past the busy timeout, out of memory, read-only,
+# an I/O error, a corrupt or full file, a file that cannot be opened or is no database.
+_UNAVAILABLE = {
+    5: "the database file is locked by another writer (busy timeout passed)",
+    6: "a table is locked",
+    7: "SQLite is out of memory",
+    8: "the database file is read-only",
+    10: "a disk I/O error",
+    11: "the database file is corrupt",
+    13: "the disk is full",
+    14: "the database file cannot be opened",
+    15: "the database file's lock protocol failed",
+    26: "the file is not a SQLite database",
+}
+
+
+def unavailable(error: sqlite3.Error) -> StoreUnavailable | None:
+    """A SQLite fault as the ledger's typed error (the transaction was rolled back: nothing
+    was written), or None for an error in the statement itself."""
+    code = getattr(error, "sqlite_errorcode", None)
+    what = _UNAVAILABLE.get(code & 0xFF) if isinstance(code, int) else None
+    if what is None:
+        return None
+    return StoreUnavailable(f"{what} ({redact(str(error))}); nothing was written")
 
 
 class LedgerSQLiteRecorder(SQLiteApplicationRecorder):
@@ -117,7 +145,11 @@ class SqliteStore(Store):
         self.recorder = LedgerSQLiteRecorder(SQLiteDatastore(":memory:"))
         self._mem_conn = self._connect() if self.memory else None
         self._closed = False
-        self._create_schema()
+        try:
+            self._create_schema()
+        except BaseException:
+            self.close()  # a file that cannot be used keeps no connection open
+            raise
 
     # connections -----------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -150,19 +182,25 @@ class SqliteStore(Store):
     def _tx(self, write: bool) -> Iterator[SqliteTx]:
         if self._closed:
             raise RuntimeError("ledger is closed")
-        with self._mem_lock if self.memory else _null():
-            conn = self._conn()
-            conn.execute(STATEMENTS.sql("sqlite", "begin_write" if write else "begin_read"))
-            tx = SqliteTx(self, conn, write)
-            try:
-                yield tx
-            except BaseException:
-                conn.rollback()
+        try:
+            with self._mem_lock if self.memory else _null():
+                conn = self._conn()
+                conn.execute(STATEMENTS.sql("sqlite", "begin_write" if write else "begin_read"))
+                tx = SqliteTx(self, conn, write)
+                try:
+                    yield tx
+                except BaseException:
+                    conn.rollback()
+                    raise
+                else:
+                    conn.commit()
+                finally:
+                    tx.cur.close()
+        except sqlite3.Error as e:
+            typed = unavailable(e)
+            if typed is None:
                 raise
-            else:
-                conn.commit()
-            finally:
-                tx.cur.close()
+            raise typed from e
 
     def write(self) -> AbstractContextManager[SqliteTx]:
         return self._tx(True)

@@ -27,6 +27,7 @@ from ledger.stores.raw import (
     occupied_positions,
     stream_heads,
 )
+from ledger.stores.tree import restored as restored_leaves
 from ledger.transfer.archive_file import (
     ArchiveSummary,
     RunPart,
@@ -98,6 +99,13 @@ def restore(lg: Ledger, actor: Actor, source: str | Path) -> ArchiveSummary:
             nonlocal restored
             todo = [e for e in page if e.version > (held.get(e.stream) or (0, None))[0]]
             keep = not occupied_positions(tx, [e.position for e in todo])
+            wrong = restored_leaves(
+                tx,
+                [(e.position, e.stream, e.version, e.topic, e.state, e.hash) for e in todo],
+                keep,
+            )
+            if wrong:
+                raise ImportRefused(wrong)
             positions = append_raw(tx, todo, keep_positions=keep, reuse_free=keep)
             decode = lg.store.decode
             from eventsourcing.persistence import StoredEvent

@@ -16,7 +16,7 @@ from typing import Any
 
 from .common import DEFAULT, FULL, QUICK, TINY, PgTarget, Profiler, Row, Sizes, durable
 
-ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11")
+ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12")
 
 __all__ = [
     "ALL_CASES",
@@ -70,6 +70,7 @@ def run_all(config: BenchConfig) -> list[Row]:
         submit,
         throughput,
         transfer,
+        tree,
     )
 
     sizes, pg, say = config.sizes, config.pg, config.say
@@ -135,7 +136,9 @@ def run_all(config: BenchConfig) -> list[Row]:
         attempt("10", lambda: feed.run(pg, sizes, say))
     if "11" in wanted:
         attempt("11", lambda: invariants.run(pg, sizes, say, tmp))
-    # in case order: 1, 2, ..., 10, 11, then the peers (P)
+    if "12" in wanted:
+        attempt("12", lambda: tree.run(pg, sizes, say, tmp))
+    # in case order: 1, 2, ..., 11, 12, then the peers (P)
     return sorted(rows, key=lambda r: (0, int(r.case)) if r.case.isdigit() else (1, 0))
 
 

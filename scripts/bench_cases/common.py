@@ -49,6 +49,7 @@ class Sizes:
     feed_events: int = 50_000  # case 10: events the follower reads
     feed_wake_samples: int = 20  # case 10: commits wait_for_events waits for
     feed_writers: int = 8  # case 10: writer processes during the lag measurement
+    tree_leaves: int = 1_000_000  # case 12: leaves of the big tree (roots and proofs)
     feed_load_seconds: float = 10.0
 
     def scaled(self, **changes: Any) -> Sizes:
@@ -70,6 +71,7 @@ QUICK = DEFAULT.scaled(
     feed_events=5_000,
     feed_wake_samples=10,
     feed_load_seconds=5.0,
+    tree_leaves=100_000,
 )
 TINY = Sizes(
     throughput_items=60,
@@ -92,6 +94,7 @@ TINY = Sizes(
     feed_events=300,
     feed_wake_samples=2,
     feed_writers=2,
+    tree_leaves=2_000,
     feed_load_seconds=1.0,
 )
 

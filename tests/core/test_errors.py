@@ -124,7 +124,7 @@ def test_every_error_type_is_raised(lg: Ledger, tmp_path: Any) -> None:
     with Follower(lg, "busy", lambda ts: None) as running:
         running.run_once()
         check(ledger.FollowerBusy, lambda: Follower(lg, "busy", lambda ts: None).run_once())
-    check(ledger.WebhookNotFound, lambda: remove_webhook(lg, "wh_none"))
+    check(ledger.WebhookNotFound, lambda: remove_webhook(lg, OPERATOR, "wh_none", reason="gone"))
     # an archived run's items left with its events (ledger/transfer/archive.py)
     lg.archive(OPERATOR, tmp_path / "archive.jsonl", runs=[rid])
     e = check(ledger.RunArchived, lambda: lg.compensate(rid, OPERATOR, "undo", items=["i0"]))

@@ -26,9 +26,13 @@ from ledger.feed.webhooks import (
     remove_webhook,
     sign,
 )
-from tests.support.runs import finished_run
+from tests.support.runs import OPERATOR, finished_run
 
 WAIT = 60.0  # a bound on waiting, never a timing assertion
+# the receivers here listen on this machine: the operator allows that host, and http
+LOCAL = {"allow_http": True, "allow_host": "127.0.0.1", "reason": "a receiver on this machine"}
+
+pytestmark = pytest.mark.usefixtures("webhook_key")
 
 
 def _secret() -> str:
@@ -96,7 +100,7 @@ def test_delivery_survives_a_failing_hanging_and_down_receiver(dsn: str) -> None
     secret = _secret()
     with Ledger.open(dsn) as lg:
         finished_run(lg, 1)  # before the webhook: not sent
-        hook = add_webhook(lg, receiver.url, secret)
+        hook = add_webhook(lg, OPERATOR, receiver.url, secret=secret, **LOCAL)
         assert hook.position == lg.events()[-1].position
         dispatcher = Dispatcher(lg, timeout=0.5, base_backoff=0.02, max_backoff=0.2)
         dispatcher.start()
@@ -166,18 +170,18 @@ def test_bad_webhooks_are_refused_and_nothing_is_written(dsn: str) -> None:
         finished_run(lg, 1)
         for url in ("ftp://x/", "not a url", "http://", "", "http://h/" + "x" * 2001):
             with pytest.raises(InvalidInput):
-                add_webhook(lg, url, _secret())
+                add_webhook(lg, OPERATOR, url, secret=_secret(), **LOCAL)
         for secret in ("", "whsec_!!!", "whsec_" + base64.b64encode(b"short").decode()):
             with pytest.raises(InvalidInput):
-                add_webhook(lg, "http://127.0.0.1:9/", secret)
+                add_webhook(lg, OPERATOR, "http://127.0.0.1:9/", secret=secret, **LOCAL)
         with pytest.raises(InvalidInput):
-            add_webhook(lg, "http://127.0.0.1:9/", _secret(), kinds=["bogus"])
+            add_webhook(lg, OPERATOR, "http://127.0.0.1:9/", kinds=["bogus"], **LOCAL)
         with pytest.raises(RunNotFound):
-            add_webhook(lg, "http://127.0.0.1:9/", _secret(), run_id="nope")
+            add_webhook(lg, OPERATOR, "http://127.0.0.1:9/", run_id="nope", **LOCAL)
         with pytest.raises(WebhookNotFound):
-            remove_webhook(lg, "wh_nope")
+            remove_webhook(lg, OPERATOR, "wh_nope", reason="gone")
         assert list_webhooks(lg) == []
-        hook = add_webhook(lg, "http://127.0.0.1:9/", _secret(), kinds=["succeeded"])
+        hook = add_webhook(lg, OPERATOR, "http://127.0.0.1:9/", kinds=["succeeded"], **LOCAL)
         assert [h.webhook_id for h in list_webhooks(lg)] == [hook.webhook_id]
-        remove_webhook(lg, hook.webhook_id)
+        remove_webhook(lg, OPERATOR, hook.webhook_id, reason="done")
         assert list_webhooks(lg) == []

@@ -17,6 +17,7 @@ import pytest
 
 from ledger import Ledger
 from ledger.core import merkle as M
+from ledger.core.errors import InvalidInput
 from ledger.core.note import Signer
 from ledger.service import checkpoints as C
 from ledger.stores.hashchain import GENESIS, HASH_COLUMN, event_hash, oid_param
@@ -181,20 +182,29 @@ def test_the_cli_signs_proves_and_catches_a_truncation(tmp_path: Any) -> None:
     r = cli(dsn, "verify", "--no-progress", "--checkpoint", str(cp), "--vkey", vkey)
     assert r.exit_code == 0, r.output
     size = cp.read_text().split("\n")[1]
-    r = cli(dsn, "checkpoint", "prove", "--index", "2", "--size", size)
+    r = cli(dsn, "checkpoint", "prove", "--index", "2", "--size", size, "--json")
     assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert (doc["leaf_index"], doc["tree_size"]) == (2, int(size)) and doc["hashes"]
     (tmp_path / "p.json").write_text(r.stdout)
-    r = cli(
-        dsn,
-        "checkpoint",
-        "check-proof",
-        str(tmp_path / "p.json"),
-        "--checkpoint",
-        str(cp),
-        "--vkey",
-        vkey,
-    )
-    assert r.exit_code == 0 and r.stdout.startswith("ok "), r.output
+    # a proof file of the first release (index, size, proof) checks too
+    (tmp_path / "old.json").write_text(json.dumps(_old_names(doc)))
+    for name in ("p.json", "old.json"):
+        r = cli(
+            dsn,
+            "checkpoint",
+            "check-proof",
+            str(tmp_path / name),
+            "--checkpoint",
+            str(cp),
+            "--vkey",
+            vkey,
+        )
+        assert r.exit_code == 0 and r.stdout.startswith("ok "), (name, r.output)
+    r = cli(dsn, "checkpoint", "prove", "--from", "1", "--to", size, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert (doc["size1"], doc["size2"]) == (1, int(size)) and doc["hashes"]
     lg = Ledger.open(dsn)
     try:
         delete_newest(lg, 1)
@@ -204,3 +214,65 @@ def test_the_cli_signs_proves_and_catches_a_truncation(tmp_path: Any) -> None:
     r = cli(dsn, "verify", "--no-progress", "--json", "--checkpoint", str(cp), "--vkey", vkey)
     assert r.exit_code == 1
     assert "checkpoint_truncated" in {p["kind"] for p in json.loads(r.stdout)["problems"]}
+
+
+def _old_names(doc: dict[str, Any]) -> dict[str, Any]:
+    """A proof as the first release of `prove` wrote it: index, size, proof, from, to,
+    from_root, to_root."""
+    rename = {
+        "leaf_index": "index",
+        "tree_size": "size",
+        "hashes": "proof",
+        "size1": "from",
+        "size2": "to",
+        "root1": "from_root",
+        "root2": "to_root",
+    }
+    out = {rename.get(k, k): v for k, v in doc.items()}
+    if "events" in out:
+        out["events"] = [_old_names(e) for e in out["events"]]
+    return out
+
+
+def test_proofs_have_the_rfc_shape_and_old_files_still_check(lg: Ledger, key: Signer) -> None:
+    vkey = key.verifier().text()
+    run_id = finished_run(lg)
+    first = signed(lg, key)
+    finished_run(lg, 1)
+    second = signed(lg, key)
+    size1 = C.Checkpoint.parse(first.split("\n\n")[0] + "\n").size
+    size2 = C.Checkpoint.parse(second.split("\n\n")[0] + "\n").size
+
+    inc = C.inclusion(lg, 2, size2)
+    assert {"leaf_index", "tree_size", "hashes"} <= inc.keys()
+    assert not {"index", "size", "proof"} & inc.keys()
+    assert (inc["leaf_index"], inc["tree_size"]) == (2, size2)
+    assert all(len(base64.b64decode(h)) == 32 for h in inc["hashes"]) and inc["hashes"]
+    con = C.consistency(lg, size1, size2)
+    assert {"size1", "size2", "hashes"} <= con.keys()
+    assert not {"from", "to", "proof"} & con.keys()
+    assert (con["size1"], con["size2"]) == (size1, size2) and con["hashes"]
+    run = C.run_proof(lg, run_id, size1)
+    assert run["tree_size"] == size1 and run["events"]
+    assert all({"leaf_index", "hashes"} <= e.keys() for e in run["events"])
+    assert not any({"index", "proof"} & e.keys() for e in run["events"])
+
+    both = [first, second]
+    for doc in (inc, con, run):
+        assert C.check_proof(doc, both, [vkey])["ok"], doc["type"]
+        # a file written with the first release's field names still checks
+        old = _old_names(doc)
+        assert C.check_proof(json.dumps(old), both, [vkey])["ok"], doc["type"]
+    # and a wrong leaf index still fails, in either naming
+    assert not C.check_proof({**inc, "leaf_index": 3}, both, [vkey])["ok"]
+    assert not C.check_proof({**_old_names(inc), "index": 3}, both, [vkey])["ok"]
+    # the bare shapes of the issue (no type; a consistency proof without its roots takes
+    # the older root from a checkpoint of that size)
+    bare_inc = {k: inc[k] for k in ("leaf_index", "tree_size", "hashes", "leaf_hash")}
+    assert C.check_proof(bare_inc, both, [vkey])["ok"]
+    bare_con = {k: con[k] for k in ("size1", "size2", "hashes")}
+    assert C.check_proof(bare_con, both, [vkey])["ok"]
+    wrong = [C.b64(bytes(32)), *con["hashes"][1:]]
+    assert not C.check_proof({**bare_con, "hashes": wrong}, both, [vkey])["ok"]
+    with pytest.raises(InvalidInput, match="root1"):  # no root and no checkpoint of size1
+        C.check_proof({**bare_con, "size1": size1 - 1}, both, [vkey])

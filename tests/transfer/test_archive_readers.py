@@ -21,8 +21,12 @@ from tests.support.runs import OPERATOR, SUBMITTER, finished_run, manifest
 SECRET = "whsec_" + "A" * 43
 
 
+LOCAL = {"allow_http": True, "allow_host": "127.0.0.1", "reason": "a receiver on this machine"}
+
+
+@pytest.mark.usefixtures("webhook_key")
 def test_an_archive_waits_for_a_webhook_that_has_not_delivered(lg: Ledger, tmp_path: Path) -> None:
-    hook = add_webhook(lg, "http://127.0.0.1:9/hook", SECRET, after=0)  # nothing delivered
+    hook = add_webhook(lg, OPERATOR, "http://127.0.0.1:9/hook", secret=SECRET, after=0, **LOCAL)
     run_id = finished_run(lg, 2)
     before = len(lg.history(run_id))
     with pytest.raises(IllegalTransition, match=hook.webhook_id):
@@ -36,10 +40,11 @@ def test_an_archive_waits_for_a_webhook_that_has_not_delivered(lg: Ledger, tmp_p
     assert record is not None
 
 
+@pytest.mark.usefixtures("webhook_key")
 def test_an_archive_goes_ahead_once_readers_have_passed(lg: Ledger, tmp_path: Path) -> None:
-    hook = add_webhook(lg, "http://127.0.0.1:9/hook", SECRET, after=0)
+    hook = add_webhook(lg, OPERATOR, "http://127.0.0.1:9/hook", secret=SECRET, after=0, **LOCAL)
     run_id = finished_run(lg, 1)
-    remove_webhook(lg, hook.webhook_id)  # no reader left behind
+    remove_webhook(lg, OPERATOR, hook.webhook_id, reason="retired")  # no reader left behind
     summary = lg.archive(OPERATOR, tmp_path / "a.jsonl", runs=[run_id])
     assert summary.runs == [run_id]
 
