@@ -417,6 +417,8 @@ def _lease_expired(e: Any, facts: Facts, at: At) -> str | None:
     expires = getattr(at.item, "lease_expires_at", None)
     if expires is None:
         return None  # no live lease: lease_holder names it
+    if (e.evidence or {}).get("clock_stepped_back"):
+        return None  # granted by a clock that has since stepped back, and recorded so
     try:
         until = datetime.fromisoformat(expires)
     except (TypeError, ValueError):
@@ -541,7 +543,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "lease_expired",
-        "a lease is recorded expired only once its expiry has passed",
+        "a lease is recorded expired only once its expiry has passed (or with the clock "
+        "step that ended it recorded)",
         "SPEC rule 4: the record may lag reality but never lead it; the reconciler "
         "expires stale leases",
         _lease_expired,
