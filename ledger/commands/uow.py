@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from uuid import UUID
 
-from ledger.commands import invariants
 from ledger.commands.idempotency import retry_transient
 from ledger.commands.sql import SQL
 from ledger.core import states as S
@@ -32,7 +31,9 @@ from ledger.core.domain import (
 )
 from ledger.core.errors import Conflict, NotAuthorized
 from ledger.core.rows import item_from_row
+from ledger.core.rule_check import ItemFacts, Overlay, check_batch
 from ledger.core.views import Actor
+from ledger.projections.counts import required_not_accepted
 from ledger.reads import queries
 from ledger.stores.base import Store, StreamConflict, Tx
 from ledger.stores.named import tx_list
@@ -89,6 +90,38 @@ def stamp(now: datetime, agg: Any) -> datetime:
     return now
 
 
+class _ItemBefore:
+    """An item's state and lease as the transaction loaded it."""
+
+    __slots__ = ("lease_expires_at", "lease_token", "lease_worker", "state")
+
+    def __init__(
+        self,
+        state: str,
+        lease_token: str | None,
+        lease_worker: str | None,
+        lease_expires_at: str | None,
+    ) -> None:
+        self.state = state
+        self.lease_token = lease_token
+        self.lease_worker = lease_worker
+        self.lease_expires_at = lease_expires_at
+
+
+def _required(tx: Tx) -> Callable[[str], list[tuple[str, str]]]:
+    def required(run_id: str) -> list[tuple[str, str]]:
+        return [(r["item_id"], r["state"]) for r in required_not_accepted(tx, run_id, 50)]
+
+    return required
+
+
+def _amended(tx: Tx) -> Callable[[str, str], bool]:
+    def amended_by(run_id: str, actor_id: str) -> bool:
+        return tx.fetchone(SQL.sql(tx, "run_amended_by"), (run_id, actor_id)) is not None
+
+    return amended_by
+
+
 class UnitOfWork:
     """One command invocation over the ledger's store."""
 
@@ -96,9 +129,11 @@ class UnitOfWork:
         self.store = store
         self._projector = projector
         self._joined = tx  # the keyed command's transaction, shared by every step
-        # the time of the last committed event of every stream loaded: where the pre-commit
-        # rule check (ledger/commands/invariants.py) starts each stream's clock
+        # the time of the last committed event of every stream loaded, and the state and
+        # lease of every item loaded: where the pre-commit rule check
+        # (ledger/core/rule_check.py) starts from
         self._stamps: dict[UUID, datetime] = {}
+        self._items: dict[UUID, ItemFacts] = {}
         self._exclusive = False  # item commands lock their run FOR UPDATE (item_write)
 
     # -- transactions ----------------------------------------------------
@@ -159,6 +194,10 @@ class UnitOfWork:
         """Note the time of the aggregate's last committed event (None passes through)."""
         if agg is not None and agg.modified_on is not None:
             self._stamps[agg.id] = agg.modified_on
+            if isinstance(agg, Item):
+                self._items[agg.id] = _ItemBefore(
+                    agg.state, agg.lease_token, agg.lease_worker, agg.lease_expires_at
+                )
         return agg
 
     def guard(
@@ -215,8 +254,10 @@ class UnitOfWork:
         events = item_events + run_events if first == "items" else run_events + item_events
         if not events:
             return
-        # the rules verify applies to history, on these events, before anything is written
-        invariants.check(tx, events, runs, self._stamps)
+        # the rule checker verify and import apply to history, on these events, before
+        # anything is written
+        facts = Overlay(runs, self._items, self._stamps, _required(tx), events, _amended(tx))
+        check_batch(events, facts)
         try:
             positioned = tx.append(cast("list[DomainEvent]", events))
         except StreamConflict as e:

@@ -145,18 +145,36 @@ class CommitUncertain(LedgerError):
 
 
 class InvariantViolated(LedgerError):
-    """A command would have written what `verify` rejects (a terminal run or its item
-    changed, two live leases, an unearned success, a reconciler's success, time going
-    backwards): the ledger's own pre-commit check refused it and wrote nothing. It
-    means a command's checks missed a rule; `kind` names the rule, `run_id` the run."""
+    """An event breaks a rule of the rule checker (`ledger/core/rule_check.py`): a command
+    would have written what `verify` rejects, or a history file being imported, restored
+    or copied holds such an event. Nothing was written. `kind` names the rule, `run_id`
+    the run, `stream` and `version` the event (`position` its position in a file)."""
 
-    def __init__(self, message: str, kind: str, run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        kind: str,
+        run_id: str | None = None,
+        stream: str | None = None,
+        version: int | None = None,
+        position: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.run_id = run_id
+        self.stream = stream
+        self.version = version
+        self.position = position
 
     def to_dict(self) -> dict[str, object]:
-        return {**super().to_dict(), "kind": self.kind, "run_id": self.run_id}
+        return {
+            **super().to_dict(),
+            "kind": self.kind,
+            "run_id": self.run_id,
+            "stream": self.stream,
+            "version": self.version,
+            "position": self.position,
+        }
 
 
 class FollowerNotFound(LedgerError):

@@ -90,8 +90,8 @@ def required_not_accepted(
     tx: Tx, run_id: str, limit: int, items_table: str = "lg_items"
 ) -> list[dict[str, Any]]:
     """The first `limit` required items of the run's manifest not accepted, in manifest
-    order (`item_id`, `state`): what a succeeded run must not have. Asked before commit
-    (`ledger.commands.invariants`) and over history (`projections.verify_rules`, on its scratch
+    order (`item_id`, `state`): what a succeeded run must not have. Asked for the rule
+    checker (`ledger/core/rule_check.py`) before commit and over history (on a replay's
     copy of the item rows: `items_table`)."""
     return tx.fetchall(
         STATEMENTS.sql(tx, "required_not_accepted", items=items_table), (run_id, limit)

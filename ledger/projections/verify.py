@@ -12,12 +12,10 @@ Three checks, over one consistent point of the history (position P):
    (`stream_order`). `heads` is a digest over every stream's last event and hash:
    record it elsewhere to detect a history rewritten wholesale, hashes included.
 2. **the rule book's rules in the history**, checked while replaying in position order:
-   a terminal run that changed (`terminal_changed`), a claim of an item that
-   already had a live lease (`two_leases`), `succeeded` with a required item not
-   accepted or work still open (`success_unearned`), a reconciler recording an
-   acceptance or a success (`reconciler_success`), event times going backwards
-   within a stream (`time_backwards`), and events that cannot be applied
-   (`replay`, `undecodable`). Batches are replayed as a rebuild replays them
+   every rule of the rule checker (`ledger/core/rule_check.py`, the one the commands
+   check before they commit and import, restore and copy check before they write), each
+   problem named by its rule (`terminal_changed`, `two_leases`, `success_unearned`,
+   `lease_holder`, ...), and events that cannot be applied (`replay`, `undecodable`). Batches are replayed as a rebuild replays them
    (grouped); a batch holding an event that does not apply is rolled back to a
    savepoint and replayed event by event, reporting each such event.
 3. **Projections vs a fresh rebuild**: the replay builds scratch tables with a
@@ -54,9 +52,9 @@ from ledger.projections.rebuild import (
     replay_pages,
     settle_ddl,
 )
+from ledger.projections.replay_rules import Problems, RuleObserver
 from ledger.projections.schema import PROJECTION_TABLES, TABLE_KEYS
 from ledger.projections.sql import STATEMENTS
-from ledger.projections.verify_rules import Problems, RuleChecker
 from ledger.stores.base import SCRATCH_MARK, Store, Tx
 from ledger.stores.hashchain import (
     GENESIS,
@@ -94,7 +92,7 @@ def _verify(lg: Ledger, progress: Progress) -> VerifyReport:
     store: Store = lg.store
     problems = Problems()
     suffix = SCRATCH_MARK + secrets.token_hex(4)  # its statements are not prepared
-    rules = RuleChecker(problems, suffix)
+    rules = RuleObserver("lg_items" + suffix, problems)
     replayer = Replayer(suffix, observer=rules)
     try:
         with store.write() as tx:

@@ -1,5 +1,7 @@
 """`copy_ledger`: every event of one ledger into another, through an export to a
-temporary file and an import of it (SQLite to PostgreSQL and back, or between files)."""
+temporary file and an import of it (SQLite to PostgreSQL and back, or between files).
+The import is the writer: every event passes the rule checker before anything commits,
+and only runs the target does not hold are added (ledger/transfer/imports.py)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ from ledger.stores.named import tx_list
 from ledger.stores.sql import STATEMENTS
 
 _CHUNK = 300  # stream ids per IN list
+# the largest block `ledger_reserve_positions(n integer)` draws (PostgreSQL's integer)
+_PG_RESERVE_MAX = 2**31 - 1
 
 
 class RawEvent(NamedTuple):
@@ -183,7 +185,9 @@ def _pg_reserve_at(tx: Tx, first: int, last: int) -> bool:
     seq = sequence_name(tx.store.events_table())
     row = tx.fetchone(STATEMENTS.sql(tx, "pg_sequence_drawn", seq=seq))
     drawn = (int(row["v"]) - (0 if row["c"] else 1)) if row else 0  # a fresh sequence drew none
-    if drawn >= first:
+    if drawn >= first or last - drawn > _PG_RESERVE_MAX:
+        # drawn already, or a block larger than the function counts: the store numbers
+        # the events itself, above every position it holds
         return False
     got = tx.fetchone(STATEMENTS.sql(tx, "pg_reserve_positions"), (last - drawn,))
     return got is not None and int(got["f"]) <= first

@@ -32,6 +32,7 @@ from uuid import UUID
 
 from ledger.core.archived import ARCHIVED_TOPIC
 from ledger.core.errors import InvalidInput
+from ledger.core.rule_check import Violation
 from ledger.stores import hashchain as hc
 from ledger.stores.raw import RawEvent
 
@@ -41,14 +42,56 @@ PAGE = 2000
 Progress = Callable[[int, int], None]
 
 
+# The highest position a history file may carry: one every store holds as it is and can
+# still count past (SQLite draws random lower row ids once its highest is 2^63-1;
+# PostgreSQL's position announcements add 2^62 to a position, ledger/stores/pg_positions.py),
+# and one a JSON reader in any language reads exactly (2^53-1, the largest integer a
+# double holds).
+MAX_POSITION = 2**53 - 1
+
+
 class ImportRefused(InvalidInput):
     """A history file that does not check out, or that disagrees with the target ledger;
-    nothing was written. `line` and `position` name where (None when not one event)."""
+    nothing was written. `line` and `position` name where (None when not one event);
+    `rule` names the rule of the rule checker an event breaks (None for other refusals),
+    `stream` and `version` that event."""
 
-    def __init__(self, message: str, line: int | None = None, position: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        line: int | None = None,
+        position: int | None = None,
+        rule: str | None = None,
+        stream: str | None = None,
+        version: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.line = line
         self.position = position
+        self.rule = rule
+        self.stream = stream
+        self.version = version
+
+    def to_dict(self) -> dict[str, object]:
+        out = super().to_dict()
+        if self.rule is not None:
+            out.update(
+                rule=self.rule, stream=self.stream, version=self.version, position=self.position
+            )
+        return out
+
+
+def refuse_event(position: int, v: Violation, what: str = "nothing imported") -> ImportRefused:
+    """The refusal of a file event that breaks a rule of the rule checker, naming the rule,
+    the stream and the event."""
+    return ImportRefused(
+        f"position {position}: {v.event}, version {v.version} of stream {v.stream} (run "
+        f"{v.run_id}) breaks rule {v.rule}: {v.detail}; {what}",
+        position=position,
+        rule=v.rule,
+        stream=v.stream,
+        version=v.version,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -84,6 +127,11 @@ def parse_event(doc: Any, line: int, ids: dict[str, UUID] | None = None) -> RawE
         position, version = doc["position"], doc["version"]
         if type(position) is not int or type(version) is not int or position < 1 or version < 1:
             raise ValueError("position and version must be positive integers")
+        if position > MAX_POSITION or version > MAX_POSITION:
+            raise ValueError(
+                f"position {position} and version {version} must be at most {MAX_POSITION}, "
+                "the highest every store holds and counts past"
+            )
         topic, hx = doc["topic"], doc["hash"]
         if not isinstance(topic, str) or not (hx is None or isinstance(hx, str)):
             raise ValueError("topic must be text and hash text or null")
@@ -372,6 +420,7 @@ def _check_closing(
 
 __all__ = [
     "FORMAT",
+    "MAX_POSITION",
     "PAGE",
     "Chains",
     "EventReader",
@@ -383,4 +432,5 @@ __all__ = [
     "event_line",
     "event_time",
     "parse_event",
+    "refuse_event",
 ]

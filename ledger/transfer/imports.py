@@ -4,8 +4,12 @@ The file's format, its hash chains and the check of a whole file are in
 `ledger/transfer/history_file.py` (the names are importable from here too). Exporting checks the
 store's own chains as it writes (`ExportRefused`). Importing checks the file first, then
 appends the events with their hashes in one transaction of the target and projects them
-there with the rebuild's `Replayer`; streams the target already holds must be the same
-events (compared by hash), which makes importing a file twice a no-op.
+there with the rebuild's `Replayer`. An import is a writer like any other: each event
+passes the rule checker (`ledger/core/rule_check.py`, the commands' and verify's) before
+it is applied, and the first that breaks a rule refuses the whole file. It adds only
+runs the target does not hold: events the target holds must be the same (compared by
+hash), which makes importing a file twice a no-op, and no event may add to a stream or
+a run the target holds.
 
 Memory grows with the number of streams in the file (about 150 bytes each: the heads),
 never with the number of events: events are read and written a page at a time
@@ -17,13 +21,16 @@ from __future__ import annotations
 import io
 import json
 import mmap
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from uuid import UUID
 
+from ledger.core.archived import ARCHIVED_TOPIC
 from ledger.core.errors import InvalidInput
+from ledger.core.rule_check import Violation
 from ledger.core.validation import stored_payload_problem
 from ledger.stores import hashchain as hc
 from ledger.stores.raw import (
@@ -47,10 +54,12 @@ from ledger.transfer.history_file import (
     event_line,
     event_time,
     parse_event,
+    refuse_event,
 )
 
 if TYPE_CHECKING:
     from ledger.projections.rebuild import Replayer
+    from ledger.projections.replay_rules import RuleObserver
     from ledger.service.ledger import Ledger
     from ledger.stores.base import Tx
 
@@ -91,9 +100,10 @@ def import_file(
     The file is read once: each event is checked (its chain, then against the target)
     before it is appended, the closing line at the end, and anything wrong rolls the
     whole transaction back. Refused with ImportRefused, nothing written: a file that does
-    not check out, a stream the target holds with other events, a stream that continues
-    one the target does not hold. Events the target already holds (same stream, version
-    and hash) are skipped, so a second import of the same file changes nothing."""
+    not check out, an event that breaks a rule of the rule checker (`rule` names it), a
+    stream the target holds with other events, an event that would add to a stream or a
+    run the target holds. Events the target already holds (same stream, version and hash)
+    are skipped, so a second import of the same file changes nothing."""
     from ledger.projections.rebuild import fewer_collections
 
     with _opened(source) as f:
@@ -119,7 +129,11 @@ def import_file(
 
 
 class _Target:
-    """The target's side of an import: which events of the file it holds already."""
+    """The target's side of an import: which events of the file it holds already, and
+    which runs. An import adds runs the target does not hold, whole: an event the target
+    holds must be the same (same hash), and no event may add to a stream or a run the
+    target held before the import (a forged item stream of a live run, the rest of a
+    stream taken up in the middle)."""
 
     def __init__(self, tx: Tx, chains: Chains) -> None:
         self.tx = tx
@@ -127,10 +141,10 @@ class _Target:
         self.held: dict[UUID, tuple[int, str | None]] = {}
         self.known: set[UUID] = set()
         self.empty = False  # the target held no event when the import began
+        self.runs: dict[str, bool] = {}  # run id -> the target held it before the import
 
     def new_events(self, batch: list[RawEvent]) -> list[RawEvent]:
-        """The batch's events the target lacks. The ones it holds must have the same hash,
-        and a stream the file takes up in the middle must continue the target's chain."""
+        """The batch's events the target lacks (see the class's docstring)."""
         if self.empty and not self.chains.open:
             return batch  # nothing held, and every stream starts in the file
         fresh = list(dict.fromkeys(e.stream for e in batch if e.stream not in self.known))
@@ -139,10 +153,13 @@ class _Target:
         self.known.update(fresh)
         for e in batch:
             if self.chains.open.get(e.stream) is e:
-                self._check_continues(e)
-        return _new_events(self.tx, batch, self.held)
+                self._check_starts(e)
+        events = _new_events(self.tx, batch, self.held)
+        if not self.empty:
+            self._check_runs(events)
+        return events
 
-    def _check_continues(self, e: RawEvent) -> None:
+    def _check_starts(self, e: RawEvent) -> None:
         have = self.held.get(e.stream)
         if have is None or have[0] < e.version - 1:
             raise ImportRefused(
@@ -151,16 +168,31 @@ class _Target:
                 "versions",
                 position=e.position,
             )
-        if (
-            have[0] == e.version - 1
-            and have[1] is not None
-            and hc.event_hash(have[1], e.stream, e.version, e.topic, e.state) != e.hash
-        ):
-            raise ImportRefused(
-                f"position {e.position}: version {e.version} of stream {e.stream} does not "
-                "continue the chain this ledger holds for it",
-                position=e.position,
-            )
+
+    def _check_runs(self, events: list[RawEvent]) -> None:
+        runs = list(dict.fromkeys(run_of_raw(e) for e in events))
+        unknown = [r for r in runs if r not in self.runs]
+        if unknown:
+            held = stream_heads(self.tx, [UUID(r) for r in unknown])
+            for r in unknown:
+                self.runs[r] = UUID(r) in held
+        for e in events:
+            have = self.held.get(e.stream)
+            if have is not None:
+                raise ImportRefused(
+                    f"position {e.position}: version {e.version} of stream {e.stream} would "
+                    f"continue a stream this ledger holds (up to version {have[0]}): an import "
+                    "adds only streams the ledger does not hold; nothing imported",
+                    position=e.position,
+                )
+            run = run_of_raw(e)
+            if self.runs.get(run):
+                raise ImportRefused(
+                    f"position {e.position}: version {e.version} of stream {e.stream} belongs "
+                    f"to run {run}, which this ledger holds: an import adds only runs the "
+                    "ledger does not hold, never events to one of its runs; nothing imported",
+                    position=e.position,
+                )
 
 
 def _last_position(f: IO[str]) -> int | None:
@@ -207,7 +239,7 @@ def _append_file(
     with store.write() as tx:
         target = _Target(tx, chains)
         keep: bool | None = None
-        replayer = Replayer("")
+        replayer = Replayer("", observer=rule_guard())
         replayer.prepare(tx)
         batch: list[RawEvent] = []
 
@@ -241,9 +273,7 @@ def _append_file(
                 projected = positions[-1]
                 replayer.committed(projected)
             for e in events:
-                run = _run_of_event(e)
-                if run is not None:
-                    touched[run] = None
+                touched[run_of_raw(e)] = None
             appended += len(events)
             batch.clear()
             if progress is not None:
@@ -266,6 +296,18 @@ def _append_file(
         skipped=skipped,
         runs=list(touched),
     )
+
+
+def rule_guard(what: str = "nothing imported") -> RuleObserver:
+    """The replay's observer for a writer of history files (import, restore, copy): each
+    incoming event through the rule checker before it is applied; the first that breaks
+    a rule refuses the file (ImportRefused naming the rule, the stream and the event)."""
+    from ledger.projections.replay_rules import RuleObserver
+
+    def refuse(position: int, v: Violation) -> None:
+        raise refuse_event(position, v, what)
+
+    return RuleObserver("lg_items", refuse=refuse)
 
 
 def _project(
@@ -338,10 +380,24 @@ def _new_events(
     return [e for e in batch if e.version > held.get(e.stream, (0, None))[0]]
 
 
-def _run_of_event(e: RawEvent) -> str | None:
-    if e.topic.startswith("ledger.domain:Run."):
+_RUN_ID = re.compile(rb'"run_id":"([0-9a-fA-F-]{36})"')
+
+
+def run_of_raw(e: RawEvent) -> str:
+    """The run a stored event belongs to: a run stream's own id, else the `run_id` its
+    state names (an item's events), else its stream (an event of no run)."""
+    if e.topic.startswith(_RUN_TOPICS):
         return str(e.stream)
-    return None
+    m = _RUN_ID.search(e.state)
+    if m is not None:
+        try:
+            return str(UUID(m.group(1).decode()))
+        except ValueError:
+            pass
+    return str(e.stream)
+
+
+_RUN_TOPICS = ("ledger.domain:Run.", ARCHIVED_TOPIC)
 
 
 __all__ = [

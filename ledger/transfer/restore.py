@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ledger.core import states as S
-from ledger.core.errors import InvalidInput, NotAuthorized
+from ledger.core.domain import run_stream_id
+from ledger.core.errors import IllegalTransition, InvalidInput, NotAuthorized
+from ledger.core.rows import parse_dt
 from ledger.core.views import Actor
 from ledger.stores.raw import (
     RawEvent,
     append_raw,
     delete_stream_events,
+    last_event,
     occupied_positions,
     stream_heads,
 )
@@ -34,6 +37,7 @@ from ledger.transfer.archive_file import (
     runs_of_file,
 )
 from ledger.transfer.history_file import EventReader, ImportRefused, check_file
+from ledger.transfer.imports import rule_guard
 from ledger.transfer.sql import SQL
 
 if TYPE_CHECKING:
@@ -72,8 +76,11 @@ def restore(lg: Ledger, actor: Actor, source: str | Path) -> ArchiveSummary:
     if not restoring:
         return ArchiveSummary(archive=str(path), sha256=sha, digest=check.chains.digest())
     streams = {oid for r in restoring for oid in parts[r].streams}
+    with open(path, encoding="utf-8") as f:
+        lowest = min((e.position for e in EventReader(f) if e.stream in streams), default=0)
     restored = 0
     with lg.store.write() as tx:
+        _refuse_if_readers_missed(tx, restoring, lowest)
         links = _links_to_keep(tx, restoring)
         held = stream_heads(tx, list(streams))
         for run_id in restoring:
@@ -83,7 +90,9 @@ def restore(lg: Ledger, actor: Actor, source: str | Path) -> ArchiveSummary:
             tx.execute(SQL.sql(tx, "forget_run"), (run_id,))
         # what is left of the runs' streams (a crash during the archive may have left some)
         held = stream_heads(tx, list(streams))
-        replayer = Replayer("")
+        # restored events pass the rule checker as imported ones do (the file was checked
+        # against its Archived events; this checks what the events say)
+        replayer = Replayer("", observer=rule_guard("nothing restored"))
         page: list[RawEvent] = []
 
         def flush() -> None:
@@ -128,6 +137,49 @@ def restore(lg: Ledger, actor: Actor, source: str | Path) -> ArchiveSummary:
         sha256=sha,
         digest=check.chains.digest(),
     )
+
+
+def _refuse_if_readers_missed(tx: Tx, restoring: dict[str, dict[str, Any]], lowest: int) -> None:
+    """The restored events go back at their positions, behind every reader already past
+    them (rule 18 of the rule book: a reader never sees a position appear behind one it
+    read). A reader that handled them before they left (it existed when they were
+    archived, and the archive did not leave it behind) misses nothing; any other reader
+    past `lowest` would never see them: IllegalTransition naming those readers."""
+    missed: list[str] = []
+    for row in tx.fetchall(SQL.sql(tx, "followers_at_or_past"), (lowest,)):
+        name, only = row["name"], row["run_id"]
+        created = parse_dt(row["created_at"])
+        for run_id, record in restoring.items():
+            if only and only != run_id:
+                continue  # it reads another run's transitions only
+            archived_at = parse_dt(record.get("archived_at"))
+            reason = _archive_reason(tx, run_id)
+            left_behind = f"followers: {name} (at " in reason or f", {name} (at " in reason
+            if created is None or archived_at is None or created >= archived_at or left_behind:
+                missed.append(f"{name} (at {row['position']})")
+                break
+    if missed:
+        raise IllegalTransition(
+            f"readers of the change feed passed position {lowest} without seeing the events "
+            f"to restore: {', '.join(missed)}; restored behind them, they would never see "
+            "them. Move their checkpoints back before position "
+            f"{lowest} (`ledger followers reset`), or remove them, then restore",
+            "restorable",
+            ["no reader past the restored positions missed them"],
+        )
+
+
+def _archive_reason(tx: Tx, run_id: str) -> str:
+    """The reason recorded with the run's `Archived` event ("" when none)."""
+    stream = run_stream_id(run_id)
+    last = last_event(tx, stream)
+    if last is None:
+        return ""
+    try:
+        reason = json.loads(last.state).get("reason")
+    except (ValueError, AttributeError):
+        return ""
+    return reason if isinstance(reason, str) else ""
 
 
 def _check_record(run_id: str, record: dict[str, Any], part: RunPart, sha: str, path: Path) -> None:

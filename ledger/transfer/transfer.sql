@@ -39,3 +39,7 @@ SELECT MAX(position) AS p FROM lg_transitions WHERE run_id = ?;
 -- name: followers_behind
 -- the followers (webhooks are followers too) whose checkpoint is below a position
 SELECT name, position FROM lg_followers WHERE position < ? ORDER BY name;
+
+-- name: followers_at_or_past
+-- the followers (webhooks are followers too) whose checkpoint is at or past a position
+SELECT name, position, run_id, created_at FROM lg_followers WHERE position >= ? ORDER BY name;

@@ -1,14 +1,15 @@
-"""Case 11: the cost of the pre-commit rule checks (ledger/commands/invariants.py, rule 12 of the rule book).
+"""Case 11: the cost of the pre-commit rule checks (the rule checker, ledger/core/rule_check.py,
+called by ledger/commands/uow.py before each commit; rule 12 of the rule book).
 
 Case 1's work in one process: claim(limit=B) + record(B accepts) until a run is drained,
 on PostgreSQL when a server is given, and on SQLite. The same work runs with the checks
-and with them switched off (`ledger.commands.invariants.check` replaced by a no-op), alternating
+and with them switched off (`ledger.commands.uow.check_batch` replaced by a no-op), alternating
 in rounds on fresh runs of the same size so that noise falls on both sides alike.
 Ratio = items/s with the checks / without; goal >= 0.95 (a cost under 5%).
 
 On a shared 2-core machine two equal workloads differ by a few per cent from round to
 round, as much as the cost measured, so a second row times the checks themselves: the
-seconds spent inside `invariants.check` during the rounds with the checks on, as a share
+seconds spent inside `check_batch` during the rounds with the checks on, as a share
 of those rounds' wall time (goal < 5%). The wrapper's own cost is two clock reads per
 commit.
 """
@@ -31,9 +32,9 @@ def _measure(lg: Any, n: int, batch: int, checks: bool, inside: list[float]) -> 
     import time
 
     from ledger import Actor
-    from ledger.commands import invariants
+    from ledger.commands import uow
 
-    real = invariants.check
+    real = uow.check_batch
 
     def timed(*args: Any) -> None:
         start = time.perf_counter()
@@ -42,13 +43,13 @@ def _measure(lg: Any, n: int, batch: int, checks: bool, inside: list[float]) -> 
         finally:
             inside[0] += time.perf_counter() - start
 
-    invariants.check = timed if checks else _skip
+    uow.check_batch = timed if checks else _skip
     try:
         run_id = running_run(lg, n)
         with Clock() as clock:
             done = accept_all(lg, run_id, Actor("bench-w", "worker"), batch)
     finally:
-        invariants.check = real
+        uow.check_batch = real
     if done != n:
         raise RuntimeError(f"{done} of {n} items accepted")
     return clock.seconds
@@ -112,7 +113,7 @@ def run(pg: PgTarget | None, sizes: Sizes, say: Callback, tmp: Path | None = Non
                 "%",
                 goal="< 5%",
                 met=share < 0.05,
-                note="seconds inside invariants.check / wall seconds, checks-on rounds",
+                note="seconds inside check_batch / wall seconds, checks-on rounds",
             )
         )
 

@@ -1,7 +1,8 @@
 """rule 12 of the rule book: the ledger cannot commit what `verify` would reject.
 
 Every commit's events pass the rules `verify` applies to the history before they are
-appended (ledger/commands/invariants.py). These tests take away a command's own checks (the
+appended (the rule checker, ledger/core/rule_check.py, called by the unit of work).
+These tests take away a command's own checks (the
 handler's and the aggregate's guard, patched to do nothing) or write the events a
 careless handler would, and see the commit refused with `InvariantViolated`, nothing
 written, and `verify` clean: on memory, SQLite and PostgreSQL.

@@ -213,7 +213,12 @@ def test_a_damaged_file_is_refused_with_its_position_and_nothing_is_written(
     with Ledger.open(store_dsn) as target:
         with pytest.raises(ImportRefused) as info:
             target.import_file(io.StringIO("".join(lines)))
-        if position is not None:
+        if position is not None and info.value.rule is not None:
+            # pages projected before the reader reaches the break: an event the missing one
+            # leaves without its cause breaks a rule of the rule checker first
+            assert damage in ("missing", "first_event_missing") and page is not None
+            assert info.value.position is not None and info.value.position < position
+        elif position is not None:
             assert info.value.position == position
             assert f"position {position}" in str(info.value)
         if page is not None and damage not in ("missing", "first_event_missing"):
@@ -340,7 +345,7 @@ def test_the_cli_exports_imports_and_copies(tmp_path: Path, pg_dsn: str) -> None
     assert _state(pg_dsn)[0] == heads
 
 
-def test_an_export_since_a_time_continues_a_copy_that_holds_the_earlier_events(
+def test_an_export_since_a_time_never_adds_to_the_runs_a_copy_holds(
     tmp_path: Path, clock: Any
 ) -> None:
     a, b = f"sqlite:///{tmp_path}/a.db", f"sqlite:///{tmp_path}/b.db"
@@ -364,11 +369,16 @@ def test_an_export_since_a_time_continues_a_copy_that_holds_the_earlier_events(
         with pytest.raises(ImportRefused, match="earlier"):
             lg.import_file(io.StringIO(later))
         assert lg.runs() == []
+    # into the copy that holds the run's earlier events: an import adds runs, never events
+    # to a run the ledger holds (it would write what no command of this ledger wrote)
+    before = _state(b)
     with Ledger.open(b) as lg:
-        summary = lg.import_file(io.StringIO(later))
-        assert summary.verify_ok, summary.problems
-        assert lg.status(run).state == "succeeded" and lg.status(other).state == "queued"
-    assert _state(b)[0] == _state(a)[0]
+        with pytest.raises(ImportRefused, match=f"run {run}, which this ledger holds"):
+            lg.import_file(io.StringIO(later))
+        assert lg.status(run).state == "running"
+        with pytest.raises(RunNotFound):
+            lg.status(other)
+    assert _state(b) == before
 
 
 def test_the_cli_imports_from_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
