@@ -51,6 +51,7 @@ from ledger.feed import checkpoints as cp
 from ledger.feed.locks import FollowerLock
 from ledger.feed.sql import SQL
 from ledger.reads import feed
+from ledger.reads import payloads as payloads_of
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -234,7 +235,7 @@ class Follower:
                 if cursor != before:
                     if found:
                         if self.payloads:
-                            feed.attach_payloads(tx, found)
+                            payloads_of.attach(tx, found)
                         self.handler(found, tx)
                     cp.set_position(tx, self.name, before, cursor, self.filter)
             self._known = cursor
@@ -247,7 +248,7 @@ class Follower:
                 if found:
                     if self.payloads:
                         with self.lg.store.read() as tx:
-                            feed.attach_payloads(tx, found)
+                            payloads_of.attach(tx, found)
                     self.handler(found)
                 self._pending = (before, cursor, read_at)
             if not defer or len(found) < self.batch:

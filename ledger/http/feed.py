@@ -22,6 +22,7 @@ from ledger.http.reads import MAX_PAGE
 from ledger.http.streams import RETRY_AFTER_S, REVOKE_CHECK_S, FeedHub, StreamRefused
 from ledger.http.visibility import for_reader
 from ledger.reads import feed
+from ledger.reads import payloads as payloads_of
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -76,7 +77,7 @@ def events(
             feed.check_run(tx, flt.run_id)
         found, cursor = feed.page(tx, position, flt, limit)
         if payloads:
-            feed.attach_payloads(tx, found)
+            payloads_of.attach(tx, found)
     return page_response(request, found, cursor, reader)
 
 
@@ -194,7 +195,7 @@ def _page(
     with lg.store.read() as tx:
         found, cursor = feed.page(tx, cursor, flt, MAX_PAGE)
         if payloads:
-            feed.attach_payloads(tx, found)
+            payloads_of.attach(tx, found)
         return found, cursor
 
 

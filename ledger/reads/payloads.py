@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import StoredEvent
+from eventsourcing.utils import get_topic
 
 from ledger.core.domain import Run, run_stream_id
 from ledger.core.views import Transition
@@ -28,6 +29,7 @@ from ledger.stores.hashchain import as_uuid, oid_param
 from ledger.stores.named import tx_list
 
 _CHUNK = 400  # run streams per statement
+_AMENDED = get_topic(Run.Amended)  # the pinned topic the amendments are stored under
 
 
 class _History:
@@ -66,9 +68,7 @@ def histories(tx: Tx, run_ids: Sequence[str], before: int) -> dict[str, _History
     decode = store.mapper.to_domain_event
     for i in range(0, len(ids), _CHUNK):
         chunk = [oid_param(store.dialect, run_stream_id(r)) for r in ids[i : i + _CHUNK]]
-        rows = tx.fetchall(
-            SQL.sql(tx, "payload_events"), (tx_list(tx, chunk), before, Run.Amended.TOPIC)
-        )
+        rows = tx.fetchall(SQL.sql(tx, "payload_events"), (tx_list(tx, chunk), before, _AMENDED))
         for r in rows:
             stored = StoredEvent(
                 originator_id=as_uuid(r["originator_id"]),

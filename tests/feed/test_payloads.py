@@ -116,7 +116,9 @@ def test_each_item_transition_carries_its_payload_as_of_its_event(lg: Ledger) ->
 def test_a_followers_rebuild_equals_the_model_built_live(lg: Ledger) -> None:
     live: list[Step] = []
     live_db: list[Step] = []
-    external = Follower(lg, "live", lambda batch: live.extend(_steps(batch)), batch=2, payloads=True)
+    external = Follower(
+        lg, "live", lambda batch: live.extend(_steps(batch)), batch=2, payloads=True
+    )
     in_db = Follower(
         lg, "live-db", lambda batch, tx: live_db.extend(_steps(batch)), batch=3, payloads=True
     )
