@@ -120,6 +120,7 @@ class Follower:
         self.in_database = _in_database(handler) if in_database is None else bool(in_database)
         self.wait = wait
         self.payloads = feed.check_flag(payloads, "payloads")
+        self._payloads = payloads_of.Payloads()  # the runs' payload histories read so far
         self._lock = FollowerLock(lg.store, self.name)
         self._stop = stop if stop is not None else threading.Event()
         self._ready = False
@@ -235,7 +236,7 @@ class Follower:
                 if cursor != before:
                     if found:
                         if self.payloads:
-                            payloads_of.attach(tx, found)
+                            self._payloads.attach(tx, found)
                         self.handler(found, tx)
                     cp.set_position(tx, self.name, before, cursor, self.filter)
             self._known = cursor
@@ -248,7 +249,7 @@ class Follower:
                 if found:
                     if self.payloads:
                         with self.lg.store.read() as tx:
-                            payloads_of.attach(tx, found)
+                            self._payloads.attach(tx, found)
                     self.handler(found)
                 self._pending = (before, cursor, read_at)
             if not defer or len(found) < self.batch:

@@ -515,8 +515,15 @@ ORDER BY position, ord LIMIT ?;
 SELECT run_id FROM lg_runs WHERE run_id = ?;
 
 -- name: payload_events
--- the events that set item payloads, of the given run streams, before a position: each
--- run's first event (its manifest) and its amendments (by topic), nothing else decoded
+-- the events that set item payloads, of the given run streams, from one position to
+-- before another: each run's first event (its manifest) and its amendments (by topic),
+-- nothing else decoded
 SELECT {position} AS position, originator_id, originator_version, topic, state
-FROM {events} WHERE originator_id {in_list} AND {position} < ?
+FROM {events} WHERE originator_id {in_list} AND {position} >= ? AND {position} < ?
 AND (originator_version = 1 OR topic = ?);
+
+-- name: payload_amendments
+-- the same without the first events (the reader has them): the amendments only
+SELECT {position} AS position, originator_id, originator_version, topic, state
+FROM {events} WHERE originator_id {in_list} AND {position} >= ? AND {position} < ?
+AND originator_version > 1 AND topic = ?;

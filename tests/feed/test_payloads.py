@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from ledger import InvalidInput, Ledger, Transition
 from ledger.feed.follower import Follower
 from ledger.http import add_token, create_app
-from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
+from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest, running
 
 Step = tuple[str, str, str, Any]  # (item_id, command, to_state, payload)
 
@@ -173,3 +173,35 @@ def test_http_events_give_payloads_when_asked(dsn: str, tmp_path: Path) -> None:
         assert r.status_code == 200
         frames = [line for line in r.text.splitlines() if line.startswith("data: ")]
         assert len(frames) == 3 and '"payload":{"n":0}' in frames[2]
+
+
+def test_a_reader_keeping_histories_across_pages_gives_the_same_payloads(lg: Ledger) -> None:
+    """A follower keeps the runs' payload histories between batches (then reads only the
+    amendments since): amendments made after it read a run are still seen, and a reader
+    that forgets every history but its page's gives the same payloads."""
+    from ledger.reads import feed
+    from ledger.reads.payloads import Payloads
+
+    readers = {"keeping": Payloads(), "forgetting": Payloads(keep_items=1)}
+    cursors = dict.fromkeys(readers, 0)
+    seen: dict[str, list[Step]] = {name: [] for name in readers}
+
+    def drain() -> None:  # what committed since, one transition a page
+        for name, reader in readers.items():
+            while True:
+                with lg.store.read() as tx:
+                    found, cursor = feed.page(tx, cursors[name], feed.FeedFilter(), 1)
+                    reader.attach(tx, found)
+                if not found:
+                    break
+                cursors[name] = cursor
+                seen[name] += _steps(found)
+
+    other = running(lg, 2)  # another run with item transitions, met first
+    lg.claim(other, WORKER, limit=1)
+    run_id = _amended_twice(lg, drain)
+    expected = _steps(lg.events(payloads=True))
+    assert expected[0] == ("i0", "claim", "in_progress", {"n": 0})  # the other run's
+    assert expected[1:] == _expected(lg, run_id)
+    assert seen["keeping"] == expected
+    assert seen["forgetting"] == expected
