@@ -6,7 +6,6 @@ python examples/accepted_per_customer.py show
 """
 
 import contextlib
-import json
 import signal
 import sys
 
@@ -16,11 +15,8 @@ TABLE = "CREATE TABLE IF NOT EXISTS accepted_per_customer (customer TEXT PRIMARY
 
 
 def project(transitions, tx):  # in-database: runs in the transaction that moves the checkpoint
-    for t in transitions:
-        item = tx.fetchone(
-            "SELECT payload FROM lg_items WHERE run_id = ? AND item_id = ?", (t.run_id, t.item_id)
-        )
-        customer = json.loads(item["payload"]).get("customer", "?")
+    for t in transitions:  # t.payload: the item's payload as it stood at this transition
+        customer = (t.payload or {}).get("customer", "?")
         tx.execute(
             "INSERT INTO accepted_per_customer (customer, n) VALUES (?, 1) "
             "ON CONFLICT (customer) DO UPDATE SET n = accepted_per_customer.n + 1",
@@ -31,7 +27,7 @@ def project(transitions, tx):  # in-database: runs in the transaction that moves
 with Ledger.open() as lg:  # LEDGER_DSN, else ./ledger.db
     with lg.store.write() as tx:
         tx.execute(TABLE)
-    follower = Follower(lg, "accepted-per-customer", project, kinds=["accept"])
+    follower = Follower(lg, "accepted-per-customer", project, kinds=["accept"], payloads=True)
     if sys.argv[1:] == ["rebuild"]:
         print(
             "replayed", follower.rebuild(lambda tx: tx.execute("DELETE FROM accepted_per_customer"))

@@ -23,8 +23,9 @@ Cases (ratio = ledger / baseline, same run, same server):
   9 export (SQLite, PostgreSQL) vs reading the same rows, import into PostgreSQL vs COPY (>= 0.3)
   P (--peers) the ledger with 8 processes against pgqueuer (asyncpg) on the same server
     (items/s >= 0.5x; WAL per item); procrastinate and dbos rows say what was not run
-  10 change feed, PostgreSQL: Follower transitions/s vs a psycopg read (>= 0.5), wait_for_events
-    wake-up (< 100 ms), follower lag under 8 writer processes (< 1 s)
+  10 change feed, PostgreSQL: Follower transitions/s vs a psycopg read (>= 0.5), with
+    payloads=True vs without (>= 0.7), wait_for_events wake-up (< 100 ms), follower lag
+    under 8 writer processes (< 1 s)
   11 the pre-commit rule checks: claim+record with the checks on vs off, in
     alternating rounds, PostgreSQL and SQLite (>= 0.95: a cost under 5%)
   12 the stored Merkle tree: extending it per append as a share of case 1's work

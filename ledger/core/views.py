@@ -176,6 +176,19 @@ class Transition(_View):
     revision: int
     position: int
     command: str = ""
+    payload: Any = None
+    """The item's payload as it stood at this transition (its manifest's, after the run's
+    amendments before it, none after), when asked for (`events(..., payloads=True)`,
+    `Follower(..., payloads=True)`); None when not asked for, on a run's transitions,
+    and for an item whose run's events were archived. `to_dict()` leaves it out when
+    None, so a feed read without payloads reads as before."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (datetimes as ISO 8601), without `payload` when it is None."""
+        out = super().to_dict()
+        if out.get("payload") is None:
+            del out["payload"]
+        return out
 
 
 class _Decoded:

@@ -51,6 +51,7 @@ from ledger.feed import checkpoints as cp
 from ledger.feed.locks import FollowerLock
 from ledger.feed.sql import SQL
 from ledger.reads import feed
+from ledger.reads import payloads as payloads_of
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -83,7 +84,10 @@ def check_name(name: Any) -> str:
 
 class Follower:
     """Feeds `handler` the transitions after its checkpoint, `batch` at a time, of one run
-    or all (`run_id`) and of some commands or target states (`kinds`).
+    or all (`run_id`) and of some commands or target states (`kinds`). With `payloads`,
+    each item transition carries its item's payload as it stood at that transition
+    (`Transition.payload`): a read model needs no table of the ledger's, and its rebuild
+    from position 0 equals the model built live.
 
     `run_once()` handles one batch and returns how many transitions it handled; `run()`
     repeats until `stop()` (from another thread or a signal handler), waiting for new
@@ -104,6 +108,7 @@ class Follower:
         in_database: bool | None = None,
         wait: bool = False,
         stop: threading.Event | None = None,
+        payloads: bool = False,
     ) -> None:
         self.lg = lg
         self.name = check_name(name)
@@ -114,6 +119,8 @@ class Follower:
         self.batch = feed.check_limit(batch, MAX_BATCH, "batch")
         self.in_database = _in_database(handler) if in_database is None else bool(in_database)
         self.wait = wait
+        self.payloads = feed.check_flag(payloads, "payloads")
+        self._payloads = payloads_of.Payloads()  # the runs' payload histories read so far
         self._lock = FollowerLock(lg.store, self.name)
         self._stop = stop if stop is not None else threading.Event()
         self._ready = False
@@ -228,6 +235,8 @@ class Follower:
                 before, found, cursor = self._read(tx)
                 if cursor != before:
                     if found:
+                        if self.payloads:
+                            self._payloads.attach(tx, found)
                         self.handler(found, tx)
                     cp.set_position(tx, self.name, before, cursor, self.filter)
             self._known = cursor
@@ -238,6 +247,9 @@ class Follower:
             self._known = before
             if cursor != before:
                 if found:
+                    if self.payloads:
+                        with self.lg.store.read() as tx:
+                            self._payloads.attach(tx, found)
                     self.handler(found)
                 self._pending = (before, cursor, read_at)
             if not defer or len(found) < self.batch:

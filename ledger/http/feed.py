@@ -22,6 +22,7 @@ from ledger.http.reads import MAX_PAGE
 from ledger.http.streams import RETRY_AFTER_S, REVOKE_CHECK_S, FeedHub, StreamRefused
 from ledger.http.visibility import for_reader
 from ledger.reads import feed
+from ledger.reads import payloads as payloads_of
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -40,6 +41,13 @@ Kinds = Annotated[
     list[str] | None,
     Query(alias="kind", description="Only transitions whose command or new state is one of these."),
 ]
+Payloads = Annotated[
+    bool,
+    Query(
+        description="Give each item transition its item's payload as it stood at that "
+        "transition (`payload`, left out when null)."
+    ),
+]
 
 
 @router.get(
@@ -56,8 +64,9 @@ def events(
     run_id: RunFilter = None,
     kinds: Kinds = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    payloads: Payloads = False,
 ) -> JSONResponse:
-    """`lg.events(after, run_id, kinds, limit)`: transitions in position order. `next` is
+    """`lg.events(after, run_id, kinds, limit, payloads)`: transitions in position order. `next` is
     the cursor to pass as `after` for the next page (also on a short page: everything up
     to it has been seen), also in the `X-Next-After` and `Link` headers. Lease tokens are
     shown only to their holder and to operators, as on every read."""
@@ -67,6 +76,8 @@ def events(
         if flt.run_id is not None:
             feed.check_run(tx, flt.run_id)
         found, cursor = feed.page(tx, position, flt, limit)
+        if payloads:
+            payloads_of.attach(tx, found)
     return page_response(request, found, cursor, reader)
 
 
@@ -126,6 +137,7 @@ def stream(
         int | None, Query(ge=1, description="End the stream after this many transitions.")
     ] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    payloads: Payloads = False,
 ) -> StreamingResponse:
     """Each transition as an event (`event: transition`, `id:` its position, `data:` its
     JSON) as it commits, starting after `Last-Event-ID` (a reconnecting EventSource sends
@@ -170,16 +182,21 @@ def stream(
 
     gate = gate_of(request)
     return _Stream(
-        _events(hub, lg, start, flt, limit, reader, token, gate),
+        _events(hub, lg, start, flt, limit, reader, token, gate, payloads),
         release,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
 
-def _page(lg: Ledger, cursor: int, flt: feed.FeedFilter) -> tuple[list[Transition], int]:
+def _page(
+    lg: Ledger, cursor: int, flt: feed.FeedFilter, payloads: bool = False
+) -> tuple[list[Transition], int]:
     with lg.store.read() as tx:
-        return feed.page(tx, cursor, flt, MAX_PAGE)
+        found, cursor = feed.page(tx, cursor, flt, MAX_PAGE)
+        if payloads:
+            payloads_of.attach(tx, found)
+        return found, cursor
 
 
 async def _events(
@@ -191,6 +208,7 @@ async def _events(
     reader: Actor | None,
     token: str | None,
     gate: Gate,
+    payloads: bool = False,
 ) -> AsyncIterator[bytes]:
     clock = asyncio.get_running_loop().time
     ends = clock() + STREAM_MAX_S
@@ -200,7 +218,7 @@ async def _events(
     while clock() < ends and not hub.closed.is_set():
         if token is not None and gate.tokens.lookup(token) is None:
             return  # revoked: no more transitions for it
-        found, cursor = await hub.read(_page, lg, cursor, flt)
+        found, cursor = await hub.read(_page, lg, cursor, flt, payloads)
         for t in found:
             yield _frame(t, reader)
             sent += 1

@@ -25,6 +25,7 @@ from ledger.core import states as S
 from ledger.core.errors import InvalidInput, RunNotFound
 from ledger.core.validation import check_identifier
 from ledger.core.views import Transition
+from ledger.reads.payloads import attach as attach_payloads
 from ledger.reads.sql import SQL
 from ledger.stores.named import tx_list
 
@@ -353,16 +354,33 @@ def wait_for_events(store: Store, after: Any, timeout: Any) -> bool:
 
 
 def events(
-    store: Store, after: Any = None, run_id: Any = None, kinds: Any = None, limit: Any = 1000
+    store: Store,
+    after: Any = None,
+    run_id: Any = None,
+    kinds: Any = None,
+    limit: Any = 1000,
+    payloads: Any = False,
 ) -> list[Transition]:
-    """`Ledger.events`: validated, one page of the feed."""
+    """`Ledger.events`: validated, one page of the feed (with `payloads`, each item
+    transition carries its item's payload as of that transition: `reads/payloads.py`)."""
     position = check_position(after)
     flt = FeedFilter.of(run_id, kinds)
     limit = check_limit(limit)
+    with_payloads = check_flag(payloads, "payloads")
     with store.read() as tx:
         if flt.run_id is not None:
             check_run(tx, flt.run_id)
-        return page(tx, position, flt, limit)[0]
+        found = page(tx, position, flt, limit)[0]
+        if with_payloads:
+            attach_payloads(tx, found)
+        return found
+
+
+def check_flag(value: Any, what: str) -> bool:
+    """A yes/no argument: a bool."""
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{what} must be true or false, not {value!r}")
+    return value
 
 
 def check_run(tx: Tx, run_id: str) -> None:

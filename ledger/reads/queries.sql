@@ -597,3 +597,17 @@ SELECT r.run_id,
 (SELECT t.at FROM lg_transitions t WHERE t.run_id >= r.run_id AND t.run_id <= r.run_id
 ORDER BY t.run_id DESC, t.position DESC, t.ord DESC LIMIT 1) AS last_at
 FROM lg_runs r WHERE r.run_id {in_list};
+
+-- name: payload_events
+-- the events that set item payloads, of the given run streams, from one position to
+-- before another: each run's first event (its manifest) and its amendments (by topic),
+-- nothing else decoded
+SELECT {position} AS position, originator_id, originator_version, topic, state
+FROM {events} WHERE originator_id {in_list} AND {position} >= ? AND {position} < ?
+AND (originator_version = 1 OR topic = ?);
+
+-- name: payload_amendments
+-- the same without the first events (the reader has them): the amendments only
+SELECT {position} AS position, originator_id, originator_version, topic, state
+FROM {events} WHERE originator_id {in_list} AND {position} >= ? AND {position} < ?
+AND originator_version > 1 AND topic = ?;

@@ -199,12 +199,15 @@ class LedgerReads:
         run_id: str | None = None,
         kinds: Sequence[str] | str | None = None,
         limit: int = 1000,
+        payloads: bool = False,
     ) -> list[Transition]:
         """The change feed: transitions after position `after` in position order (one page of
-        at most `limit`), of one run or all, whose command or new state is one of `kinds`."""
+        at most `limit`), of one run or all, whose command or new state is one of `kinds`.
+        With `payloads`, each item transition carries its item's payload as it stood at that
+        transition (`Transition.payload`, from the run's manifest and amendments)."""
         from ledger.reads.feed import events
 
-        return events(self.store, after, run_id, kinds, limit)
+        return events(self.store, after, run_id, kinds, limit, payloads)
 
     @typed_refusals
     def wait_for_events(self, after: int | None, timeout: float) -> bool:

@@ -5,6 +5,8 @@
   the checkpoint's transaction), vs reading the same rows of lg_transitions by position
   with plain psycopg in pages of the same size (goal >= 0.5x, transitions/s); the best
   of `ROUNDS` alternating runs of each.
+- Payloads: the external follower with `payloads=True` (each item transition's payload
+  as of its event) vs the same follower without (goal >= 0.7x, transitions/s).
 - Wake-up: `wait_for_events` blocked on a position, another connection commits; the
   median time from the commit returning to the wait returning (goal < 100 ms).
 - Lag under load: `feed_writers` writer processes record runs at full speed for
@@ -27,6 +29,7 @@ from .common import PgTarget, Row, Sizes, child_env, fill_events, ratio_row
 GOAL = 0.5
 PAGE = 1000
 ROUNDS = 3  # follower throughput: best of this many runs of each side
+PAYLOADS_GOAL = 0.7  # a follower given payloads keeps this share of its throughput
 
 _WRITER = """
 import sys, time
@@ -68,7 +71,9 @@ def _raw_read(dsn: str) -> tuple[float, int]:
         return time.perf_counter() - start, n
 
 
-def _follow(lg: Any, name: str, in_database: bool, reads_all: bool = False) -> tuple[float, int]:
+def _follow(
+    lg: Any, name: str, in_database: bool, reads_all: bool = False, payloads: bool = False
+) -> tuple[float, int]:
     from ledger import Follower, Transition
 
     def no_op_db(batch: list[Any], tx: Any) -> None:
@@ -85,7 +90,7 @@ def _follow(lg: Any, name: str, in_database: bool, reads_all: bool = False) -> t
                 getattr(t, f)
 
     handler = reader if reads_all else no_op_db if in_database else no_op
-    with Follower(lg, name, handler, batch=PAGE, in_database=in_database) as f:
+    with Follower(lg, name, handler, batch=PAGE, in_database=in_database, payloads=payloads) as f:
         f.start()  # the name's lock and checkpoint row: once per process, not per batch
         start = time.perf_counter()
         n = f.catch_up()
@@ -177,6 +182,7 @@ def run(pg: PgTarget, sizes: Sizes, say: Any) -> list[Row]:
         best: dict[bool, float] = {}
         raw_n = 0
         reads_all: float | None = None
+        with_payloads: float | None = None
         for k in range(ROUNDS):
             raw_s, raw_n = _raw_read(dsn)
             raw_times.append(raw_s)
@@ -192,6 +198,12 @@ def run(pg: PgTarget, sizes: Sizes, say: Any) -> list[Row]:
                 reset(lg, "bench-reads-all", 0)
             seconds, _ = _follow(lg, "bench-reads-all", False, reads_all=True)
             reads_all = min(seconds, reads_all or seconds)
+            say(f"case 10: follower throughput (external, payloads), round {k + 1} of {ROUNDS}")
+            if k:
+                reset(lg, "bench-payloads", 0)
+            seconds, n = _follow(lg, "bench-payloads", False, payloads=True)
+            assert n == raw_n, (n, raw_n)
+            with_payloads = min(seconds, with_payloads or seconds)
         raw_times.append(_raw_read(dsn)[0])
         base = raw_n / min(raw_times)
         for in_database in (False, True):
@@ -219,6 +231,20 @@ def run(pg: PgTarget, sizes: Sizes, say: Any) -> list[Row]:
                     f"{raw_n / reads_all / base:.2f}x the psycopg read, no goal: evidence and "
                     "at are decoded when first read, so this handler pays for them"
                 ),
+            )
+        )
+        assert with_payloads is not None
+        rows.append(
+            ratio_row(
+                "10",
+                f"Follower (external, no-op, batch {PAGE}) with payloads=True vs without",
+                raw_n / with_payloads,
+                raw_n / best[False],
+                "tr/s",
+                PAYLOADS_GOAL,
+                note="each item transition's payload as of its event, from the runs' events",
+                transitions=raw_n,
+                rounds=ROUNDS,
             )
         )
         say("case 10: wait_for_events wake-up")
