@@ -57,6 +57,10 @@ def as_v6(execute: Callable[..., Any], statuses: dict[str, Any], mark: str) -> N
             (json.dumps(status.counts, sort_keys=True, separators=(",", ":")), run_id),
         )
     execute("DROP TABLE lg_run_counts")
+    # and without what versions after it added that a second run would find already there
+    execute("DROP TABLE lg_webhook_changes")
+    for column in ("allow_http", "allow_host", "previous_secret", "previous_until", "updated_at"):
+        execute(f"ALTER TABLE lg_webhooks DROP COLUMN {column}")
     execute("UPDATE ledger_meta SET value = '6' WHERE key = 'schema_version'")
 
 
