@@ -199,18 +199,7 @@ def overview_recount(store: Store) -> Overview:
                 for state, n in _counts(row["counts"]).items():
                     items[state] = items.get(state, 0) + int(n)
                 stalled += sig.stalled
-                entry = StuckRun(
-                    row["run_id"],
-                    row["state"],
-                    sig.waiting_on,
-                    sig.waiting_since,
-                    sig.last_activity_at,
-                    sig.expired_leases,
-                    sig.stalled,
-                    row["scope"],
-                    int(row["seq"]),
-                    sig.next_step,
-                )
+                entry = _entry(row, sig)
                 if (sig.stalled or sig.expired_leases) and len(stuck) < MAX_LISTED:
                     stuck.append(entry)
                 if since is not None:

@@ -190,7 +190,9 @@ def test_every_stuck_run_is_visible_and_says_on_whom(served: dict[str, Any]) -> 
             expect(page.locator(".run-head")).to_contain_text("accepted 2510")
             renders = [u for u, _ in fetched if u.split("?")[0].endswith(f"/board/{runs['big']}")]
             item_calls = [(u, n) for u, n in fetched if items_url in u]
-            assert len(renders) >= 3, fetched  # the first render and at least two refreshes
+            # the first render and at least one refresh: refreshes that fall due while one is
+            # in flight are folded into the next, so two rounds of commits may show as one
+            assert len(renders) >= 2, fetched
             assert len(item_calls) == len(renders), fetched  # one page of items per refresh
             for url, size in item_calls:
                 assert f"limit={ITEM_PAGE}" in url
