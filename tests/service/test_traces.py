@@ -106,9 +106,7 @@ class RecordingTracer(trace.Tracer):
             return INVALID_SPAN
         parent = trace.get_current_span(context).get_span_context()
         trace_id = parent.trace_id if parent.is_valid else random.getrandbits(128)
-        ctx = SpanContext(
-            trace_id, random.getrandbits(64), False, TraceFlags(TraceFlags.SAMPLED)
-        )
+        ctx = SpanContext(trace_id, random.getrandbits(64), False, TraceFlags(TraceFlags.SAMPLED))
         span = RecordedSpan(name, ctx, parent if parent.is_valid else None, links or ())
         if attributes:
             span.set_attributes(attributes)
