@@ -20,6 +20,7 @@ from ledger.core.errors import (
     ItemNotFound,
     ManifestInvalid,
 )
+from ledger.core.tracing import current_traceparent
 from ledger.core.validation import check_identifier, input_version_of, input_version_of_text
 from ledger.core.views import Actor, RunStatus
 from ledger.reads import queries
@@ -139,6 +140,10 @@ def create_run(
         root_run_id=original.root_run_id if original else run_id,
         timestamp=now,
     )
+    traceparent = current_traceparent()
+    if traceparent is not None:
+        # the run remembers the trace that made it, so the workers' spans can link to it
+        object.__setattr__(run.pending_events[0], "traceparent", traceparent)
     if weakened:
         assert original is not None
         run.transition(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, DomainEvent
@@ -150,6 +150,10 @@ class Run(Aggregate):
         reason: str | None
         links: list[dict[str, str]]
         root_run_id: str
+        # the W3C traceparent of the span that created the run, when it was traced: set on
+        # the event's state only then (`with_traceparent`), so untraced events and the
+        # events stored before traces keep their exact shape
+        traceparent: ClassVar[str | None] = None
 
         def apply(self, run: Run) -> None:
             run.on_submitted(self)

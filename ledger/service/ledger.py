@@ -6,7 +6,8 @@ inherits from `LedgerReads` (ledger/service/reads.py) and `LedgerMaintenance`
 
 Each command method checks nothing itself: it hands its arguments to the pipeline
 (`ledger/commands/pipeline.py`: transient-fault retry, then the optional
-`idempotency_key`, then the handler with its unit of work). Each command runs in one
+`idempotency_key`, then the handler with its unit of work), inside the command's span
+when OpenTelemetry is installed (`ledger/service/traces.py`). Each command runs in one
 store transaction: it reads the current rows (locked on PostgreSQL), rebuilds the
 aggregates from them, checks, triggers events, and appends the events and the
 projection rows together. A refusal raises before anything is written.
@@ -47,6 +48,7 @@ from ledger.projections.writer import Projector
 from ledger.reads.queries import waiting_on
 from ledger.service.maintenance import LedgerMaintenance
 from ledger.service.reads import LedgerReads
+from ledger.service.traces import traced
 from ledger.stores import open_store, resolve_dsn
 from ledger.stores.base import Store
 
@@ -132,7 +134,12 @@ class Ledger(LedgerReads, LedgerMaintenance):
                 )
             self._key_used_by = name
             key = self._next_key
-        return execute(self.store, self._projector, name, handler, key, arguments)
+        return traced(
+            self.store,
+            name,
+            arguments,
+            lambda: execute(self.store, self._projector, name, handler, key, arguments),
+        )
 
     # -- run commands ------------------------------------------------------
     def submit(

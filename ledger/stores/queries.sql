@@ -113,6 +113,11 @@ SELECT e.{position} AS position, e.originator_version AS version, e.topic, e.sta
 FROM {events} e WHERE e.originator_id = ? AND e.originator_version >= ?
 ORDER BY e.originator_version
 
+-- name: stream_event_at
+SELECT e.{position} AS position, e.originator_version AS version, e.topic, e.state,
+  e.hash AS hash
+FROM {events} e WHERE e.originator_id = ? AND e.originator_version = ?
+
 -- name: last_event
 SELECT {position} AS position, originator_version AS version, topic, state
 FROM {events} WHERE originator_id = ? ORDER BY originator_version DESC LIMIT 1

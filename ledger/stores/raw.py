@@ -91,6 +91,18 @@ def read_stream_events(tx: Tx, stream: UUID, since_version: int = 1) -> list[Raw
     ]
 
 
+def stream_event_at(tx: Tx, stream: UUID, version: int) -> RawEvent | None:
+    """One event of one stream by its version (None when the store holds none)."""
+    row = tx.fetchone(
+        STATEMENTS.sql(tx, "stream_event_at"), (oid_param(tx.store.dialect, stream), version)
+    )
+    if row is None:
+        return None
+    return RawEvent(
+        int(row["position"]), stream, version, row["topic"], bytes(row["state"]), row["hash"]
+    )
+
+
 def last_event(tx: Tx, stream: UUID) -> RawEvent | None:
     """The last event of one stream (None when the store holds none of it)."""
     row = tx.fetchone(STATEMENTS.sql(tx, "last_event"), (oid_param(tx.store.dialect, stream),))
