@@ -193,7 +193,9 @@ def test_every_stuck_run_is_visible_and_says_on_whom(served: dict[str, Any]) -> 
             # the first render and at least one refresh: refreshes that fall due while one is
             # in flight are folded into the next, so two rounds of commits may show as one
             assert len(renders) >= 2, fetched
-            assert len(item_calls) == len(renders), fetched  # one page of items per refresh
+            # one page of items per refresh (the last refresh may still be in flight: one of
+            # its two answers can finish before the other)
+            assert abs(len(item_calls) - len(renders)) <= 1, fetched
             for url, size in item_calls:
                 assert f"limit={ITEM_PAGE}" in url
                 assert size < 40_000, (url, size)
