@@ -112,20 +112,12 @@ def board(
         now = tx.now()
         for _ in range(_MAX_BATCHES):
             want = _BATCH if filtered else limit - len(out) + 1
-            rows = tx.fetchall(
-                SQL.sql(tx, name if cursor is None else name + "_before"),
-                (*states, *(() if cursor is None else (cursor,)), want),
-            )
-            attach_counts(tx, rows)
-            signals = signals_for(tx, rows, now)
+            rows, matches = _batch(tx, name, states, cursor, want, now, waiting_on, stalled)
             for row in rows:
-                sig = signals[row["run_id"]]
-                if (waiting_on is None or sig.waiting_on == waiting_on) and (
-                    not stalled or sig.stalled
-                ):
+                if row["run_id"] in matches:
                     if len(out) == limit:  # one more match exists: the page is full
                         return BoardPage(out, out[-1].seq)
-                    out.append(_row(row, sig))
+                    out.append(matches[row["run_id"]])
                 cursor = int(row["seq"])
             if len(rows) < want:
                 return BoardPage(out, None)
@@ -149,18 +141,8 @@ def _by_attention(
     with store.read() as tx:
         now = tx.now()
         while True:
-            rows = tx.fetchall(
-                SQL.sql(tx, name if cursor is None else name + "_before"),
-                (*states, *(() if cursor is None else (cursor,)), _BATCH),
-            )
-            attach_counts(tx, rows)
-            signals = signals_for(tx, rows, now)
-            for row in rows:
-                sig = signals[row["run_id"]]
-                if (waiting_on is None or sig.waiting_on == waiting_on) and (
-                    not stalled or sig.stalled
-                ):
-                    found.append(_row(row, sig))
+            rows, matches = _batch(tx, name, states, cursor, _BATCH, now, waiting_on, stalled)
+            found.extend(matches.values())
             if len(rows) < _BATCH:
                 break
             cursor = int(rows[-1]["seq"])
@@ -168,6 +150,32 @@ def _by_attention(
     page = found[rank : rank + limit]
     more = rank + limit < len(found)
     return BoardPage(page, rank + limit if more else None)
+
+
+def _batch(
+    tx: Any,
+    name: str,
+    states: tuple[str, ...],
+    cursor: int | None,
+    want: int,
+    now: datetime,
+    waiting_on: str | None,
+    stalled: bool,
+) -> tuple[list[dict[str, Any]], dict[str, BoardRow]]:
+    """The next `want` runs of query `name` before `cursor` (newest first), and the board
+    rows of those that match the filters, by run id (in the runs' order)."""
+    rows = tx.fetchall(
+        SQL.sql(tx, name if cursor is None else name + "_before"),
+        (*states, *(() if cursor is None else (cursor,)), want),
+    )
+    attach_counts(tx, rows)
+    signals = signals_for(tx, rows, now)
+    matches: dict[str, BoardRow] = {}
+    for row in rows:
+        sig = signals[row["run_id"]]
+        if (waiting_on is None or sig.waiting_on == waiting_on) and (not stalled or sig.stalled):
+            matches[row["run_id"]] = _row(row, sig)
+    return rows, matches
 
 
 def _row(row: dict[str, Any], sig: Any) -> BoardRow:
