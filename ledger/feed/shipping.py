@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ledger.core.errors import CommitUncertain, StoreUnavailable
+from ledger.core.errors import CommitUncertain, InvalidInput, StoreUnavailable
 from ledger.core.note import Signer
 from ledger.feed.webhooks import post_once
 from ledger.service.checkpoints import checkpoint, sign_with
@@ -78,6 +78,8 @@ class Shipper:
     def __init__(self, lg: Ledger, signer: Signer, to: str, origin: str | None = None) -> None:
         self.lg, self.signer, self.to, self.origin = lg, signer, to, origin
         self.is_url = to.startswith(("http://", "https://"))
+        if not self.is_url and "://" in to:  # a URL of another scheme is no directory name
+            raise InvalidInput(f"checkpoints ship to a directory or an http(s) URL, not {to!r}")
         self.last: int | None = None if self.is_url else _last_shipped(Path(to))
 
     def tick(self) -> Tick:

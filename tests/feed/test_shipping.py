@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ledger import Ledger
+from ledger import InvalidInput, Ledger
 from ledger.core.note import Signer
 from ledger.feed.shipping import Shipper, ship_every
 from tests.support.cli import cli
@@ -99,6 +99,18 @@ def test_a_url_gets_each_checkpoint_posted_and_a_refusal_is_retried(
     assert ticks[0].error is not None and not ticks[0].shipped  # the 503
     assert ticks[1].shipped and not ticks[2].shipped  # shipped, then not grown
     assert len(handler.bodies) == 1 and _verifies(lg, handler.bodies[0], key)
+
+
+def test_a_url_of_another_scheme_is_refused_and_nothing_is_made(
+    lg: Ledger, key: Signer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)  # where a URL taken for a directory name would be made
+    for to in ("ftp://host/dir", "file:///tmp/x", "gopher://x"):
+        with pytest.raises(InvalidInput, match="http"):
+            Shipper(lg, key, to)
+    assert list(here.iterdir()) == []
 
 
 def test_the_cli_ships_until_sigterm(dsn: str, tmp_path: Path) -> None:
