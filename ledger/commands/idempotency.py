@@ -30,7 +30,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import time
 import types
 import typing
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from ledger.commands.sql import SQL
 from ledger.core import errors as E
 from ledger.core.errors import CommitUncertain, InvalidInput, LedgerError, StoreUnavailable
 from ledger.core.validation import check_identifier
+from ledger.stores import green
 
 if TYPE_CHECKING:
     from ledger.stores.base import Store, Tx
@@ -298,7 +298,7 @@ def record(tx: Tx, key: str, name: str, fp: str, run_id: str | None, result: Any
 # retry
 # --------------------------------------------------------------------------
 def with_retry(
-    call: Callable[[], T], keyed: bool, sleep: Callable[[float], None] = time.sleep
+    call: Callable[[], T], keyed: bool, sleep: Callable[[float], None] = green.sleep
 ) -> T:
     delays = iter(RETRY_DELAYS)
     while True:
@@ -360,6 +360,8 @@ def read_command(fn: Callable[P, T]) -> Callable[P, T]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        if getattr(getattr(args[0], "store", None), "joined", False):
+            return fn(*args, **kwargs)  # in the caller's transaction: not repeated here
         return with_retry(lambda: fn(*args, **kwargs), keyed=False)
 
     return wrapper

@@ -50,6 +50,8 @@ def execute(
     `arguments` are the command's public arguments by name (they make the key's
     fingerprint)."""
     if key is None:
+        if store.joined:  # the caller's transaction: a fault is the caller's to repeat
+            return handler(UnitOfWork(store, projector), **arguments)
         return with_retry(lambda: handler(UnitOfWork(store, projector), **arguments), keyed=False)
     checked = check_key(key)
     fp = fingerprint(name, arguments)
@@ -69,4 +71,4 @@ def execute(
             record(tx, checked, name, fp, run_id_of(result, arguments), result)
             return result
 
-    return with_retry(once, keyed=True)
+    return once() if store.joined else with_retry(once, keyed=True)

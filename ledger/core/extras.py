@@ -16,6 +16,7 @@ EXTRA_OF_MODULE = {
     "starlette": "http",
     "uvicorn": "http",
     "prometheus_client": "http",
+    "greenlet": "async",
 }
 
 

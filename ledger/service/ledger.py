@@ -113,6 +113,22 @@ class Ledger(LedgerReads, LedgerMaintenance):
         view._key_used_by = None
         return view
 
+    def using(self, conn: Any) -> Ledger:
+        """A view of this ledger whose commands and reads run inside the caller's open
+        transaction on `conn`: a psycopg `Connection` to the ledger's PostgreSQL
+        database, a `sqlite3.Connection` to its SQLite file, or the `tx` an in-database
+        follower's handler gets. The events, their hashes, the projection rows and the
+        idempotency record commit when the caller commits, and roll back with the
+        caller's own writes. Each command runs in a savepoint: a refused command writes
+        nothing and the caller's transaction goes on. Nothing is retried on a database
+        fault (the caller's transaction is the one to repeat)."""
+        from ledger.stores.base import JoinedStore
+
+        base = self.store.base if isinstance(self.store, JoinedStore) else self.store
+        view = copy.copy(self)
+        view.store = JoinedStore(base, conn)
+        return view
+
     # -- the pipeline ------------------------------------------------------
     def _execute(self, handler: Callable[..., T], arguments: dict[str, Any]) -> T:
         """Run the command `handler` names with the calling method's `locals()`: its

@@ -20,19 +20,25 @@ def resolve_dsn(dsn: str | None) -> str:
 
 
 def open_store(
-    dsn: str, clock: Callable[[], datetime] | None = None, *, create: bool = True
+    dsn: str,
+    clock: Callable[[], datetime] | None = None,
+    *,
+    create: bool = True,
+    green: bool = False,
 ) -> Store:
     """Open the store a DSN names; a missing SQLite file is created only with `create`.
+    `green`: the store `AsyncLedger` runs over (ledger/stores/green.py).
 
     A `postgresql://` DSN needs the `postgres` extra: without psycopg this raises
     `MissingExtra` naming the pip command."""
+    if dsn.startswith(("memory://", "sqlite://")):
+        from ledger.stores.sqlite import SqliteStore
+        from ledger.stores.sqlite_green import GreenSqliteStore
+
+        sqlite_store = GreenSqliteStore if green else SqliteStore
     if dsn.startswith("memory://"):
-        from ledger.stores.sqlite import SqliteStore
-
-        return SqliteStore(None, clock=clock)
+        return sqlite_store(None, clock=clock)
     if dsn.startswith("sqlite://"):
-        from ledger.stores.sqlite import SqliteStore
-
         path = dsn[len("sqlite://") :]
         path = path.removeprefix("/")  # sqlite:///rel.db -> rel.db ; sqlite:////abs.db -> /abs.db
         if not path:
@@ -44,19 +50,20 @@ def open_store(
                 f"the SQLite file {path!r} does not exist (only submit, import "
                 "and demo create a ledger; check --dsn or $LEDGER_DSN)"
             )
-        return SqliteStore(path, clock=clock)
+        return sqlite_store(path, clock=clock)
     if dsn.startswith(("postgresql://", "postgres://")):
         try:
             import psycopg
             from eventsourcing.persistence import InterfaceError as ESInterfaceError
             from eventsourcing.persistence import OperationalError as ESOperationalError
 
+            from ledger.stores.pg_green import GreenPostgresStore
             from ledger.stores.postgres import PostgresStore
         except ModuleNotFoundError as e:
             raise missing_extra(e) or e from None
 
         try:
-            return PostgresStore(dsn, clock=clock)
+            return (GreenPostgresStore if green else PostgresStore)(dsn, clock=clock)
         except (psycopg.OperationalError, ESOperationalError, ESInterfaceError) as e:
             # unreachable, refused, bad password, no such database: typed like a missing
             # SQLite file, with libpq's reason (secrets redacted). The pool's first queries

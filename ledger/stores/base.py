@@ -222,6 +222,14 @@ class Store(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    # a store of the ledger's own transactions (JoinedStore: the caller's)
+    joined = False
+
+    def joined_tx(self, conn: Any, write: bool) -> AbstractContextManager[Tx]:
+        """A transaction of the ledger's inside the caller's open transaction on `conn`
+        (a savepoint of it). See `JoinedStore`."""
+        raise NotImplementedError(f"the {self.dialect} store cannot join a caller's transaction")
+
     @abstractmethod
     def events_table(self) -> str: ...
 
@@ -247,6 +255,47 @@ class Store(ABC):
     def read_stored_rows(
         self, tx: Tx, after: int, limit: int, upto: int | None = None
     ) -> list[tuple[int, StoredEvent]]: ...
+
+
+class JoinedStore(Store):
+    """A store whose transactions are the caller's: every `write()`/`read()` runs in the
+    caller's open transaction on `conn` (a psycopg connection, a sqlite3 connection to
+    the ledger's file, or a ledger `Tx`, as an in-database follower's handler gets),
+    inside a savepoint, so a refused command writes nothing and the caller's transaction
+    goes on. Nothing is committed here: the caller's COMMIT commits the ledger's events,
+    hashes and rows with its own writes, and its ROLLBACK takes them back
+    (`Ledger.using`)."""
+
+    joined = True
+
+    def __init__(self, base: Store, conn: Any) -> None:
+        self.base = base
+        self.conn = getattr(conn, "conn", conn) if isinstance(conn, Tx) else conn
+        self.dialect = base.dialect
+        self.clock = base.clock
+        self.mapper = base.mapper
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        # what a dialect's code reads off its store (the recorder, the DSN...): the base's
+        return getattr(self.base, name)
+
+    def write(self) -> AbstractContextManager[Tx]:
+        return self.base.joined_tx(self.conn, write=True)
+
+    def read(self) -> AbstractContextManager[Tx]:
+        return self.base.joined_tx(self.conn, write=False)
+
+    def close(self) -> None:
+        """Nothing to release: the connection is the caller's."""
+
+    def events_table(self) -> str:
+        return self.base.events_table()
+
+    def read_stored_rows(
+        self, tx: Tx, after: int, limit: int, upto: int | None = None
+    ) -> list[tuple[int, StoredEvent]]:
+        return self.base.read_stored_rows(tx, after, limit, upto)
 
 
 @contextmanager

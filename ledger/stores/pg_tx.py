@@ -17,7 +17,7 @@ import psycopg
 from eventsourcing.persistence import StoredEvent
 from psycopg import pq
 from psycopg.generators import send
-from psycopg.rows import tuple_row
+from psycopg.rows import dict_row, tuple_row
 
 from ledger.stores import pg_positions
 from ledger.stores.base import SCRATCH_MARK, StreamConflict, Tx
@@ -196,7 +196,7 @@ class PgTx(Tx):
     def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any], write: bool) -> None:
         super().__init__(store, write)
         self.conn = conn
-        self.cur = conn.cursor()
+        self.cur = conn.cursor(row_factory=dict_row)  # whatever rows the connection makes
         self.appended = False  # events inserted: a wake-up follows the commit
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
@@ -258,7 +258,7 @@ class PgTx(Tx):
     def send(self, sql: str, params: Sequence[Any] = ()) -> Callable[[], list[dict[str, Any]]]:
         if self.conn._pipeline is None:
             return super().send(sql, params)
-        cur = self.conn.cursor()
+        cur = self.conn.cursor(row_factory=dict_row)
         cur.execute(to_pg(sql), params, prepare=_prepare(sql))
         _drain(self.conn)
 
@@ -275,7 +275,7 @@ class PgTx(Tx):
     ) -> Callable[[], tuple[list[dict[str, Any]], list[Sequence[Any]]]]:
         if self.conn._pipeline is None:
             return super().send_both(first, first_params, rows, rows_params)
-        one, two = self.conn.cursor(), self.conn.cursor(row_factory=tuple_row)
+        one, two = self.conn.cursor(row_factory=dict_row), self.conn.cursor(row_factory=tuple_row)
         one.execute(to_pg(first), first_params, prepare=_prepare(first))
         _drain(self.conn)
         two.execute(to_pg(rows), rows_params, prepare=_prepare(rows))

@@ -21,9 +21,11 @@ from eventsourcing.persistence import InterfaceError as ESInterfaceError
 from eventsourcing.persistence import OperationalError as ESOperationalError
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresDatastore
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
+from ledger.core.errors import InvalidInput
 from ledger.stores.base import Store, Tx, apply_migrations, refuse_newer
 from ledger.stores.pg_faults import fault as _fault
 from ledger.stores.pg_migrations import EVENTS_TABLE, migrations, schema_version
@@ -95,14 +97,13 @@ class PostgresStore(Store):
         finally:
             # committed or not, readers held below its positions may now go on
             if tx is not None and tx.appended:
-                self.waker.poke()
+                self._wake()
 
     @contextmanager
     def _tx_body(self, write: bool) -> Iterator[PgTx]:
         committing = False
         try:
-            with self.datastore.get_connection() as conn:
-                conn.prepared_max = PREPARED_MAX
+            with self._connection() as conn:
                 if write:
                     with _pipelined_transaction(conn):
                         # Pipeline mode: statements whose results the command does not
@@ -125,6 +126,54 @@ class PostgresStore(Store):
             if isinstance(e.__cause__, psycopg_pool.PoolClosed):
                 raise  # the ledger was closed: not transient
             raise _fault(e, uncertain=committing and write) from e
+
+    def _wake(self) -> None:
+        self.waker.poke()
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the pool for one transaction (psycopg errors come out as
+        eventsourcing's: `_tx_body` types them)."""
+        with self.datastore.get_connection() as conn:
+            conn.prepared_max = PREPARED_MAX
+            yield conn
+
+    @contextmanager
+    def joined_tx(self, conn: Any, write: bool) -> Iterator[PgTx]:
+        """A savepoint in the caller's open transaction on a psycopg `Connection` (see
+        `JoinedStore`): a connection in autocommit mode outside a transaction block, or
+        one whose transaction already failed, is refused (nothing would hold the
+        ledger's writes together, or nothing can be written)."""
+        if not isinstance(conn, psycopg.Connection):
+            raise InvalidInput(
+                "using() takes the psycopg Connection whose transaction the ledger joins "
+                f"(an AsyncConnection goes to AsyncLedger.using), not {type(conn).__name__}"
+            )
+        status = conn.info.transaction_status
+        if status == pq.TransactionStatus.INERROR:
+            raise InvalidInput("the connection's transaction has already failed: roll it back")
+        if status == pq.TransactionStatus.IDLE:
+            if conn.autocommit:
+                raise InvalidInput(
+                    "the connection is in autocommit mode outside a transaction: open one "
+                    "(with conn.transaction(): ...) so the ledger's writes commit with yours"
+                )
+            conn.execute("SELECT 1")  # psycopg opens the caller's transaction; ours nests
+        tx: PgTx | None = None
+        try:
+            with conn.transaction():  # a savepoint: a refusal leaves the caller's going on
+                tx = PgTx(self, conn, write)
+                try:
+                    yield tx
+                finally:
+                    tx.cur.close()
+        except psycopg.OperationalError as e:
+            wrapped = ESOperationalError(str(e))
+            wrapped.__cause__ = e
+            raise _fault(wrapped, uncertain=False) from e
+        finally:
+            if tx is not None and tx.appended:
+                self._wake()  # a hint: listeners that wake before the caller commits poll again
 
     def write(self) -> AbstractContextManager[PgTx]:
         return self._tx(True)

@@ -6,6 +6,7 @@ writers (threads or processes) queue instead of failing.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -13,19 +14,20 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
 
-from ledger.core.errors import StoreUnavailable
+from ledger.core.errors import InvalidInput, StoreUnavailable
 from ledger.core.redact import redact
 from ledger.stores.base import Store, StreamConflict, Tx, apply_migrations
 from ledger.stores.migrations import steps as schema_steps
 from ledger.stores.sql import STATEMENTS
 
 BUSY_TIMEOUT_S = 60.0
+T = TypeVar("T")
 
 # SQLite's primary result codes that mean the file cannot be used now, not that the
 # statement is wrong: busy or locked past the busy timeout, out of memory, read-only,
@@ -94,28 +96,36 @@ class SqliteTx(Tx):
         super().__init__(store, write)
         self.conn = conn
         self.cur = conn.cursor()
+        self.cur.row_factory = sqlite3.Row  # whatever rows the connection makes
+        self.store_io = store.io
 
+    # Each call into sqlite3 goes through the store's `io` (a plain call, or in
+    # AsyncLedger's store a hop to its database thread: ledger/stores/sqlite_green.py).
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        return self.cur.execute(sql, params)
+        return self.store_io(self.cur.execute, sql, params)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any:
-        return self.cur.executemany(sql, rows)
+        return self.store_io(self.cur.executemany, sql, list(rows))
 
     def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        self.cur.execute(sql, params)
-        return [dict(r) for r in self.cur.fetchall()]
+        rows: list[dict[str, Any]] = self.store_io(_fetch_dicts, self.cur, sql, params)
+        return rows
 
     def fetch_rows(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
-        self.cur.execute(sql, params)
-        return list(self.cur.fetchall())  # sqlite3.Row: indexable, no dict per row
+        # sqlite3.Row: indexable, no dict per row
+        rows: list[Sequence[Any]] = self.store_io(_fetch_rows, self.cur, sql, params)
+        return rows
 
     def insert_stored_events(
         self, stored: Sequence[StoredEvent], hashes: Sequence[str | None] | None = None
     ) -> list[int]:
         assert isinstance(self.store, SqliteStore)
         try:
-            ids = self.store.recorder.insert_hashed(
-                SQLiteCursor(self.cur), stored, hashes or [None] * len(stored)
+            ids = self.store_io(
+                self.store.recorder.insert_hashed,
+                SQLiteCursor(self.cur),
+                stored,
+                hashes or [None] * len(stored),
             )
         except sqlite3.IntegrityError as e:
             raise StreamConflict(str(e)) from e
@@ -124,6 +134,20 @@ class SqliteTx(Tx):
 
     def db_now(self) -> datetime:
         return datetime.now(UTC)
+
+
+def _fetch_dicts(cur: sqlite3.Cursor, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    cur.execute(sql, params)
+    return [dict(r) for r in cur.fetchall()]
+
+
+def _fetch_rows(cur: sqlite3.Cursor, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
+    cur.execute(sql, params)
+    return list(cur.fetchall())
+
+
+def _call(fn: Callable[..., T], *args: Any) -> T:
+    return fn(*args)
 
 
 class SqliteStore(Store):
@@ -178,29 +202,89 @@ class SqliteStore(Store):
             self._local.conn = conn
         return conn
 
+    # Where every call into sqlite3 is made (see SqliteTx): here, in the calling thread.
+    io: Callable[..., Any] = staticmethod(_call)
+
+    def _hold(self) -> AbstractContextManager[Any]:
+        """Held for a whole transaction: the in-memory store's one connection."""
+        return self._mem_lock if self.memory else _null()
+
     @contextmanager
     def _tx(self, write: bool) -> Iterator[SqliteTx]:
         if self._closed:
             raise RuntimeError("ledger is closed")
+        io = self.io
         try:
-            with self._mem_lock if self.memory else _null():
-                conn = self._conn()
-                conn.execute(STATEMENTS.sql("sqlite", "begin_write" if write else "begin_read"))
+            with self._hold():
+                conn = io(self._conn)
+                begin = STATEMENTS.sql("sqlite", "begin_write" if write else "begin_read")
+                io(conn.execute, begin)
                 tx = SqliteTx(self, conn, write)
                 try:
                     yield tx
                 except BaseException:
-                    conn.rollback()
+                    io(conn.rollback)
                     raise
                 else:
-                    conn.commit()
+                    io(conn.commit)
                 finally:
-                    tx.cur.close()
+                    io(tx.cur.close)
         except sqlite3.Error as e:
             typed = unavailable(e)
             if typed is None:
                 raise
             raise typed from e
+
+    @contextmanager
+    def joined_tx(self, conn: Any, write: bool) -> Iterator[SqliteTx]:
+        """A savepoint in the caller's transaction on a `sqlite3` connection to the
+        ledger's own file (see `JoinedStore`). A connection in autocommit mode
+        (`isolation_level=None`) outside a transaction is refused; in Python's default
+        mode, where a transaction opens with the first write, the ledger opens it first
+        (BEGIN IMMEDIATE: its reads and writes are one transaction)."""
+        if not isinstance(conn, sqlite3.Connection):
+            raise InvalidInput(
+                f"using() takes the sqlite3 connection whose transaction the ledger joins, not {type(conn).__name__}"
+            )
+        io = self.io
+        if conn is not self._mem_conn and not self._same_file(conn):
+            raise InvalidInput("the sqlite3 connection is not to this ledger's database file")
+        if not io(lambda: conn.in_transaction):
+            if conn.isolation_level is None:
+                raise InvalidInput(
+                    "the connection is in autocommit mode outside a transaction: BEGIN one "
+                    "so the ledger's writes commit with yours"
+                )
+            io(conn.execute, "BEGIN IMMEDIATE")
+        try:
+            with self._hold_joined(conn):
+                io(conn.execute, "SAVEPOINT ledger_using")
+                tx = SqliteTx(self, conn, write)
+                try:
+                    yield tx
+                except BaseException:
+                    io(conn.execute, "ROLLBACK TO ledger_using")
+                    raise
+                finally:
+                    io(conn.execute, "RELEASE ledger_using")
+                    io(tx.cur.close)
+        except sqlite3.Error as e:
+            typed = unavailable(e)
+            if typed is None:
+                raise
+            raise typed from e
+
+    def _hold_joined(self, conn: sqlite3.Connection) -> AbstractContextManager[Any]:
+        """The in-memory store's lock, for a caller's transaction on its own connection
+        (an in-database follower's handler: already held by this thread)."""
+        return self._mem_lock if conn is self._mem_conn else _null()
+
+    def _same_file(self, conn: sqlite3.Connection) -> bool:
+        if self.path is None:
+            return False
+        rows = self.io(lambda: conn.execute("PRAGMA database_list").fetchall())
+        main = next((r[2] for r in rows if r[1] == "main"), "")
+        return bool(main) and os.path.realpath(main) == os.path.realpath(self.path)
 
     def write(self) -> AbstractContextManager[SqliteTx]:
         return self._tx(True)
