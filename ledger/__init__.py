@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from ledger.feed.follower import Follower
     from ledger.reads.board import BoardPage, BoardRow
     from ledger.reads.overview import Overview, StuckRun
+    from ledger.service.async_ledger import AsyncLedger
     from ledger.service.ledger import Ledger
     from ledger.worker.worker import Accepted, Quarantine, Rejected, Worker
 
@@ -59,6 +60,7 @@ _LAZY = {
     "Manifest": "core.manifest",
     "Policy": "core.manifest",
     "Worker": "worker.worker",
+    "AsyncLedger": "service.async_ledger",
     "Accepted": "worker.worker",
     "Rejected": "worker.worker",
     "Quarantine": "worker.worker",
@@ -89,6 +91,7 @@ __all__ = [
     "Accepted",
     "Actor",
     "AlreadyTerminal",
+    "AsyncLedger",
     "Attempt",
     "BoardPage",
     "BoardRow",

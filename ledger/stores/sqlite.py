@@ -95,9 +95,9 @@ class SqliteTx(Tx):
     def __init__(self, store: SqliteStore, conn: sqlite3.Connection, write: bool) -> None:
         super().__init__(store, write)
         self.conn = conn
-        self.cur = conn.cursor()
-        self.cur.row_factory = sqlite3.Row  # whatever rows the connection makes
         self.store_io = store.io
+        self.cur = store.io(conn.cursor)
+        self.cur.row_factory = sqlite3.Row  # whatever rows the connection makes
 
     # Each call into sqlite3 goes through the store's `io` (a plain call, or in
     # AsyncLedger's store a hop to its database thread: ledger/stores/sqlite_green.py).
@@ -144,6 +144,11 @@ def _fetch_dicts(cur: sqlite3.Cursor, sql: str, params: Sequence[Any]) -> list[d
 def _fetch_rows(cur: sqlite3.Cursor, sql: str, params: Sequence[Any]) -> list[Sequence[Any]]:
     cur.execute(sql, params)
     return list(cur.fetchall())
+
+
+def _end_open(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        conn.rollback()
 
 
 def _call(fn: Callable[..., T], *args: Any) -> T:
@@ -218,7 +223,13 @@ class SqliteStore(Store):
             with self._hold():
                 conn = io(self._conn)
                 begin = STATEMENTS.sql("sqlite", "begin_write" if write else "begin_read")
-                io(conn.execute, begin)
+                try:
+                    io(conn.execute, begin)
+                except BaseException:
+                    # AsyncLedger: a task cancelled while its BEGIN waited for the lock
+                    # leaves the BEGIN to finish on the database thread; end it there
+                    io(_end_open, conn)
+                    raise
                 tx = SqliteTx(self, conn, write)
                 try:
                     yield tx

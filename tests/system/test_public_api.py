@@ -64,6 +64,8 @@ EXTRA_NAMES = {
     "StuckRun",
     "BoardPage",
     "BoardRow",
+    # the ledger for asyncio services (docs/how-to/async.md)
+    "AsyncLedger",
 }
 
 ERROR_NAMES = {
