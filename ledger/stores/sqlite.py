@@ -258,7 +258,14 @@ class SqliteStore(Store):
                 f"using() takes the sqlite3 connection whose transaction the ledger joins, not {type(conn).__name__}"
             )
         io = self.io
-        if conn is not self._mem_conn and not self._same_file(conn):
+        try:
+            same = conn is self._mem_conn or self._same_file(conn)
+        except sqlite3.ProgrammingError as e:  # made in another thread (AsyncLedger's: its own)
+            raise InvalidInput(
+                "the ledger cannot use this sqlite3 connection from its database thread "
+                f"({e}): open it with check_same_thread=False"
+            ) from None
+        if not same:
             raise InvalidInput("the sqlite3 connection is not to this ledger's database file")
         if not io(lambda: conn.in_transaction):
             if conn.isolation_level is None:
