@@ -52,6 +52,7 @@ from ledger.feed.locks import FollowerLock
 from ledger.feed.sql import SQL
 from ledger.reads import feed
 from ledger.reads import payloads as payloads_of
+from ledger.stores.base import handler_transaction
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -237,7 +238,8 @@ class Follower:
                     if found:
                         if self.payloads:
                             self._payloads.attach(tx, found)
-                        self.handler(found, tx)
+                        with handler_transaction(self.lg.store):
+                            self.handler(found, tx)
                     cp.set_position(tx, self.name, before, cursor, self.filter)
             self._known = cursor
         else:

@@ -13,11 +13,11 @@ import hashlib
 import os
 import select
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 from ledger.core.errors import FollowerBusy, StoreUnavailable
 from ledger.feed.sql import SQL
+from ledger.stores import green
 
 if TYPE_CHECKING:
     from ledger.stores.base import Store
@@ -64,7 +64,7 @@ class FollowerLock:
                     f"follower {self.name!r} is running in another process (or thread); "
                     "one follower name delivers at a time"
                 )
-            time.sleep(RETRY_S)
+            green.sleep(RETRY_S)
         self.held = True
 
     def _try(self) -> bool:
@@ -81,7 +81,7 @@ class FollowerLock:
 
         if self._conn is None:
             try:
-                self._conn = psycopg.connect(self.store.dsn, autocommit=True)  # type: ignore[attr-defined]
+                self._conn = self.store.session_connection()  # type: ignore[attr-defined]
             except psycopg.OperationalError as e:
                 raise StoreUnavailable(f"the database is unavailable ({e})") from e
         try:

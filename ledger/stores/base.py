@@ -6,6 +6,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -198,6 +199,35 @@ class Tx(ABC):
         ledger/reads/queries.py `load_run`; the row then has a `lock_mode` column where the
         store takes row locks)."""
         return STATEMENTS.sql(self.store.dialect, "select_run_locked" if lock else "select_run")
+
+
+# The store whose in-database follower's handler is running in this context (and its
+# transaction): a transaction of its own opened there would not commit with the batch.
+_HANDLER_TX: ContextVar[Store | None] = ContextVar("ledger_handler_tx", default=None)
+
+
+@contextmanager
+def handler_transaction(store: Store) -> Iterator[None]:
+    """Marks the running of an in-database follower's handler on `store` (see `refuse_nested`)."""
+    token = _HANDLER_TX.set(store)
+    try:
+        yield
+    finally:
+        _HANDLER_TX.reset(token)
+
+
+def refuse_nested(store: Store) -> None:
+    """InvalidInput for a transaction of the store's own opened inside an in-database
+    follower's handler: on SQLite it cannot start (the batch's is open on the connection),
+    on PostgreSQL it would commit apart from the batch and its checkpoint. The same code
+    is refused the same way on every store; the handler goes through `lg.using(tx)`."""
+    if _HANDLER_TX.get() is store:
+        from ledger.core.errors import InvalidInput
+
+        raise InvalidInput(
+            "an in-database follower's handler commands and reads through lg.using(tx), "
+            "so what it does commits with the batch and its checkpoint"
+        )
 
 
 class Store(ABC):

@@ -26,7 +26,7 @@ import eventsourcing.persistence as es
 import psycopg
 import psycopg_pool
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.composite import register_composite
 
 from ledger.stores.green import await_only
@@ -53,10 +53,10 @@ class GreenConnection(psycopg.Connection[Any]):
     """A synchronous connection over an `AsyncConnection`'s libpq connection, waiting on
     the event loop (from code the greenlet bridge runs)."""
 
-    def __init__(self, aconn: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(self, aconn: psycopg.AsyncConnection[Any], row_factory: Any = dict_row) -> None:
         pgconn = aconn.pgconn
         handlers = (pgconn.notice_handler, pgconn.notify_handler)
-        super().__init__(pgconn, row_factory=dict_row)
+        super().__init__(pgconn, row_factory=row_factory)
         # the asynchronous connection keeps its notices and notifications...
         pgconn.notice_handler, pgconn.notify_handler = handlers
         self._aconn = aconn
@@ -157,6 +157,10 @@ class GreenPostgresStore(PostgresStore):
                 raise _translated(e) from e
         finally:
             await_only(self.pool.putconn(aconn))
+
+    def session_connection(self) -> psycopg.Connection[Any]:
+        aconn = await_only(psycopg.AsyncConnection.connect(self.dsn, autocommit=True))
+        return GreenConnection(aconn, row_factory=tuple_row)
 
     def _wake(self) -> None:
         self.wakeups.poke()

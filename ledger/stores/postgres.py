@@ -26,7 +26,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from ledger.core.errors import InvalidInput
-from ledger.stores.base import Store, Tx, apply_migrations, refuse_newer
+from ledger.stores.base import Store, Tx, apply_migrations, refuse_nested, refuse_newer
 from ledger.stores.pg_faults import fault as _fault
 from ledger.stores.pg_migrations import EVENTS_TABLE, migrations, schema_version
 from ledger.stores.pg_recorder import WAKE_INTERVAL_S, LedgerPostgresRecorder, Waker, _events_json
@@ -90,6 +90,7 @@ class PostgresStore(Store):
 
     @contextmanager
     def _tx(self, write: bool) -> Iterator[PgTx]:
+        refuse_nested(self)
         tx: PgTx | None = None
         try:
             with self._tx_body(write) as tx:
@@ -126,6 +127,11 @@ class PostgresStore(Store):
             if isinstance(e.__cause__, psycopg_pool.PoolClosed):
                 raise  # the ledger was closed: not transient
             raise _fault(e, uncertain=committing and write) from e
+
+    def session_connection(self) -> psycopg.Connection[Any]:
+        """A connection of its own, outside the pool, in autocommit mode (a follower's
+        session lock lives as long as it)."""
+        return psycopg.connect(self.dsn, autocommit=True)
 
     def _wake(self) -> None:
         self.waker.poke()

@@ -22,7 +22,7 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLite
 
 from ledger.core.errors import InvalidInput, StoreUnavailable
 from ledger.core.redact import redact
-from ledger.stores.base import Store, StreamConflict, Tx, apply_migrations
+from ledger.stores.base import Store, StreamConflict, Tx, apply_migrations, refuse_nested
 from ledger.stores.migrations import steps as schema_steps
 from ledger.stores.sql import STATEMENTS
 
@@ -218,6 +218,7 @@ class SqliteStore(Store):
     def _tx(self, write: bool) -> Iterator[SqliteTx]:
         if self._closed:
             raise RuntimeError("ledger is closed")
+        refuse_nested(self)
         io = self.io
         try:
             with self._hold():
