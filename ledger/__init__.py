@@ -43,11 +43,13 @@ from ledger.core.views import (
 if TYPE_CHECKING:
     __version__: str  # the installed distribution's version (`ledger --version`)
     from ledger.core.manifest import Manifest, Policy
+    from ledger.feed.async_follower import AsyncFollower
     from ledger.feed.follower import Follower
     from ledger.reads.board import BoardPage, BoardRow
     from ledger.reads.overview import Overview, StuckRun
     from ledger.service.async_ledger import AsyncLedger
     from ledger.service.ledger import Ledger
+    from ledger.worker.async_worker import AsyncWorker
     from ledger.worker.worker import Accepted, Quarantine, Rejected, Worker
 
 _LAZY = {
@@ -61,6 +63,8 @@ _LAZY = {
     "Policy": "core.manifest",
     "Worker": "worker.worker",
     "AsyncLedger": "service.async_ledger",
+    "AsyncWorker": "worker.async_worker",
+    "AsyncFollower": "feed.async_follower",
     "Accepted": "worker.worker",
     "Rejected": "worker.worker",
     "Quarantine": "worker.worker",
@@ -91,7 +95,9 @@ __all__ = [
     "Accepted",
     "Actor",
     "AlreadyTerminal",
+    "AsyncFollower",
     "AsyncLedger",
+    "AsyncWorker",
     "Attempt",
     "BoardPage",
     "BoardRow",

@@ -56,9 +56,9 @@ class _InFlight:
 
     __slots__ = ("finished", "lease", "lock", "lost", "next_beat")
 
-    def __init__(self, lease: Lease, next_beat: float) -> None:
+    def __init__(self, lease: Lease, next_beat: float, lock: Any) -> None:
         self.lease = lease
-        self.lock = threading.Lock()
+        self.lock = lock
         self.finished = False  # the handler returned; no more heartbeats
         self.lost = False  # the ledger refused this lease: never write for it again
         self.next_beat = next_beat
@@ -148,38 +148,74 @@ class Worker:
         lease_seconds = float(status.policy.get("lease_seconds", 60.0) or 60.0)
         self._queue_seconds = min(ADAPTIVE_QUEUE_SECONDS, lease_seconds / 10)
         interval = self.heartbeat_every if self.heartbeat_every is not None else lease_seconds / 3
+        beats = self._start_heartbeats(interval)
+        pool = self._handlers()
+        try:
+            try:
+                reason = self._loop(pool, interval)
+            except self._interruptions:
+                # Ctrl-C (a cancelled task: AsyncWorker): claim nothing more, record what is
+                # in flight, then let it propagate (a second Ctrl-C abandons the rest;
+                # their leases expire and are reconciled)
+                self._stop.set()
+                self._interrupt_handlers()
+                self._drain()
+                raise
+        finally:
+            # on an unexpected error, still wait for the handlers (their leases expire if
+            # we cannot record) and stop heartbeating
+            self._finish_handlers(pool)
+            self._closing.set()
+            self._join_heartbeats(beats)
+        final = self.lg.status(self.run_id).state
+        return self._finish(reason, final)
+
+    # -- where the work runs (AsyncWorker: tasks on the event loop) ---------------
+
+    _interruptions: tuple[type[BaseException], ...] = (KeyboardInterrupt,)
+
+    def _handlers(self) -> Any:
+        return ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"{self.worker_id}-handler")
+
+    def _start_handler(self, pool: Any, lease: Lease) -> Any:
+        """The handler's run on `lease`, as a future of its outcome."""
+        return pool.submit(self._timed if self._adaptive else self.handle, lease)
+
+    def _wait_any(self, futures: list[Any], timeout: float | None) -> set[Any]:
+        done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+        return done
+
+    def _pause(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    def _interrupt_handlers(self) -> None:
+        """Threads cannot be interrupted: the handlers in flight finish."""
+
+    def _finish_handlers(self, pool: Any) -> None:
+        pool.shutdown(wait=True)
+
+    def _start_heartbeats(self, interval: float) -> Any:
         beat = threading.Thread(
             target=self._heartbeat_loop,
             args=(interval,),
             name=f"{self.worker_id}-heartbeat",
             daemon=True,
         )
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"{self.worker_id}-handler")
         beat.start()
-        try:
-            try:
-                reason = self._loop(pool, interval)
-            except KeyboardInterrupt:
-                # Ctrl-C: claim nothing more, record what is in flight, then let it propagate
-                # (a second Ctrl-C abandons the rest; their leases expire and are reconciled)
-                self._stop.set()
-                self._drain()
-                raise
-        finally:
-            # on an unexpected error, still wait for the handlers (their leases expire if
-            # we cannot record) and stop heartbeating
-            pool.shutdown(wait=True)
-            self._closing.set()
-            beat.join()
-        final = self.lg.status(self.run_id).state
-        return self._finish(reason, final)
+        return beat
+
+    def _join_heartbeats(self, beats: Any) -> None:
+        beats.join()
+
+    def _entry_lock(self) -> Any:
+        return threading.Lock()
 
     def _finish(self, reason: str, state: str) -> WorkerSummary:
         self._summary.stopped = reason
         self._summary.run_state = state
         return self._summary
 
-    def _loop(self, pool: ThreadPoolExecutor, interval: float) -> str:
+    def _loop(self, pool: Any, interval: float) -> str:
         stopping = ""
         idle_since: float | None = None
         while True:
@@ -225,13 +261,13 @@ class Worker:
                 idle_since = idle_since if idle_since is not None else now
                 if now - idle_since >= self.max_idle:
                     return f"waited {self.max_idle:g}s for retryable items to become claimable"
-                self._stop.wait(self.poll_interval)
+                self._pause(self.poll_interval)
                 continue
             # Something is in flight. With free slots and a claim that found nothing,
             # look again after poll_interval (items may be added or come off backoff).
             full = len(self._in_flight) >= self.prefetch
             timeout = None if (full or stopping) else self.poll_interval
-            done, _ = wait(list(self._in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+            done = self._wait_any(list(self._in_flight), timeout)
             if done:  # record every outcome that is ready in one transaction
                 with self._registry_lock:
                     done = set(done) | {f for f in self._in_flight if f.done()}
@@ -239,8 +275,7 @@ class Worker:
 
     def _drain(self) -> None:
         while self._in_flight:
-            done, _ = wait(list(self._in_flight), return_when=FIRST_COMPLETED)
-            self._record(done)
+            self._record(self._wait_any(list(self._in_flight), None))
 
     def _why_idle(self) -> str:
         """Empty when items may still become claimable (retryable items on backoff)."""
@@ -254,10 +289,10 @@ class Worker:
             return "nothing left to claim; the remaining items are leased"
         return "nothing left to claim"
 
-    def _submit(self, pool: ThreadPoolExecutor, lease: Lease, interval: float) -> None:
+    def _submit(self, pool: Any, lease: Lease, interval: float) -> None:
         self._summary.claimed += 1
-        entry = _InFlight(lease, time.monotonic() + interval)
-        future = pool.submit(self._timed if self._adaptive else self.handle, lease)
+        entry = _InFlight(lease, time.monotonic() + interval, self._entry_lock())
+        future = self._start_handler(pool, lease)
         with self._registry_lock:
             self._in_flight[future] = entry
 

@@ -66,6 +66,8 @@ EXTRA_NAMES = {
     "BoardRow",
     # the ledger for asyncio services (docs/how-to/async.md)
     "AsyncLedger",
+    "AsyncWorker",
+    "AsyncFollower",
 }
 
 ERROR_NAMES = {
