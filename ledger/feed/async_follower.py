@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -25,7 +25,7 @@ from ledger.stores.green import await_only, bridged
 
 if TYPE_CHECKING:
     from ledger.service.async_ledger import AsyncLedger
-    from ledger.stores.base import Store
+    from ledger.stores.base import Store, Tx
 
 T = TypeVar("T")
 
@@ -149,12 +149,37 @@ class AsyncFollower:
         await self.close()
 
 
+class AsyncTx:
+    """The batch's transaction as a coroutine handler uses it: `await tx.execute(sql,
+    params)`, `executemany`, `fetchall`, `fetchone` (`?` placeholders on every store), and
+    `lg.using(tx)` for the ledger's commands and reads in it."""
+
+    def __init__(self, tx: Tx) -> None:
+        self.ledger_tx = tx
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        await bridged(self.ledger_tx.execute, sql, params)
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        await bridged(self.ledger_tx.executemany, sql, list(rows))
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        return await bridged(self.ledger_tx.fetchall, sql, params)
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
+        return await bridged(self.ledger_tx.fetchone, sql, params)
+
+
 def _awaiting(handler: Callable[..., Any], store: Store, in_database: bool) -> Callable[..., Any]:
     """The handler as `Follower` calls it: a coroutine it returns is awaited on the loop,
     in-database ones marked as running in the batch's transaction (a command of the
-    ledger's own transactions there is refused, as in a plain handler)."""
+    ledger's own transactions there is refused, as in a plain handler) and given the
+    transaction as an `AsyncTx`."""
+    coroutine = inspect.iscoroutinefunction(handler)
 
     def call(*args: Any) -> Any:
+        if coroutine and len(args) == 2:
+            args = (args[0], AsyncTx(args[1]))
         result = handler(*args)
         if inspect.isawaitable(result):
             result = await_only(_marked(result, store) if in_database else result)

@@ -300,6 +300,7 @@ class JoinedStore(Store):
 
     def __init__(self, base: Store, conn: Any) -> None:
         self.base = base
+        conn = getattr(conn, "ledger_tx", conn)  # AsyncFollower's AsyncTx: its transaction
         self.conn = getattr(conn, "conn", conn) if isinstance(conn, Tx) else conn
         self.dialect = base.dialect
         self.clock = base.clock

@@ -210,6 +210,10 @@ class SqliteStore(Store):
     # Where every call into sqlite3 is made (see SqliteTx): here, in the calling thread.
     io: Callable[..., Any] = staticmethod(_call)
 
+    def _begin(self, conn: sqlite3.Connection, begin: str) -> None:
+        """Start a transaction (a write one waits for the file's lock: the busy timeout)."""
+        self.io(conn.execute, begin)
+
     def _hold(self) -> AbstractContextManager[Any]:
         """Held for a whole transaction: the in-memory store's one connection."""
         return self._mem_lock if self.memory else _null()
@@ -225,7 +229,7 @@ class SqliteStore(Store):
                 conn = io(self._conn)
                 begin = STATEMENTS.sql("sqlite", "begin_write" if write else "begin_read")
                 try:
-                    io(conn.execute, begin)
+                    self._begin(conn, begin)
                 except BaseException:
                     # AsyncLedger: a task cancelled while its BEGIN waited for the lock
                     # leaves the BEGIN to finish on the database thread; end it there
@@ -274,7 +278,7 @@ class SqliteStore(Store):
                     "the connection is in autocommit mode outside a transaction: BEGIN one "
                     "so the ledger's writes commit with yours"
                 )
-            io(conn.execute, "BEGIN IMMEDIATE")
+            self._begin(conn, "BEGIN IMMEDIATE")
         try:
             with self._hold_joined(conn):
                 io(conn.execute, "SAVEPOINT ledger_using")

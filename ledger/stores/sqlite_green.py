@@ -10,17 +10,28 @@ writer anyway, and the store's one connection serves one transaction at a time.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
+from ledger.stores import green
 from ledger.stores.green import await_only, in_bridge
-from ledger.stores.sqlite import SqliteStore
+from ledger.stores.sqlite import BUSY_TIMEOUT_S, SqliteStore
 
 T = TypeVar("T")
+_SQLITE_BUSY = 5
+
+
+def _busy_timeout(conn: sqlite3.Connection, ms: int) -> int:
+    """Set the connection's busy timeout; return the one it had."""
+    previous = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+    conn.execute(f"PRAGMA busy_timeout={int(ms)}")
+    return previous
 
 
 class GreenSqliteStore(SqliteStore):
@@ -45,6 +56,30 @@ class GreenSqliteStore(SqliteStore):
     def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
         self._thread_ident = threading.get_ident()
         return fn(*args)
+
+    def _begin(self, conn: sqlite3.Connection, begin: str) -> None:
+        """Wait for the file's write lock on the loop, not on the database thread: SQLite's
+        own busy wait would hold the thread, and with it every other transaction of this
+        store, the one holding the lock included (a caller's, through `using`)."""
+        if not in_bridge():
+            super()._begin(conn, begin)
+            return
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        pause = 0.001
+        previous = self.io(_busy_timeout, conn, 0)
+        try:
+            while True:
+                try:
+                    self.io(conn.execute, begin)
+                    return
+                except sqlite3.OperationalError as e:
+                    busy = (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_BUSY
+                    if not busy or time.monotonic() > deadline:
+                        raise
+                green.sleep(pause)
+                pause = min(pause * 2, 0.05)
+        finally:
+            self.io(_busy_timeout, conn, previous)
 
     def _hold(self) -> AbstractContextManager[Any]:
         return self._held_by_one() if in_bridge() else super()._hold()

@@ -192,3 +192,29 @@ def test_async_using_on_sqlite_joins_the_callers_sqlite3_transaction(tmp_path: A
             assert [r.run_id for r in await lg.runs()] == [status.run_id]
 
     asyncio.run(main())
+
+
+def test_async_using_on_sqlite_with_other_commands_waiting_does_not_deadlock(
+    tmp_path: Any,
+) -> None:
+    """A caller's transaction holds the SQLite file's write lock across two commands
+    while other tasks' commands wait for it: they wait on the loop, not on the ledger's
+    database thread, so the caller's second command still runs and its commit lets them
+    through (no busy timeout, no StoreUnavailable)."""
+    dsn = f"sqlite:///{tmp_path}/ledger.db"
+
+    async def main() -> None:
+        async with await AsyncLedger.open(dsn) as lg:
+            with caller_connection(dsn, check_same_thread=False) as conn:
+                joined = lg.using(conn)
+                first = await joined.submit(manifest(1), SUBMITTER)
+                others = [asyncio.create_task(lg.submit(manifest(1), SUBMITTER)) for _ in range(5)]
+                await asyncio.sleep(0.05)  # let them start waiting for the lock
+                await joined.start(first.run_id, CONTROLLER)
+                conn.commit()
+            done = await asyncio.wait_for(asyncio.gather(*others), timeout=30)
+            assert len(done) == 5
+            assert len(await lg.runs()) == 6
+            assert (await lg.status(first.run_id)).state == "running"
+
+    asyncio.run(main())
