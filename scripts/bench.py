@@ -34,6 +34,8 @@ Cases (ratio = ledger / baseline, same run, same server):
   13 operator reads with 50,000 open runs: overview(), GET /overview, GET /metrics and a
     `ledger top` frame vs the per-run recount (< 200 ms each); claim+accept latency with a
     scraper looping GET /metrics vs none (<= 1.2), PostgreSQL and SQLite
+  14 AsyncLedger vs the sync API, PostgreSQL: 50 concurrent submitters (asyncio tasks vs
+    threads), runs/s (>= 1), and the event loop's worst lag meanwhile
 
 The throwaway server keeps PostgreSQL's durable defaults (fsync and
 synchronous_commit on) and its data on disk. `--profile DIR` runs cProfile

@@ -16,7 +16,7 @@ from typing import Any
 
 from .common import DEFAULT, FULL, QUICK, TINY, PgTarget, Profiler, Row, Sizes, durable
 
-ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13")
+ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14")
 
 __all__ = [
     "ALL_CASES",
@@ -59,6 +59,7 @@ def _error_row(case: str, exc: BaseException) -> Row:
 def run_all(config: BenchConfig) -> list[Row]:
     """Run the selected cases; a case that raises yields one 'FAILED' row, the rest go on."""
     from . import (
+        async_api,
         append,
         feed,
         invariants,
@@ -141,6 +142,8 @@ def run_all(config: BenchConfig) -> list[Row]:
         attempt("12", lambda: tree.run(pg, sizes, say, tmp))
     if "13" in wanted:
         attempt("13", lambda: overview.run(pg, sizes, say, tmp))
+    if "14" in wanted and pg is not None:
+        attempt("14", lambda: async_api.run(pg, sizes, say))
     # in case order: 1, 2, ..., 12, 13, then the peers (P)
     return sorted(rows, key=lambda r: (0, int(r.case)) if r.case.isdigit() else (1, 0))
 

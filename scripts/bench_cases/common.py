@@ -56,6 +56,7 @@ class Sizes:
     overview_samples: int = 20  # case 13: calls per read measured
     overview_claims: int = 200  # case 13: claim+accept timed per side
     overview_scrape_seconds: float = 8.0
+    async_runs_per_submitter: int = 20  # case 14: runs each of 50 submitters makes
 
     def scaled(self, **changes: Any) -> Sizes:
         return replace(self, **changes)
@@ -81,6 +82,7 @@ QUICK = DEFAULT.scaled(
     overview_samples=10,
     overview_claims=100,
     overview_scrape_seconds=4.0,
+    async_runs_per_submitter=4,
 )
 TINY = Sizes(
     throughput_items=60,
@@ -110,6 +112,7 @@ TINY = Sizes(
     overview_samples=2,
     overview_claims=5,
     overview_scrape_seconds=1.0,
+    async_runs_per_submitter=1,
 )
 
 
