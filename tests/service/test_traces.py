@@ -262,3 +262,31 @@ def test_without_opentelemetry_the_ledger_runs_unchanged(
         lg.accept(lease)
     assert [s.name for s in spans.spans] == ["POST /orders"]
     assert submitted_traceparent(lg.store, run_id) is None
+
+
+def test_async_calls_are_children_of_the_callers_span_in_its_task(
+    store_dsn: str, spans: RecordingProvider
+) -> None:
+    """AsyncLedger runs the ledger's code in a copy of the calling task's context: each
+    task's commands are children of that task's own span, also when tasks interleave."""
+    import asyncio
+
+    from ledger import AsyncLedger
+
+    async def main() -> dict[str, Any]:
+        async with await AsyncLedger.open(store_dsn) as lg:
+
+            async def request(k: int) -> tuple[str, SpanContext]:
+                with trace.get_tracer("svc").start_as_current_span(f"POST /orders/{k}") as span:
+                    run_id = (await lg.submit(manifest(1), SUBMITTER)).run_id
+                    await lg.start(run_id, CONTROLLER)
+                    return run_id, span.get_span_context()
+
+            return dict(await asyncio.gather(*(request(k) for k in range(5))))
+
+    parents = asyncio.run(main())
+    for name in ("ledger submit", "ledger start"):
+        found = spans.named(name)
+        assert len(found) == 5
+        for span in found:
+            assert span.parent == parents[span.attributes["ledger.run.id"]], name
