@@ -7,8 +7,9 @@ fewer commits), from `overview_writers` processes at once on PostgreSQL. Then, o
 
 - `overview()` read fresh, `GET /overview` and `GET /metrics` as a server answers them
   (from its overview snapshot, read again at most every 2 s: the median is what a
-  client waits; the reads of the ledger behind it are the `overview()` row), and one
-  frame of `ledger top` (a fresh overview rendered as a table): median milliseconds,
+  client waits; the reads of the ledger behind it are the `overview()` row), one frame
+  of `ledger top --once` (a fresh overview rendered as a table) and one of its live view
+  (from its snapshot, read again in the background every 2 s): median milliseconds,
   against the baseline of the rule applied to every open run (`overview_recount`, what
   these reads cost before they counted); goal < 200 ms each;
 - `overview()` read fresh by a clock 16 minutes ahead: every running run quiet past the
@@ -22,6 +23,7 @@ fewer commits), from `overview_writers` processes at once on PostgreSQL. Then, o
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -119,6 +121,20 @@ def _bulk(dsn: str, lg: Any, sizes: Sizes, say: Callable[[str], None]) -> None:
     say(f"  {n} open runs ({len(procs)} writers)")
 
 
+def _vacuum(dsn: str) -> str:
+    """On PostgreSQL, VACUUM ANALYZE after the bulk set-up, as autovacuum would soon after
+    it (a fresh bulk load has no statistics and no visibility map, so every index-only
+    scan reads the table too); a note saying so, and whether autovacuum is on."""
+    if not dsn.startswith("postgres"):
+        return ""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+        conn.execute("VACUUM ANALYZE")
+    return f"; VACUUM ANALYZE after it (autovacuum {row[0] if row else '?'})"
+
+
 def _median_ms(fn: Callable[[], Any], samples: int) -> float:
     times = []
     for _ in range(samples):
@@ -151,7 +167,7 @@ def _measure(dsn: str, label: str, sizes: Sizes, say: Callable[[str], None]) -> 
     from ledger import Ledger
     from ledger.cli.top import render_overview
     from ledger.http import create_app
-    from ledger.reads.overview import overview, overview_recount
+    from ledger.reads.overview import OverviewSnapshot, overview, overview_recount
 
     from .common import running_run
 
@@ -162,6 +178,7 @@ def _measure(dsn: str, label: str, sizes: Sizes, say: Callable[[str], None]) -> 
         start = time.perf_counter()
         _bulk(dsn, lg, sizes, say)
         setup = time.perf_counter() - start
+        vacuumed = _vacuum(dsn)
         work = running_run(lg, 2 * sizes.overview_claims + 10, prefix="w")
         recount = _median_ms(lambda: overview_recount(lg.store), 2)
         samples = sizes.overview_samples
@@ -169,13 +186,14 @@ def _measure(dsn: str, label: str, sizes: Sizes, say: Callable[[str], None]) -> 
         if got.open_runs != n + 1:
             raise RuntimeError(f"{got.open_runs} open runs counted, {n + 1} written")
 
-        def frame() -> None:
-            Console(
-                file=open(  # noqa: SIM115 (closed at once below)
-                    "/dev/null", "w"
-                ),
-                width=160,
-            ).print(render_overview(lg.overview()))
+        live = OverviewSnapshot(lg.store, max_age=2.0)  # `ledger top`'s live view
+
+        def frame(read: Callable[[], Any]) -> Callable[[], None]:
+            def draw() -> None:
+                with open(os.devnull, "w") as devnull:
+                    Console(file=devnull, width=160).print(render_overview(read()))
+
+            return draw
 
         app = create_app(lg, tokens_path="/dev/null", public_reads=True)
         with TestClient(app) as client:
@@ -187,7 +205,10 @@ def _measure(dsn: str, label: str, sizes: Sizes, say: Callable[[str], None]) -> 
                 "GET /metrics": _median_ms(
                     lambda: client.get("/metrics").raise_for_status(), samples
                 ),
-                "`ledger top` frame": _median_ms(frame, samples),
+                "`ledger top --once` frame (a fresh overview)": _median_ms(
+                    frame(lg.overview), samples
+                ),
+                "`ledger top` live frame (its snapshot)": _median_ms(frame(live.get), samples),
             }
         ahead = Ledger.open(dsn, clock=lambda: datetime.now(UTC) + timedelta(minutes=16))
         with ahead:
@@ -209,7 +230,8 @@ def _measure(dsn: str, label: str, sizes: Sizes, say: Callable[[str], None]) -> 
                     ms / recount if recount else None,
                     f"< {GOAL_MS:g} ms",
                     ms < GOAL_MS,
-                    note=f"set-up {setup:.0f}s (bulk, {sizes.overview_batch} per transaction)"
+                    note=f"set-up {setup:.0f}s (bulk, {sizes.overview_batch} per transaction"
+                    f"{vacuumed})"
                     if what == "overview()"
                     else "",
                 )
