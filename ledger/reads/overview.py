@@ -5,13 +5,21 @@ what the writes keep: open runs by state from the run state index, items of open
 from the count rows (`ledger.projections.counts`), expired leases from the item lease
 index. The rule of `ledger.reads.signals` (who each run waits on, since when, stalled) runs
 only for the runs whose owner is not simply "workers": those awaiting review, paused,
-pausing or canceling, running with nothing left to claim (one index probe per running
-run), with an expired lease, or past their stall threshold (only runs whose own row is
-older than it are probed); plus the 20 longest waits of the queued runs and of the
-running ones (two ordered reads). Every other running run waits on workers.
+pausing or canceling, running with nothing left to claim, with an expired lease, and the
+first MAX_LISTED of those past their stall threshold; plus the 20 longest waits of the
+queued runs and of the running ones (two ordered reads). Every other running run waits
+on workers.
+
+Two parts still grow with the running runs, as index probes inside one statement each,
+no row of them read into Python: whether each running run has an item left to claim
+(`overview_drained`), and the latest transition of each running run whose own row is
+older than the default stall threshold (`overview_stalled`: the store counts them and
+returns only the first few). Runs whose policy sets its own threshold come from an index
+holding only them (schema v15) and are checked here, one batch at a time.
 
 `overview_recount(store)` applies the rule to every open run, one page at a time: the
-definition the fast read is tested against.
+definition the fast read is tested against. Both sum their runs through one builder
+(`_Tally`).
 """
 
 from __future__ import annotations
