@@ -263,3 +263,28 @@ def test_quiet_running_runs_are_counted_without_reading_each_one(
         assert ov.stalled == total and len(ov.stuck) == 20 and ov.stuck[0].run_id == own
         fetched[total] = _rows_fetched(lg)
     assert fetched[60] == fetched[150]
+
+
+@pytest.mark.parametrize("seed", [11, 13])
+def test_many_quiet_runs_of_every_kind_equal_a_full_recount(
+    lg: Ledger, clock: ManualClock, seed: int
+) -> None:
+    # more runs than the stuck list holds, quiet past the default threshold or their own,
+    # with dead leases among them: the stalled count, the first stalled listed (from the
+    # store's count and from the runs with their own threshold, in seq order) and every
+    # owner equal the rule applied to each run
+    rnd = random.Random(seed)
+    runs: list[str] = []
+    leases: list[Any] = []
+    for _ in range(40):
+        policy = rnd.choice(({}, {}, {"stall_seconds": 60}, {"stall_seconds": 2000}))
+        runs.append(lg.submit(manifest(rnd.randint(1, 3), **policy), SUBMITTER).run_id)
+        if rnd.random() < 0.8:
+            lg.start(runs[-1], CONTROLLER)
+    for k in range(120):
+        _step(lg, clock, rnd, runs, leases)
+        if k % 30 == 29:
+            clock.advance(rnd.choice((61, 901, 2001)))
+            ov = overview(lg.store)
+            assert ov == overview_recount(lg.store), k
+    assert ov.stalled > 20, ov.stalled
