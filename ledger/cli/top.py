@@ -43,7 +43,10 @@ def render_overview(ov: Overview, table: bool = True) -> Any:
 
     head = Text()
     head.append(f"{ov.open_runs} open runs", style="bold")
-    head.append(f"  at {ov.at:%Y-%m-%d %H:%M:%SZ}\n")
+    head.append(f"  at {ov.at:%Y-%m-%d %H:%M:%SZ}")
+    if ov.age_seconds:  # a snapshot's (the live view's): read that long ago
+        head.append(f" ({ov.age_seconds:.0f}s old)")
+    head.append("\n")
     head.append("by state: ")
     head.append(", ".join(f"{s.replace('_', ' ')} {n}" for s, n in ov.by_state.items() if n) or "-")
     head.append("\nwaiting on: ")
@@ -121,6 +124,7 @@ def top(
     from rich.live import Live
 
     from ledger.cli.render import console
+    from ledger.reads.overview import OverviewSnapshot
 
     _refuse_key(ctx, "--idempotency-key names a command; top only reads")
     out = console()
@@ -142,10 +146,14 @@ def top(
                 grid.add(*row)
             grid.print(out)
             return
-        with Live(render_overview(lg.overview()), console=out, screen=False) as live:
+        # each frame from a snapshot read again in the background once `interval` old (its
+        # age in the header): a frame never waits for the store, which reads one overview
+        # per interval however long that read takes (ledger/reads/overview.py)
+        snapshot = OverviewSnapshot(lg.store, max_age=interval)
+        with Live(render_overview(snapshot.get()), console=out, screen=False) as live:
             try:
                 while True:
                     time.sleep(interval)
-                    live.update(render_overview(lg.overview()))
+                    live.update(render_overview(snapshot.get()))
             except KeyboardInterrupt:
                 pass

@@ -129,6 +129,10 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
         # running ones by their last change (schema v12)
         f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_created ON {t['lg_runs']} (state, created_at, seq)",
         f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_updated ON {t['lg_runs']} (state, updated_at, seq)",
+        # the runs whose policy sets its own stall threshold, for the overview (schema v15);
+        # the test is written without LIKE's percent signs, which psycopg would read
+        f"CREATE INDEX IF NOT EXISTS {t['lg_runs']}_own_stall ON {t['lg_runs']} (state, seq) "
+        "WHERE length(replace(policy, '\"stall_seconds\"', '')) < length(policy)",
         f"""CREATE TABLE IF NOT EXISTS {t["lg_items"]} (
             run_id TEXT NOT NULL,
             item_id TEXT NOT NULL,

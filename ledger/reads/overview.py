@@ -5,18 +5,27 @@ what the writes keep: open runs by state from the run state index, items of open
 from the count rows (`ledger.projections.counts`), expired leases from the item lease
 index. The rule of `ledger.reads.signals` (who each run waits on, since when, stalled) runs
 only for the runs whose owner is not simply "workers": those awaiting review, paused,
-pausing or canceling, running with nothing left to claim (one index probe per running
-run), with an expired lease, or past their stall threshold (only runs whose own row is
-older than it are probed); plus the 20 longest waits of the queued runs and of the
-running ones (two ordered reads). Every other running run waits on workers.
+pausing or canceling, running with nothing left to claim, with an expired lease, and the
+first MAX_LISTED of those past their stall threshold; plus the 20 longest waits of the
+queued runs and of the running ones (two ordered reads). Every other running run waits
+on workers.
+
+Two parts still grow with the running runs, as index probes inside one statement each,
+no row of them read into Python: whether each running run has an item left to claim
+(`overview_drained`), and the latest transition of each running run whose own row is
+older than the default stall threshold (`overview_stalled`: the store counts them and
+returns only the first few). Runs whose policy sets its own threshold come from an index
+holding only them (schema v15) and are checked here, one batch at a time.
 
 `overview_recount(store)` applies the rule to every open run, one page at a time: the
-definition the fast read is tested against.
+definition the fast read is tested against. Both sum their runs through one builder
+(`_Tally`).
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import logging
 import threading
 import time
@@ -29,7 +38,13 @@ from ledger.core import states as S
 from ledger.core.rows import iso, parse_dt
 from ledger.core.views import _View
 from ledger.projections.counts import attach as attach_counts
-from ledger.reads.signals import DEFAULT_STALL_SECONDS, OWNERS, signals_for, stall_seconds
+from ledger.reads.signals import (
+    DEFAULT_STALL_SECONDS,
+    OWNERS,
+    RunSignals,
+    signals_for,
+    stall_seconds,
+)
 from ledger.reads.sql import SQL
 from ledger.stores.named import tx_list
 
@@ -164,21 +179,76 @@ class OverviewSnapshot:
         return replace(ov, age_seconds=round(max(0.0, self._clock() - taken), 3))
 
 
+class _Tally:
+    """The overview's sums over the runs read with the rule applied, in seq order: one
+    builder for the counted overview and the recount. A run `counted` adds to the owners
+    and the stalled total; every run read may be the oldest wait of its owner, among the
+    longest waits, or stuck (stalled or with expired leases, the first MAX_LISTED)."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+        self.by_owner = {o: 0 for o in OWNERS if o != "nobody"}
+        self.oldest: dict[str, OldestWait] = {}
+        self.stuck: list[StuckRun] = []
+        self.waits: list[StuckRun] = []
+        self.stalled = 0
+
+    def add(self, row: dict[str, Any], sig: RunSignals, counted: bool = True) -> None:
+        entry = _entry(row, sig)
+        since = sig.waiting_since
+        best = self.oldest.get(sig.waiting_on)
+        if since is not None and (best is None or since < best.since):
+            self.oldest[sig.waiting_on] = OldestWait(
+                row["run_id"], since, max(0.0, (self.now - since).total_seconds())
+            )
+        if since is not None:
+            self.waits.append(entry)
+            if len(self.waits) > 2 * PAGE:  # bounded memory however many runs are read
+                self.waits = heapq.nsmallest(MAX_LISTED, self.waits, key=_since)
+        if (sig.stalled or sig.expired_leases) and len(self.stuck) < MAX_LISTED:
+            self.stuck.append(entry)
+        if counted:
+            self.by_owner[sig.waiting_on] = self.by_owner.get(sig.waiting_on, 0) + 1
+            self.stalled += sig.stalled
+
+    def overview(
+        self,
+        by_state: dict[str, int],
+        items: dict[str, int],
+        expired_leases: int,
+        runs_with_expired_leases: int,
+    ) -> Overview:
+        return Overview(
+            at=self.now,
+            open_runs=sum(by_state[s] for s in OPEN_STATES),
+            by_state={s: by_state[s] for s in OPEN_STATES},
+            by_waiting_on=self.by_owner,
+            oldest_wait={o: self.oldest[o] for o in OWNERS if o in self.oldest},
+            stalled=self.stalled,
+            expired_leases=expired_leases,
+            runs_with_expired_leases=runs_with_expired_leases,
+            items_by_state=items,
+            stuck=self.stuck,
+            longest_waiting=heapq.nsmallest(MAX_LISTED, self.waits, key=_since),
+        )
+
+
+def _open_runs_by_state(tx: Any) -> dict[str, int]:
+    by_state = {s: 0 for s in OPEN_STATES}
+    for r in tx.fetchall(SQL.sql(tx, "open_runs_by_state")):
+        by_state[r["state"]] = int(r["n"])
+    return by_state
+
+
 def overview_recount(store: Store) -> Overview:
     """The overview by the rule applied to every open run (cost: the open runs), read in
     one consistent read transaction of `store`: what `overview` must equal."""
     with store.read() as tx:
         now: datetime = tx.now()
-        by_state = {s: 0 for s in OPEN_STATES}
-        for r in tx.fetchall(SQL.sql(tx, "open_runs_by_state")):
-            by_state[r["state"]] = int(r["n"])
+        by_state = _open_runs_by_state(tx)
         lease = tx.fetchone(SQL.sql(tx, "expired_leases"), (iso(now),))
-        by_owner = {o: 0 for o in OWNERS if o != "nobody"}
-        oldest: dict[str, OldestWait] = {}
         items = {s: 0 for s in S.ITEM_STATES}
-        stuck: list[StuckRun] = []
-        waits: list[StuckRun] = []
-        stalled = 0
+        tally = _Tally(now)
         after = -1
         while True:
             rows = tx.fetchall(SQL.sql(tx, "open_runs_page"), (after, PAGE))
@@ -188,39 +258,16 @@ def overview_recount(store: Store) -> Overview:
             attach_counts(tx, rows)
             signals = signals_for(tx, rows, now)
             for row in rows:
-                sig = signals[row["run_id"]]
-                by_owner[sig.waiting_on] = by_owner.get(sig.waiting_on, 0) + 1
-                since = sig.waiting_since
-                best = oldest.get(sig.waiting_on)
-                if since is not None and (best is None or since < best.since):
-                    oldest[sig.waiting_on] = OldestWait(
-                        row["run_id"], since, max(0.0, (now - since).total_seconds())
-                    )
                 for state, n in _counts(row["counts"]).items():
                     items[state] = items.get(state, 0) + int(n)
-                stalled += sig.stalled
-                entry = _entry(row, sig)
-                if (sig.stalled or sig.expired_leases) and len(stuck) < MAX_LISTED:
-                    stuck.append(entry)
-                if since is not None:
-                    waits.append(entry)
-            # keep only the longest waits (bounded memory however many runs are open)
-            waits = heapq.nsmallest(MAX_LISTED, waits, key=_since)
+                tally.add(row, signals[row["run_id"]])
             if len(rows) < PAGE:
                 break
-    open_runs = sum(by_state[s] for s in OPEN_STATES)
-    return Overview(
-        at=now,
-        open_runs=open_runs,
-        by_state={s: by_state[s] for s in OPEN_STATES},
-        by_waiting_on=by_owner,
-        oldest_wait={o: oldest[o] for o in OWNERS if o in oldest},
-        stalled=stalled,
-        expired_leases=int(lease["n"]) if lease else 0,
-        runs_with_expired_leases=int(lease["runs"]) if lease else 0,
-        items_by_state=items,
-        stuck=stuck,
-        longest_waiting=waits,
+    return tally.overview(
+        by_state,
+        items,
+        int(lease["n"]) if lease else 0,
+        int(lease["runs"]) if lease else 0,
     )
 
 
@@ -230,8 +277,6 @@ def _since(run: StuckRun) -> datetime:
 
 
 def _counts(value: Any) -> dict[str, int]:
-    import json
-
     out: dict[str, int] = json.loads(value) if isinstance(value, str) else value
     return out
 
@@ -241,9 +286,7 @@ def overview(store: Store) -> Overview:
     the runs needing attention; see the module docstring)."""
     with store.read() as tx:
         now: datetime = tx.now()
-        by_state = {s: 0 for s in OPEN_STATES}
-        for r in tx.fetchall(SQL.sql(tx, "open_runs_by_state")):
-            by_state[r["state"]] = int(r["n"])
+        by_state = _open_runs_by_state(tx)
         lease = tx.fetchone(SQL.sql(tx, "expired_leases"), (iso(now),))
         items = {s: 0 for s in S.ITEM_STATES}
         for r in tx.fetchall(SQL.sql(tx, "overview_items")):
@@ -253,8 +296,7 @@ def overview(store: Store) -> Overview:
         rows: dict[str, dict[str, Any]] = {}
         for r in tx.fetchall(SQL.sql(tx, "overview_deciding")):
             rows[r["run_id"]] = r
-        drained = tx.fetchall(SQL.sql(tx, "overview_drained"))
-        for r in drained:
+        for r in tx.fetchall(SQL.sql(tx, "overview_drained")):
             rows[r["run_id"]] = r
         expired = [
             r["run_id"] for r in tx.fetchall(SQL.sql(tx, "overview_expired_runs"), (iso(now),))
@@ -272,8 +314,8 @@ def overview(store: Store) -> Overview:
         # running runs past their stall threshold, by their latest transition: counted, and
         # read whole only for the first of the stuck list (each waits on workers since its
         # row changed, so the longest waits below cover the rest)
-        stalled_ids = _past_stall(tx, now, rows)
-        _add(tx, rows, sorted(stalled_ids, key=stalled_ids.__getitem__)[:MAX_LISTED])
+        n_stalled, first_stalled = _past_stall(tx, now, rows)
+        _add(tx, rows, first_stalled)
         attention = set(rows)
         # the longest waits among the rest: queued runs (since created) and running runs
         # waiting on workers (since their row changed)
@@ -289,38 +331,19 @@ def overview(store: Store) -> Overview:
         ordered = sorted(rows.values(), key=lambda r: int(r["seq"]))
         attach_counts(tx, ordered)
         signals = signals_for(tx, ordered, now)
-    by_owner = {o: 0 for o in OWNERS if o != "nobody"}
-    oldest: dict[str, OldestWait] = {}
-    stuck: list[StuckRun] = []
-    waits: list[StuckRun] = []
-    stalled = 0
+    tally = _Tally(now)
+    listed_stalled = set(first_stalled)
     for row in ordered:
-        sig = signals[row["run_id"]]
-        entry = _entry(row, sig)
-        since = sig.waiting_since
-        best = oldest.get(sig.waiting_on)
-        if since is not None and (best is None or since < best.since):
-            oldest[sig.waiting_on] = OldestWait(
-                row["run_id"], since, max(0.0, (now - since).total_seconds())
-            )
-        if since is not None:
-            waits.append(entry)
-        if row["run_id"] not in attention or row["run_id"] in stalled_ids:
-            # listed for its wait only, or a stalled running run: counted below
-            if sig.stalled and len(stuck) < MAX_LISTED:
-                stuck.append(entry)
-            continue
-        by_owner[sig.waiting_on] = by_owner.get(sig.waiting_on, 0) + 1
-        stalled += sig.stalled
-        if (sig.stalled or sig.expired_leases) and len(stuck) < MAX_LISTED:
-            stuck.append(entry)
+        # counted: the runs needing attention; a run listed for its wait only, or one of
+        # the stalled running runs, is counted below
+        run_id = row["run_id"]
+        tally.add(row, signals[run_id], run_id in attention and run_id not in listed_stalled)
     # every open run not read above: queued ones wait on their controller, running ones
     # (the stalled ones too) on their workers
-    stalled += len(stalled_ids)
-    by_owner[S.CONTROLLER] += by_state[S.QUEUED]
-    counted = sum(by_owner.values())
+    tally.stalled += n_stalled
+    tally.by_owner[S.CONTROLLER] += by_state[S.QUEUED]
     open_runs = sum(by_state[s] for s in OPEN_STATES)
-    by_owner["workers"] += open_runs - counted
+    tally.by_owner["workers"] += open_runs - sum(tally.by_owner.values())
     n_expired = int(lease["n"]) if lease else 0
     runs_expired = int(lease["runs"]) if lease else 0
     if stepped:
@@ -328,19 +351,7 @@ def overview(store: Store) -> Overview:
         with_leases = [signals[r] for r in attention if signals[r].expired_leases]
         n_expired = sum(sig.expired_leases for sig in with_leases)
         runs_expired = len(with_leases)
-    return Overview(
-        at=now,
-        open_runs=open_runs,
-        by_state={s: by_state[s] for s in OPEN_STATES},
-        by_waiting_on=by_owner,
-        oldest_wait={o: oldest[o] for o in OWNERS if o in oldest},
-        stalled=stalled,
-        expired_leases=n_expired,
-        runs_with_expired_leases=runs_expired,
-        items_by_state=items,
-        stuck=stuck,
-        longest_waiting=heapq.nsmallest(MAX_LISTED, waits, key=_since),
-    )
+    return tally.overview(by_state, items, n_expired, runs_expired)
 
 
 def _entry(row: dict[str, Any], sig: Any) -> StuckRun:
@@ -366,19 +377,25 @@ def _add(tx: Any, rows: dict[str, dict[str, Any]], run_ids: list[str]) -> None:
                 rows.setdefault(r["run_id"], r)
 
 
-def _past_stall(tx: Any, now: datetime, known: dict[str, dict[str, Any]]) -> dict[str, int]:
+def _past_stall(tx: Any, now: datetime, known: dict[str, dict[str, Any]]) -> tuple[int, list[str]]:
     """Running runs not in `known` whose latest transition is older than their stall
-    threshold (a run with a live lease too: its worker may have gone quiet), with their
-    `seq`."""
+    threshold (a run with a live lease too: its worker may have gone quiet): how many, and
+    the first MAX_LISTED by seq. Those with the default threshold are counted by one
+    statement; those whose policy sets its own are read here."""
+    found = tx.fetchall(
+        SQL.sql(tx, "overview_stalled"),
+        (
+            iso(now - timedelta(seconds=DEFAULT_STALL_SECONDS)),
+            tx_list(tx, list(known)),
+            iso(now - timedelta(seconds=DEFAULT_STALL_SECONDS)),
+            MAX_LISTED,
+        ),
+    )
+    n = int(found[0]["n"]) if found else 0
+    first = {r["run_id"]: int(r["seq"]) for r in found}
     candidates = [
-        r
-        for r in tx.fetchall(
-            SQL.sql(tx, "overview_stall_candidates"),  # run_id, seq, updated_at, policy
-            (iso(now - timedelta(seconds=DEFAULT_STALL_SECONDS)), '%"stall_seconds"%'),
-        )
-        if r["run_id"] not in known
+        r for r in tx.fetchall(SQL.sql(tx, "overview_own_stall")) if r["run_id"] not in known
     ]
-    out: dict[str, int] = {}
     for k in range(0, len(candidates), PAGE):
         batch = candidates[k : k + PAGE]
         limits = {r["run_id"]: stall_seconds(_json(r["policy"]) or {}) for r in batch}
@@ -388,11 +405,10 @@ def _past_stall(tx: Any, now: datetime, known: dict[str, dict[str, Any]]) -> dic
         ):
             last = parse_dt(r["last_at"])
             if last is not None and (now - last).total_seconds() > limits[r["run_id"]]:
-                out[r["run_id"]] = seqs[r["run_id"]]
-    return out
+                first[r["run_id"]] = seqs[r["run_id"]]
+                n += 1
+    return n, sorted(first, key=first.__getitem__)[:MAX_LISTED]
 
 
 def _json(value: Any) -> Any:
-    import json
-
     return json.loads(value) if isinstance(value, str) else value

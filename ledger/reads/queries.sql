@@ -583,13 +583,28 @@ FROM lg_runs WHERE state = {s_queued} ORDER BY created_at, seq LIMIT ?;
 SELECT seq, run_id, state, counts, policy, review, created_at, updated_at, stopped_at, scope
 FROM lg_runs WHERE state = {s_running} ORDER BY updated_at, seq LIMIT ?;
 
--- name: overview_stall_candidates
--- Running runs that may be stalled: a run's own row changes with each of its transitions,
--- so its last activity is no older than its updated_at; only a run whose row is older than
--- the default threshold, or whose policy sets its own (the key is stored only when set),
--- can be past its threshold.
+-- name: overview_stalled
+-- Running runs quiet past the default stall threshold (the same time twice, as text) whose
+-- policy sets none of its own, but the given runs (read whole already): how many (`n`, on
+-- every row) and the first few by seq. A run's own row changes with each of its
+-- transitions, so its last activity is no older than its updated_at: only rows older than
+-- the threshold (a range of lg_runs_updated) are probed for their latest transition, all
+-- inside this statement (see run_signals for why the run id is a range). The key is
+-- stored only when the policy sets it; the test is lg_runs_own_stall's (overview_own_stall).
+SELECT r.run_id, r.seq, COUNT(*) OVER () AS n FROM lg_runs r
+WHERE r.state = {s_running} AND r.updated_at < ?
+AND length(replace(r.policy, '"stall_seconds"', '')) = length(r.policy)
+AND NOT (r.run_id {in_list})
+AND (SELECT t.at FROM lg_transitions t WHERE t.run_id >= r.run_id AND t.run_id <= r.run_id
+ORDER BY t.run_id DESC, t.position DESC, t.ord DESC LIMIT 1) < ?
+ORDER BY r.seq LIMIT ?;
+
+-- name: overview_own_stall
+-- Running runs whose policy sets its own stall threshold, from the partial index
+-- lg_runs_own_stall that holds those only (its condition word for word: the planner
+-- matches it as written; no LIKE, whose percent signs psycopg would read).
 SELECT run_id, seq, updated_at, policy FROM lg_runs
-WHERE state = {s_running} AND (updated_at < ? OR policy LIKE ?);
+WHERE state = {s_running} AND length(replace(policy, '"stall_seconds"', '')) < length(policy);
 
 -- name: runs_last_activity
 -- each run's latest transition (see run_signals for why the run id is a range)

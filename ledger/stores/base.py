@@ -33,8 +33,9 @@ from ledger.stores.sql import STATEMENTS
 # 11: each event's hash on its row, ledger_event_hashes folded in and dropped (hashchain.py);
 # 12: the Merkle tree's leaves and subtree hashes (ledger/stores/tree.py);
 # 13: a webhook's URL policy, previous secret and the lg_webhook_changes record (ledger/feed/);
-# 14: lg_runs_created and lg_runs_updated, the overview's longest waits (ledger/reads/overview.py)
-SCHEMA_VERSION = 14
+# 14: lg_runs_created and lg_runs_updated, the overview's longest waits (ledger/reads/overview.py);
+# 15: lg_runs_own_stall, the runs whose policy sets its own stall threshold (the overview)
+SCHEMA_VERSION = 15
 
 
 def refuse_newer(current: int, known: int) -> None:

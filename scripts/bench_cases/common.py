@@ -53,6 +53,7 @@ class Sizes:
     feed_load_seconds: float = 10.0
     overview_runs: int = 50_000  # case 13: open runs
     overview_batch: int = 500  # case 13: commands per set-up transaction
+    overview_writers: int = 4  # case 13: set-up processes on PostgreSQL
     overview_samples: int = 20  # case 13: calls per read measured
     overview_claims: int = 200  # case 13: claim+accept timed per side
     overview_scrape_seconds: float = 8.0

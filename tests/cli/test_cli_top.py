@@ -27,3 +27,22 @@ def test_top_lists_the_stuck_runs_first(tmp_path: Path, capsys: pytest.CaptureFi
     assert order[2] == "review"
     assert "3 EXPIRED" in lines[0] and "reconciler" in lines[0]
     assert "STALLED" in lines[1]
+
+
+def test_a_frame_from_a_snapshot_says_how_old_it_is(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from ledger import Ledger
+    from ledger.cli.top import render_overview
+
+    dsn = f"sqlite:///{tmp_path}/ledger.db"
+    seed(dsn, finished=1)
+    with Ledger.open(dsn) as lg:
+        ov = lg.overview()
+    console = Console(width=200, record=True)
+    console.print(render_overview(ov, table=False))
+    assert " old)" not in console.export_text()
+    console.print(render_overview(replace(ov, age_seconds=3.2), table=False))
+    assert "(3s old)" in console.export_text()

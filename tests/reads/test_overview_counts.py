@@ -5,6 +5,8 @@ the projections are rebuilt from the events; the server's snapshot says how old 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -208,3 +210,81 @@ def test_a_stale_snapshot_answers_at_once_while_the_next_is_read(
     stale = snapshot.get()  # answered from the old one, a background read started
     assert stale.open_runs == 0 and stale.age_seconds == 3.0
     wait_until(lambda: snapshot.get().open_runs == 1, "the background read", timeout=30)
+
+
+def _rows_fetched(lg: Ledger) -> int:
+    """The rows every statement of one `overview()` returns to Python."""
+    fetched = [0]
+    real_read = lg.store.read
+
+    @contextmanager
+    def read() -> Iterator[Any]:
+        with real_read() as tx:
+            fetchall, fetchone = tx.fetchall, tx.fetchone
+
+            def counted_all(sql: str, params: Any = ()) -> list[dict[str, Any]]:
+                rows = fetchall(sql, params)
+                fetched[0] += len(rows)
+                return rows
+
+            def counted_one(sql: str, params: Any = ()) -> dict[str, Any] | None:
+                row = fetchone(sql, params)
+                fetched[0] += row is not None
+                return row
+
+            tx.fetchall, tx.fetchone = counted_all, counted_one  # type: ignore[method-assign]
+            yield tx
+
+    lg.store.read = read  # type: ignore[method-assign]
+    try:
+        overview(lg.store)
+    finally:
+        del lg.store.read
+    return fetched[0]
+
+
+def test_quiet_running_runs_are_counted_without_reading_each_one(
+    lg: Ledger, clock: ManualClock
+) -> None:
+    # running runs whose own row and items have been quiet past the default threshold are
+    # all stalled: they are counted by the store, and only the first few come back to be
+    # listed, so the rows read stay the same when their number triples
+    own = lg.submit(manifest(1, stall_seconds=60), SUBMITTER).run_id
+    lg.start(own, CONTROLLER)
+    running = [own]
+    fetched = {}
+    for total in (60, 150):
+        while len(running) < total:
+            running.append(lg.submit(manifest(2), SUBMITTER).run_id)
+            lg.start(running[-1], CONTROLLER)
+        clock.advance(901)
+        ov = overview(lg.store)
+        assert ov == overview_recount(lg.store)
+        assert ov.stalled == total and len(ov.stuck) == 20 and ov.stuck[0].run_id == own
+        fetched[total] = _rows_fetched(lg)
+    assert fetched[60] == fetched[150]
+
+
+@pytest.mark.parametrize("seed", [11, 13])
+def test_many_quiet_runs_of_every_kind_equal_a_full_recount(
+    lg: Ledger, clock: ManualClock, seed: int
+) -> None:
+    # more runs than the stuck list holds, quiet past the default threshold or their own,
+    # with dead leases among them: the stalled count, the first stalled listed (from the
+    # store's count and from the runs with their own threshold, in seq order) and every
+    # owner equal the rule applied to each run
+    rnd = random.Random(seed)
+    runs: list[str] = []
+    leases: list[Any] = []
+    for _ in range(40):
+        policy = rnd.choice(({}, {}, {"stall_seconds": 60}, {"stall_seconds": 2000}))
+        runs.append(lg.submit(manifest(rnd.randint(1, 3), **policy), SUBMITTER).run_id)
+        if rnd.random() < 0.8:
+            lg.start(runs[-1], CONTROLLER)
+    for k in range(120):
+        _step(lg, clock, rnd, runs, leases)
+        if k % 30 == 29:
+            clock.advance(rnd.choice((61, 901, 2001)))
+            ov = overview(lg.store)
+            assert ov == overview_recount(lg.store), k
+    assert ov.stalled > 20, ov.stalled
