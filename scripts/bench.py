@@ -134,7 +134,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 SNAPSHOT_ENV = "BENCH_SNAPSHOT_OF"
 SNAPSHOT_PARTS = (
     "ledger",
-    "projections",
     "scripts",
     "tests/__init__.py",
     "tests/support/__init__.py",

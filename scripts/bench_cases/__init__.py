@@ -59,8 +59,8 @@ def _error_row(case: str, exc: BaseException) -> Row:
 def run_all(config: BenchConfig) -> list[Row]:
     """Run the selected cases; a case that raises yields one 'FAILED' row, the rest go on."""
     from . import (
-        async_api,
         append,
+        async_api,
         feed,
         invariants,
         overview,
