@@ -113,7 +113,7 @@ class OverviewSnapshot:
     large the ledger, reading the overview keeps the store busy a bounded share of the
     time."""
 
-    DUTY = 4.0
+    DUTY = 10.0
 
     def __init__(
         self,
