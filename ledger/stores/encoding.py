@@ -39,6 +39,7 @@ goes through the mapper, as every event did before.
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from datetime import datetime
 from typing import Any, cast
 from uuid import UUID
@@ -94,7 +95,7 @@ class EventMapper(Mapper[UUID]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._classes = own_event_classes()
-        self._topics = {cls: topic for topic, cls in self._classes.items()}
+        self._topics: dict[type[Any], str] = {c: t for t, c in self._classes.items()}
         # one transaction's events mostly share one timestamp object: its text once
         self._last_stamp: tuple[datetime, str] | None = None
         if self.compressor is not None or self.cipher is not None:
@@ -160,7 +161,9 @@ class EventMapper(Mapper[UUID]):
         state["timestamp"] = datetime.fromisoformat(stamp["_data_"])
         originator_id = stored_event.originator_id
         if type(originator_id) is not UUID:
-            originator_id = find_id_convertor(cls, type(originator_id))(originator_id)
+            originator_id = find_id_convertor(cls, cast(Hashable, type(originator_id)))(
+                originator_id
+            )
         state["originator_id"] = originator_id
         state["originator_version"] = stored_event.originator_version
         event = object.__new__(cls)
