@@ -307,3 +307,26 @@ def test_a_mapper_with_a_cipher_or_compressor_leaves_the_events_to_the_transcode
     generic = Mapper(transcoder=GENERIC.transcoder, compressor=Zlib())
     event = item_transition({"a": 1}, None, datetime(2026, 12, 3, tzinfo=UTC))
     assert fast.to_stored_event(event) == generic.to_stored_event(event)
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+def test_a_saved_history_written_again_by_the_ledger_has_the_same_heads(
+    lg: Ledger, path: Path
+) -> None:
+    """The saved events, read back and appended again through the store (the orjson
+    encoder, the hash chain), give the heads digest of the history imported as stored."""
+    from tests.histories.load import import_stored
+
+    stored = [from_json(doc) for doc in json.loads(path.read_text())["events"]]
+    with Ledger.open("memory://") as imported:
+        import_stored(imported, stored)
+        imported.rebuild_projections()
+        expected = imported.verify()
+    assert expected.ok, expected.problems
+    for se in stored:
+        with lg.store.write() as tx:
+            tx.append([GENERIC.to_domain_event(se)])
+    lg.rebuild_projections()
+    report = lg.verify()
+    assert report.ok, report.problems
+    assert report.heads == expected.heads
