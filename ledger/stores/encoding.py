@@ -21,12 +21,14 @@ which path wrote them:
   `0.000015` and `2.5e-7` where Python writes `1.5e-05` and `2.5e-07` (every other
   finite float is formatted alike; `tests/stores/test_encoding.py` checks this over
   the whole range). The output is searched for `e-` and `0.0000` first (a memory
-  search), and only then by a pattern, so a state holding neither costs nothing more.
-Two values neither path is meant to meet stay out: NaN and Infinity (the transcoder
-writes `NaN`, orjson `null`) and a UUID object below the top level (the transcoder
-wraps it, orjson writes its text). The ledger's input checks admit plain JSON only
-(`ledger/core/validation.py` `plain_json`), and the service puts strings, integers and
-plain JSON into events.
+  search), and only then by a pattern, so a state holding neither costs nothing more;
+- NaN or an infinity (the transcoder writes `NaN` and `Infinity`, orjson `null`), as
+  events stored before the input checks refused them hold: looked for in the state
+  only when the output holds a `null`.
+One value neither path is meant to meet stays out: a UUID object below the top level
+(the transcoder wraps it, orjson writes its text). The ledger's input checks admit
+plain JSON only (`ledger/core/validation.py` `plain_json`), and the service puts
+strings, integers and plain JSON into events.
 
 Decoding reads any stored event: one of the ledger's event classes whose state holds
 no wrapper but the timestamp's is parsed by `orjson.loads` and built as the mapper
@@ -69,6 +71,22 @@ class _NotPlain(TypeError):
 
 def _not_plain(value: Any) -> Any:
     raise _NotPlain(type(value).__name__)
+
+
+def _non_finite(value: Any) -> bool:
+    """A NaN or an infinity anywhere in `value` (orjson writes `null` for it, the transcoder
+    `NaN` or `Infinity`): looked for only when the output holds a `null`."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is dict:
+            stack.extend(v.values())
+        elif t is list or t is tuple:
+            stack.extend(v)
+        elif t is float and v - v != 0.0:  # inf - inf and nan - nan are nan
+            return True
+    return False
 
 
 def own_event_classes() -> dict[str, type[DomainEvent]]:
@@ -126,6 +144,8 @@ class EventMapper(Mapper[UUID]):
         except TypeError:  # _NotPlain, a non-string key, a too big integer, too deep
             return super().to_stored_event(domain_event)
         if (b"e-" in data or b"0.0000" in data) and _FLOAT_FORMS.search(data):
+            return super().to_stored_event(domain_event)
+        if b"null" in data and _non_finite(state):
             return super().to_stored_event(domain_event)
         return StoredEvent(
             originator_id=originator_id,

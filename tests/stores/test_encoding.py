@@ -224,12 +224,16 @@ def test_floats_are_formatted_as_python_formats_them_across_the_whole_range() ->
         -(2**63) - 1,
         [10**30, -(10**19)],
         "a string holding 1e-7 and 0.00001",
+        float("nan"),
+        [None, {"x": float("inf")}],
+        (1.0, float("-inf")),
         "_type_",
     ],
 )
 def test_values_beyond_plain_json_go_through_the_transcoder(value: Any) -> None:
     """What orjson refuses or writes otherwise (nested datetimes and decimals, integer
-    keys, integers beyond 64 bits) is stored in the transcoder's own form."""
+    keys, integers beyond 64 bits, NaN and infinities, as events stored before the input
+    checks held them) is stored in the transcoder's own form."""
     event = item_transition({"v": value}, None, datetime(2026, 12, 3, tzinfo=UTC))
     fast, generic = FAST.to_stored_event(event), GENERIC.to_stored_event(event)
     assert fast == generic
