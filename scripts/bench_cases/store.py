@@ -7,7 +7,8 @@ measured again. Goal: large/small <= 1.5 and median under 2 ms (PostgreSQL) or
 1 ms (SQLite).
 
 Case 4 (rebuild): `rebuild_projections()` over the big store, in a subprocess
-(peak RSS: VmHWM). Baseline: another subprocess reading the same events
+(peak RSS: VmHWM), after one with the events decoded by eventsourcing's JSONTranscoder
+(the decoder before orjson: a row of its own). Baseline: another subprocess reading the same events
 in position order, pages of 1,000, and decoding each event's JSON. Goal: events/s
 ratio >= 0.5 and peak RSS under 300 MB. "n/a" while rebuild is not implemented.
 """
@@ -58,15 +59,18 @@ REBUILD_CHILD = (
 import importlib.util, json, sys, time
 from ledger import Ledger
 lg = Ledger.open(sys.argv[1])
+if sys.argv[2] == "transcoder":  # the events decoded by eventsourcing's JSONTranscoder
+    from ledger.stores.base import make_generic_mapper
+    lg.store.mapper = make_generic_mapper()
 if not hasattr(lg, "rebuild_projections") or importlib.util.find_spec("ledger.projections.rebuild") is None:
     print(json.dumps({"na": "rebuild_projections not implemented yet (no projections.rebuild)"}))
     raise SystemExit(0)
 start = time.perf_counter()
 try:
-    if len(sys.argv) > 3:  # bench.py --profile: cProfile and SQL time per statement
+    if len(sys.argv) > 4:  # bench.py --profile: cProfile and SQL time per statement
         from pathlib import Path
         from bench_cases.common import Profiler
-        with Profiler(Path(sys.argv[2])).section(sys.argv[3]):
+        with Profiler(Path(sys.argv[3])).section(sys.argv[4]):
             n = lg.rebuild_projections()
     else:
         n = lg.rebuild_projections()
@@ -224,7 +228,10 @@ def _one_store(
     base_rate = base["events"] / base["seconds"]
     say(f"  baseline read+decode {base_rate:,.0f} events/s, peak RSS {base['maxrss_mb']:.0f} MB")
     profile = [str(profile_dir), f"case4_rebuild_{store.lower()}"] if profile_dir else []
-    got = run_json_child(REBUILD_CHILD, [dsn, *profile], timeout)
+    # the events decoded as the ledger decodes them (orjson) and, before that, by the
+    # transcoder (eventsourcing's JSONTranscoder, as before): the same rows
+    before = run_json_child(REBUILD_CHILD, [dsn, "transcoder"], timeout)
+    got = run_json_child(REBUILD_CHILD, [dsn, "orjson", *profile], timeout)
     if "na" in got:
         say(f"  ledger: n/a ({got['na']})")
         rows.append(
@@ -272,6 +279,21 @@ def _one_store(
             note=f"{got['seconds']:.1f}s; {got['events']} replayed",
         )
     )
+    if "na" not in before and before["seconds"]:
+        before_rate = before["events"] / before["seconds"]
+        say(f"  ledger rebuild, decoded by the transcoder: {before_rate:,.0f} events/s")
+        rows.append(
+            ratio_row(
+                "4",
+                f"{store} rebuild {big_events} events, decoded by the transcoder",
+                before_rate,
+                base_rate,
+                "events/s",
+                0.5,
+                note=f"{before['seconds']:.1f}s; eventsourcing's JSONTranscoder (the decoder "
+                "before orjson)",
+            )
+        )
     rss = float(got["maxrss_mb"])
     rows.append(
         Row(
