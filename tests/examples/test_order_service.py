@@ -30,7 +30,9 @@ def _until_shipped(client: TestClient, order_id: str, lines: int) -> dict[str, A
 
 def test_orders_are_saved_with_their_runs_and_finished_by_the_service(dsn: str) -> None:
     with TestClient(create_app(dsn)) as client:
-        made = client.post("/orders", json={"order_id": "o-1", "customer": "c", "lines": ["a", "b", "c"]})
+        made = client.post(
+            "/orders", json={"order_id": "o-1", "customer": "c", "lines": ["a", "b", "c"]}
+        )
         assert made.status_code == 201, made.text
         run_id = made.json()["run_id"]
         body = _until_shipped(client, "o-1", 3)
