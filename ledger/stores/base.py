@@ -32,8 +32,10 @@ from ledger.stores.sql import STATEMENTS
 # 11: each event's hash on its row, ledger_event_hashes folded in and dropped (hashchain.py);
 # 12: the Merkle tree's leaves and subtree hashes (ledger/stores/tree.py);
 # 13: a webhook's URL policy, previous secret and the lg_webhook_changes record (ledger/feed/);
-# 14: lg_runs_created and lg_runs_updated, the overview's longest waits (ledger/reads/overview.py)
-SCHEMA_VERSION = 14
+# 14: lg_runs_created and lg_runs_updated, the overview's longest waits (ledger/reads/overview.py);
+# 15: lg_webhook_changes.position, the webhook event each change row was written from
+# (ledger/core/webhook_events.py)
+SCHEMA_VERSION = 15
 
 
 def refuse_newer(current: int, known: int) -> None:
@@ -74,9 +76,10 @@ def make_mapper() -> Mapper[Any]:
     """The event mapper: JSON with UUIDs and datetimes.
 
     Importing the event classes registers their stored topics (`ledger.domain:...`,
-    `ledger.archived:Archived`), so any event this mapper reads resolves."""
+    `ledger.archived:Archived`, `ledger.webhooks:...`), so any event this mapper reads resolves."""
     import ledger.core.archived
-    import ledger.core.domain  # noqa: F401
+    import ledger.core.domain
+    import ledger.core.webhook_events  # noqa: F401
 
     transcoder = JSONTranscoder()
     transcoder.register(UUIDAsHex())
