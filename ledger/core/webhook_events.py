@@ -35,6 +35,14 @@ REMOVED = "removed"
 COMMANDS = ("add", "change", "rotate", "remove", "rekey")
 
 
+def states_of(command: str) -> tuple[str, str]:
+    """The webhook's state before and after a command (`-`: it did not exist), as audit
+    shows them."""
+    if command == "add":
+        return "-", REGISTERED
+    return REGISTERED, REMOVED if command == "remove" else REGISTERED
+
+
 def webhook_stream_id(webhook_id: str) -> UUID:
     """The event stream of one webhook."""
     return uuid5(WEBHOOK_NAMESPACE, "webhook:" + webhook_id)
@@ -59,11 +67,11 @@ class WebhookEvent(DomainEvent):
 
     @property
     def from_state(self) -> str:
-        return "-" if self.command == "add" else REGISTERED
+        return states_of(self.command)[0]
 
     @property
     def to_state(self) -> str:
-        return REMOVED if self.command == "remove" else REGISTERED
+        return states_of(self.command)[1]
 
 
 @dataclass(frozen=True)
@@ -157,5 +165,6 @@ __all__ = [
     "WebhookRemoved",
     "change_row",
     "row_values",
+    "states_of",
     "webhook_stream_id",
 ]

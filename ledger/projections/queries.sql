@@ -146,6 +146,10 @@ ROLLBACK TO SAVEPOINT lg_verify_batch
 -- name: release_savepoint
 RELEASE SAVEPOINT lg_verify_batch
 
+-- name: logged_webhook_changes
+-- verify: the webhook change rows written from an event (ledger/core/webhook_events.py)
+SELECT * FROM lg_webhook_changes WHERE position IS NOT NULL ORDER BY position
+
 -- name: meta_value
 SELECT value FROM ledger_meta WHERE key = ?
 
