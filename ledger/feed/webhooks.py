@@ -48,8 +48,8 @@ from ledger.core.errors import InvalidInput, LedgerError, NotAuthorized, Webhook
 from ledger.core.rows import iso, parse_dt
 from ledger.core.validation import check_identifier
 from ledger.core.views import Actor, Transition, _View
-from ledger.core.webhook_events import EVENT_OF_COMMAND, webhook_stream_id
 from ledger.core.visibility import for_reader
+from ledger.core.webhook_events import EVENT_OF_COMMAND, webhook_stream_id
 from ledger.feed import webhook_secrets as secrets
 from ledger.feed.checkpoints import checkpoint, ensure
 from ledger.feed.follower import Follower

@@ -44,8 +44,8 @@ from eventsourcing.persistence import StoredEvent
 
 from ledger.core.archived import archived_record
 from ledger.core.validation import stored_payload_problem
-from ledger.core.webhook_events import ROW_COLUMNS, WebhookEvent, change_row, row_values
 from ledger.core.views import VerifyReport
+from ledger.core.webhook_events import ROW_COLUMNS, WebhookEvent, change_row, row_values
 from ledger.projections.checksums import diff_rows, table_checksum, tables_equal
 from ledger.projections.rebuild import (
     ReadAhead,

@@ -22,7 +22,6 @@ from ledger.core.domain import Item, Run
 from ledger.core.errors import InvalidInput, ItemNotFound, RunNotFound, StoreUnavailable
 from ledger.core.rows import iso, parse_dt, run_from_row
 from ledger.core.validation import check_identifier, utc_time
-from ledger.core.webhook_events import states_of
 from ledger.core.views import (
     MAX_STATUS_LINKS,
     Attempt,
@@ -33,6 +32,7 @@ from ledger.core.views import (
     RunStatus,
     Transition,
 )
+from ledger.core.webhook_events import states_of
 from ledger.projections.counts import attach as attach_counts
 from ledger.reads.sql import SQL
 from ledger.stores.base import Store, Tx
