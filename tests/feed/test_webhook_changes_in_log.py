@@ -88,7 +88,7 @@ def test_webhook_changes_are_in_the_audit_by_their_actor_with_their_reasons(
     everything = lg.audit()
     positions = [t.position for t in everything]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
-    assert [t.command for t in everything][0] == "webhook_add"
+    assert everything[0].command == "webhook_add"
     assert [t.command for t in everything][-2:] == ["webhook_rotate", "webhook_remove"]
     assert lg.audit(page_size=1) == everything
     assert lg.audit(newest_first=True, page_size=2) == everything[::-1]
@@ -113,9 +113,7 @@ def test_each_change_is_an_event_of_the_webhooks_stream_in_the_hash_chain(
     assert [e.originator_version for _p, e in found] == [1, 2, 3]
     assert [(e.actor_id, e.role) for _p, e in found] == [(OPERATOR.id, "operator")] * 3
     # the positions audit and the change record report are the events'
-    assert [p for p, _e in found] == [
-        t.position for t in lg.audit(actor=OPERATOR.id)
-    ]
+    assert [p for p, _e in found] == [t.position for t in lg.audit(actor=OPERATOR.id)]
     assert sorted(c.position for c in webhook_changes(lg, webhook_id)) == [p for p, _e in found]
     # never a secret in the log, only its fingerprint
     table, pos = lg.store.events_table(), position_column(lg.store)
