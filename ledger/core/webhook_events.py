@@ -23,6 +23,7 @@ from uuid import UUID, uuid5
 from eventsourcing.domain import DomainEvent
 from eventsourcing.utils import register_topic
 
+from ledger.core import states as S
 from ledger.core.rows import iso
 
 # the namespace of webhook stream ids (fixed: a webhook's stream id never changes)
@@ -33,6 +34,7 @@ TOPIC_MODULE = "ledger.webhooks"
 REGISTERED = "registered"
 REMOVED = "removed"
 COMMANDS = ("add", "change", "rotate", "remove", "rekey")
+ROLES = (S.OPERATOR,)  # who may add, change and remove webhooks
 
 
 def states_of(command: str) -> tuple[str, str]:
@@ -158,6 +160,7 @@ __all__ = [
     "EVENT_OF_COMMAND",
     "REGISTERED",
     "REMOVED",
+    "ROLES",
     "ROW_COLUMNS",
     "WebhookChanged",
     "WebhookEvent",

@@ -43,13 +43,12 @@ from urllib.parse import urlsplit
 
 from ledger.commands.uow import commit_stream_events
 from ledger.core import args as A
-from ledger.core import states as S
 from ledger.core.errors import InvalidInput, LedgerError, NotAuthorized, WebhookNotFound
 from ledger.core.rows import iso, parse_dt
 from ledger.core.validation import check_identifier
 from ledger.core.views import Actor, Transition, _View
 from ledger.core.visibility import for_reader
-from ledger.core.webhook_events import EVENT_OF_COMMAND, webhook_stream_id
+from ledger.core.webhook_events import EVENT_OF_COMMAND, ROLES, webhook_stream_id
 from ledger.feed import webhook_secrets as secrets
 from ledger.feed.checkpoints import checkpoint, ensure
 from ledger.feed.follower import Follower
@@ -71,7 +70,6 @@ FOLLOWER_PREFIX = "webhook:"
 REFRESH_S = 2.0  # the dispatcher looks for added and removed webhooks this often
 ROTATION_GRACE_S = 86_400.0  # a replaced secret still signs for this long, by default
 MAX_GRACE_S = 30 * 86_400.0
-ROLES = (S.OPERATOR,)  # who may add, change and remove webhooks
 
 __all__ = [
     "Delivery",

@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 
 from ledger import Ledger, NotAuthorized
+from ledger.commands.uow import commit_stream_events
+from ledger.core.errors import InvariantViolated
 from ledger.core.webhook_events import (
+    EVENT_OF_COMMAND,
     WebhookChanged,
     WebhookEvent,
     WebhookRegistered,
@@ -33,6 +36,7 @@ from ledger.feed.webhooks import (
     webhook_changes,
 )
 from ledger.projections.rebuild import position_column
+from ledger.projections.writer import Projector
 from ledger.service.checkpoints import tree_head
 from tests.support.cli import cli
 from tests.support.clock import ManualClock
@@ -207,7 +211,7 @@ def test_the_feed_followers_and_rebuild_go_on_with_webhook_events_in_the_log(
 def test_export_and_import_carry_the_webhook_changes(
     lg: Ledger, clock: ManualClock, tmp_path: Path
 ) -> None:
-    _history(lg, clock)
+    _run_id, _webhook_id, _ = _history(lg, clock)
     out = io.StringIO()
     summary = lg.export(out)
     source = lg.verify()
@@ -215,6 +219,7 @@ def test_export_and_import_carry_the_webhook_changes(
         imported = target.import_file(io.StringIO(out.getvalue()))
         assert imported.verify_ok, imported.problems
         assert imported.events == summary.events
+        assert imported.runs == [_run_id]  # a webhook's stream is no run
         report = target.verify()
         assert report.ok and report.heads == source.heads
         assert target.audit() == lg.audit()
@@ -255,3 +260,38 @@ def test_the_http_audit_and_the_command_line_show_webhook_changes(
     shown = cli(dsn, "audit", "--actor", OPERATOR.id, "--json")
     assert shown.exit_code == 0, shown.output
     assert [t["reason"] for t in json.loads(shown.output)] == ["billing wants runs"]
+
+
+def _forged(lg: Ledger, role: str, command: str = "add", version: int = 1) -> WebhookEvent:
+    with lg.store.read() as tx:
+        now = tx.now()
+    return EVENT_OF_COMMAND[command](
+        originator_id=webhook_stream_id("wh_forged"),
+        originator_version=version,
+        timestamp=now,
+        webhook_id="wh_forged",
+        command=command,
+        actor_id="mallory",
+        role=role,
+        reason="trust me",
+        url="https://example.org/",
+        run_filter=None,
+        kinds=[],
+        allow_http=False,
+        allow_host=None,
+        secret_fingerprint=None,
+    )
+
+
+def test_the_rule_checker_refuses_a_webhook_change_no_operator_made(lg: Ledger) -> None:
+    by_submitter, removed_first = _forged(lg, "submitter"), _forged(lg, "operator", "remove")
+    for forged in (by_submitter, removed_first):
+        with lg.store.write() as tx, pytest.raises(InvariantViolated, match="webhook_owner"):
+            commit_stream_events(tx, Projector(), [forged])
+    assert lg.store.read_events(0, 10) == [] and webhook_changes(lg) == []
+    # written behind the checker's back (hash and row included), verify names the rule
+    by_worker = _forged(lg, "worker")
+    with lg.store.write() as tx:
+        Projector().project(tx, tx.append([by_worker]), {}, {})
+    report = lg.verify()
+    assert [p["kind"] for p in report.problems] == ["webhook_owner"]
