@@ -41,6 +41,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from eventsourcing.persistence import StoredEvent
+
 from ledger.commands.uow import commit_stream_events
 from ledger.core import args as A
 from ledger.core.errors import InvalidInput, LedgerError, NotAuthorized, WebhookNotFound
@@ -57,7 +59,7 @@ from ledger.feed.webhook_policy import UrlPolicy, check_allow_host, check_target
 from ledger.feed.webhook_secrets import secret_key
 from ledger.projections.writer import Projector
 from ledger.reads import feed
-from ledger.stores.raw import stream_heads
+from ledger.stores.raw import last_event
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -195,11 +197,17 @@ def _record(
     with the webhook as it now is: appended, hash-chained and projected into
     lg_webhook_changes in this transaction, as a run's command appends its events."""
     stream = webhook_stream_id(row["webhook_id"])
-    head = stream_heads(tx, [stream]).get(stream)
+    last = last_event(tx, stream)
+    now = tx.now()
+    if last is not None:  # a stream's times never go backwards (a clock stepped back)
+        before = tx.store.decode(
+            StoredEvent(stream, last.version, last.topic, last.state)
+        ).timestamp
+        now = max(now, before)
     event = EVENT_OF_COMMAND[command](
         originator_id=stream,
-        originator_version=(head[0] if head is not None else 0) + 1,
-        timestamp=tx.now(),
+        originator_version=(last.version if last is not None else 0) + 1,
+        timestamp=now,
         webhook_id=row["webhook_id"],
         command=command,
         actor_id=actor.id,

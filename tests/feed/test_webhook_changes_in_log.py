@@ -295,3 +295,13 @@ def test_the_rule_checker_refuses_a_webhook_change_no_operator_made(lg: Ledger) 
         Projector().project(tx, tx.append([by_worker]), {}, {})
     report = lg.verify()
     assert [p["kind"] for p in report.problems] == ["webhook_owner"]
+
+
+def test_a_webhooks_events_never_go_back_in_time(lg: Ledger, clock: ManualClock) -> None:
+    hook = add_webhook(lg, OPERATOR, "http://127.0.0.1:9/a", reason="feed", **LOCAL)
+    added = clock()
+    clock.advance(-3600)  # the store's clock steps back
+    change_webhook(lg, OPERATOR, hook.webhook_id, url="http://127.0.0.1:9/b", reason="moved")
+    times = [e.timestamp for _p, e in _webhook_events(lg)]
+    assert times == [added, added]
+    assert lg.verify().ok
