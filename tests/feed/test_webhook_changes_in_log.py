@@ -262,7 +262,9 @@ def test_the_http_audit_and_the_command_line_show_webhook_changes(
     assert [t["reason"] for t in json.loads(shown.output)] == ["billing wants runs"]
 
 
-def _forged(lg: Ledger, role: str, command: str = "add", version: int = 1) -> WebhookEvent:
+def _forged(
+    lg: Ledger, role: str, command: str = "add", version: int = 1, reason: str = "trust me"
+) -> WebhookEvent:
     with lg.store.read() as tx:
         now = tx.now()
     return EVENT_OF_COMMAND[command](
@@ -273,7 +275,7 @@ def _forged(lg: Ledger, role: str, command: str = "add", version: int = 1) -> We
         command=command,
         actor_id="mallory",
         role=role,
-        reason="trust me",
+        reason=reason,
         url="https://example.org/",
         run_filter=None,
         kinds=[],
@@ -284,8 +286,8 @@ def _forged(lg: Ledger, role: str, command: str = "add", version: int = 1) -> We
 
 
 def test_the_rule_checker_refuses_a_webhook_change_no_operator_made(lg: Ledger) -> None:
-    by_submitter, removed_first = _forged(lg, "submitter"), _forged(lg, "operator", "remove")
-    for forged in (by_submitter, removed_first):
+    by_submitter, no_reason = _forged(lg, "submitter"), _forged(lg, "operator", reason=" ")
+    for forged in (by_submitter, no_reason):
         with lg.store.write() as tx, pytest.raises(InvariantViolated, match="webhook_owner"):
             commit_stream_events(tx, Projector(), [forged])
     assert lg.store.read_events(0, 10) == [] and webhook_changes(lg) == []
@@ -305,3 +307,25 @@ def test_a_webhooks_events_never_go_back_in_time(lg: Ledger, clock: ManualClock)
     times = [e.timestamp for _p, e in _webhook_events(lg)]
     assert times == [added, added]
     assert lg.verify().ok
+
+
+def test_a_webhook_registered_before_the_log_held_its_changes_goes_on(
+    lg: Ledger, clock: ManualClock
+) -> None:
+    hook = add_webhook(lg, OPERATOR, "http://127.0.0.1:9/a", reason="feed", **LOCAL)
+    # as a database upgraded from a schema that kept webhook changes out of the log
+    table = lg.store.events_table()
+    with lg.store.write() as tx:
+        tx.execute(f"DELETE FROM {table}")  # noqa: S608 (our own table name)
+        tx.execute("UPDATE lg_webhook_changes SET position = NULL")
+    clock.advance(10)
+    change_webhook(lg, OPERATOR, hook.webhook_id, url="http://127.0.0.1:9/b", reason="moved")
+    remove_webhook(lg, OPERATOR, hook.webhook_id, reason="done")
+    assert [(type(e), e.originator_version) for _p, e in _webhook_events(lg)] == [
+        (WebhookChanged, 1),
+        (WebhookRemoved, 2),
+    ]
+    assert [c.command for c in webhook_changes(lg)] == ["remove", "change", "add"]
+    assert [t.command for t in lg.audit()] == ["webhook_change", "webhook_remove"]
+    report = lg.verify()
+    assert report.ok, report.problems
