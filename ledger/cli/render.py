@@ -443,6 +443,16 @@ def show_attempts(out: Console, attempts: Sequence[Any], short: bool = False) ->
     grid.print(out)
 
 
+def _subject(t: Any) -> str:
+    """What a transition moved besides its run: the item, the run itself, or (in an
+    audit, no run's) a webhook."""
+    if t.item_id is not None:
+        return str(t.item_id)
+    if not t.run_id and str(t.command).startswith("webhook_"):
+        return f"(webhook {t.evidence.get('webhook_id', '?')})"
+    return "(run)"
+
+
 def show_transitions(
     out: Console,
     transitions: Sequence[Any],
@@ -463,7 +473,7 @@ def show_transitions(
             str(t.position),
             stamp(t.at),
             *run,
-            escape(t.item_id or "(run)"),
+            escape(_subject(t)),
             t.from_state,
             state(t.to_state),
             Cell(escape(f"{t.actor_id}:{t.role}")),

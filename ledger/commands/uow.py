@@ -269,3 +269,24 @@ class UnitOfWork:
             ) from None
         item_map = {(it.run_id, it.item_id): it for it in items}
         self._projector.project(tx, positioned, runs, item_map)
+
+
+def commit_stream_events(tx: Tx, projector: Projector, events: Sequence[DomainEvent]) -> int:
+    """Append events of no run or item (a webhook's changes: ledger/core/webhook_events.py)
+    the way `UnitOfWork.commit` appends a run's: checked by the rule checker first, stored
+    with their chained hashes, projected in the same transaction. Returns the position of
+    the last. Conflict when another writer appended to one of their streams first."""
+    facts = Overlay({}, {}, {}, _required(tx), events, _amended(tx))
+    check_batch(events, facts)
+    try:
+        positioned = tx.append(events)
+    except StreamConflict as e:
+        first = events[0]
+        raise Conflict(
+            f"another writer appended to stream {first.originator_id} first; re-read and "
+            f"retry ({e})",
+            current_revision=int(first.originator_version) - 1,
+            current_state=str(getattr(first, "from_state", "")),
+        ) from None
+    projector.project(tx, positioned, {}, {})
+    return positioned[-1][0]

@@ -36,6 +36,7 @@ from eventsourcing.domain import CanInitAggregate
 from ledger.core import states as S
 from ledger.core.domain import Item, Run
 from ledger.core.errors import InvariantViolated
+from ledger.core.webhook_events import EVENT_OF_COMMAND, ROLES, WebhookEvent
 
 SUCCESS_STATES = frozenset({S.ACCEPTED, S.SUCCEEDED, S.COMPLETED_WITH_ERRORS})
 OPEN_ITEM_STATES = (S.PENDING, S.IN_PROGRESS, S.RETRYABLE)
@@ -153,7 +154,7 @@ class Rule:
 # --------------------------------------------------------------------------
 # what an event is (found once per class: isinstance on eventsourcing's ABCs is slow)
 # --------------------------------------------------------------------------
-_SUBMITTED, _CREATED, _RUN_MOVE, _AMEND, _ITEM_MOVE, _LEASE, _OTHER = range(7)
+_SUBMITTED, _CREATED, _RUN_MOVE, _AMEND, _ITEM_MOVE, _LEASE, _OTHER, _WEBHOOK = range(8)
 _ITEM_KINDS = frozenset({_ITEM_MOVE, _LEASE})
 _KINDS: dict[type, int] = {}
 
@@ -174,6 +175,8 @@ def _kind(e: Any) -> int:
             kind = _ITEM_MOVE
         elif issubclass(cls, Item.LeaseExtended):
             kind = _LEASE
+        elif issubclass(cls, WebhookEvent):
+            kind = _WEBHOOK
         else:
             kind = _OTHER
         _KINDS[cls] = kind
@@ -444,6 +447,20 @@ def _evidence(e: Any, facts: Facts, at: At) -> str | None:
     return None
 
 
+def _webhook_owner(e: Any, facts: Facts, at: At) -> str | None:
+    if e.role not in ROLES:
+        return f"role {e.role!r} may not {e.command} webhooks; allowed: {', '.join(ROLES)}"
+    if not isinstance(e.reason, str) or not e.reason.strip():
+        return f"the {e.command} of webhook {e.webhook_id} records no reason"
+    if EVENT_OF_COMMAND.get(e.command) is not type(e):
+        return f"a {type(e).__name__} event cannot record the command {e.command!r}"
+    # (a stream may begin with a later command: a webhook registered before the log held
+    # webhook changes has no registration event)
+    if e.command == "add" and e.originator_version != 1:
+        return f"webhook {e.webhook_id} is registered again at version {e.originator_version}"
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "time_backwards",
@@ -556,12 +573,21 @@ RULES: tuple[Rule, ...] = (
         "must exist",
         _evidence,
     ),
+    Rule(
+        "webhook_owner",
+        "a webhook change is an operator's, with a reason, and a webhook is registered only once",
+        "SPEC rule 1: every change is an event carrying its actor and reason; the webhook's "
+        "owner: registering, changing and removing a webhook is an operator command with a "
+        "reason",
+        _webhook_owner,
+    ),
 )
 RULE_NAMES: tuple[str, ...] = tuple(r.name for r in RULES)
 
 
 # the rules that judge each kind of event: a run's creation and events of no run or
-# item (an `Archived` one) are judged by none; a creating event by the table only
+# item (an `Archived` one) are judged by none; a creating event by the table only; a
+# webhook's by its own rule
 _JUDGES: dict[str, tuple[int, ...]] = {
     "time_backwards": (_RUN_MOVE, _AMEND, _ITEM_MOVE, _LEASE),
     "terminal_changed": (_RUN_MOVE, _AMEND),
@@ -579,9 +605,10 @@ _JUDGES: dict[str, tuple[int, ...]] = {
     "lease_holder": (_ITEM_MOVE, _LEASE),
     "lease_expired": (_ITEM_MOVE,),
     "evidence": (_RUN_MOVE, _ITEM_MOVE),
+    "webhook_owner": (_WEBHOOK,),
 }
 _BY_KIND: dict[int, tuple[Rule, ...]] = {
-    kind: tuple(r for r in RULES if kind in _JUDGES[r.name]) for kind in range(7)
+    kind: tuple(r for r in RULES if kind in _JUDGES[r.name]) for kind in range(8)
 }
 
 

@@ -86,14 +86,6 @@ SELECT webhook_id, secret, previous_secret FROM lg_webhooks ORDER BY webhook_id 
 -- name: reseal_webhook
 UPDATE lg_webhooks SET secret = ?, previous_secret = ? WHERE webhook_id = ?;
 
--- name: webhook_change_version
-SELECT MAX(version) AS version FROM lg_webhook_changes WHERE webhook_id = ?;
-
--- name: record_webhook_change
-INSERT INTO lg_webhook_changes (webhook_id, version, command, actor_id, role, reason, at,
-url, run_id, kinds, allow_http, allow_host, secret_fingerprint)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
-
 -- name: webhook_changes
 SELECT * FROM lg_webhook_changes ORDER BY at DESC, webhook_id, version DESC LIMIT ?;
 

@@ -7,9 +7,11 @@ it), `webhook-timestamp` (Unix seconds of the attempt) and `webhook-signature`
 a `whsec_<base64>` secret is base64-decoded, as the reference libraries do).
 
 A webhook has an owner: adding, changing (URL, policy, a new secret) and removing one are
-operator commands with a reason, each recorded in `lg_webhook_changes` (who, role, why,
-when, and what the webhook then was) in the transaction that makes the change
-(`ledger webhooks changes`). Its URL is held to a policy (`webhook_policy`), checked
+operator commands with a reason, each an event of the webhook's own stream in the event
+log (who, role, why, when, and what the webhook then was: ledger/core/webhook_events.py),
+appended in the transaction that makes the change, hash-chained like a run's events, in
+`audit` beside the runs' transitions and in `lg_webhook_changes` (`ledger webhooks
+changes`). Its URL is held to a policy (`webhook_policy`), checked
 then and before every delivery; its signing secret is stored encrypted with a key
 outside the database (`webhook_secrets`) and shown once, when it is made.
 
@@ -39,20 +41,25 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from eventsourcing.persistence import StoredEvent
+
+from ledger.commands.uow import commit_stream_events
 from ledger.core import args as A
-from ledger.core import states as S
 from ledger.core.errors import InvalidInput, LedgerError, NotAuthorized, WebhookNotFound
 from ledger.core.rows import iso, parse_dt
 from ledger.core.validation import check_identifier
 from ledger.core.views import Actor, Transition, _View
 from ledger.core.visibility import for_reader
+from ledger.core.webhook_events import EVENT_OF_COMMAND, ROLES, webhook_stream_id
 from ledger.feed import webhook_secrets as secrets
 from ledger.feed.checkpoints import checkpoint, ensure
 from ledger.feed.follower import Follower
 from ledger.feed.sql import SQL
 from ledger.feed.webhook_policy import UrlPolicy, check_allow_host, check_target, check_url
 from ledger.feed.webhook_secrets import secret_key
+from ledger.projections.writer import Projector
 from ledger.reads import feed
+from ledger.stores.raw import last_event
 
 if TYPE_CHECKING:
     from ledger.service.ledger import Ledger
@@ -65,7 +72,6 @@ FOLLOWER_PREFIX = "webhook:"
 REFRESH_S = 2.0  # the dispatcher looks for added and removed webhooks this often
 ROTATION_GRACE_S = 86_400.0  # a replaced secret still signs for this long, by default
 MAX_GRACE_S = 30 * 86_400.0
-ROLES = (S.OPERATOR,)  # who may add, change and remove webhooks
 
 __all__ = [
     "Delivery",
@@ -111,7 +117,8 @@ class Webhook(_View):
 @dataclass(frozen=True)
 class WebhookChange(_View):
     """One recorded command on a webhook: who, in which role, why, when, and what the
-    webhook was after it (`command`: add, change, rotate, remove, rekey)."""
+    webhook was after it (`command`: add, change, rotate, remove, rekey). `position` is
+    its event's in the event log (None: recorded before the log held webhook changes)."""
 
     webhook_id: str
     version: int
@@ -126,6 +133,7 @@ class WebhookChange(_View):
     allow_http: bool
     allow_host: str | None
     secret_fingerprint: str | None
+    position: int | None = None
 
 
 @dataclass(frozen=True)
@@ -185,27 +193,34 @@ def _flag(value: Any, what: str) -> bool:
 def _record(
     tx: Tx, actor: Actor, command: str, reason: str, row: dict[str, Any], secret: str | None
 ) -> None:
-    """One lg_webhook_changes row: the command and the webhook as it now is."""
-    found = tx.fetchone(SQL.sql(tx, "webhook_change_version"), (row["webhook_id"],))
-    version = int(found["version"] or 0) + 1 if found is not None else 1
-    tx.execute(
-        SQL.sql(tx, "record_webhook_change"),
-        (
-            row["webhook_id"],
-            version,
-            command,
-            actor.id,
-            actor.role,
-            reason,
-            iso(tx.now()),
-            row["url"],
-            row["run_id"],
-            row["kinds"],
-            int(bool(row["allow_http"])),
-            row["allow_host"],
-            None if secret is None else secrets.fingerprint(secret),
-        ),
+    """The command as the next event of the webhook's stream (ledger/core/webhook_events.py),
+    with the webhook as it now is: appended, hash-chained and projected into
+    lg_webhook_changes in this transaction, as a run's command appends its events."""
+    stream = webhook_stream_id(row["webhook_id"])
+    last = last_event(tx, stream)
+    now = tx.now()
+    if last is not None:  # a stream's times never go backwards (a clock stepped back)
+        before = tx.store.decode(
+            StoredEvent(stream, last.version, last.topic, last.state)
+        ).timestamp
+        now = max(now, before)
+    event = EVENT_OF_COMMAND[command](
+        originator_id=stream,
+        originator_version=(last.version if last is not None else 0) + 1,
+        timestamp=now,
+        webhook_id=row["webhook_id"],
+        command=command,
+        actor_id=actor.id,
+        role=actor.role,
+        reason=reason,
+        url=row["url"],
+        run_filter=row["run_id"],
+        kinds=json.loads(row["kinds"]) if row["kinds"] else [],
+        allow_http=bool(row["allow_http"]),
+        allow_host=row["allow_host"],
+        secret_fingerprint=None if secret is None else secrets.fingerprint(secret),
     )
+    commit_stream_events(tx, Projector(), [event])
 
 
 def add_webhook(
@@ -461,6 +476,7 @@ def webhook_changes(
             allow_http=bool(r["allow_http"]),
             allow_host=r["allow_host"],
             secret_fingerprint=r["secret_fingerprint"],
+            position=None if r.get("position") is None else int(r["position"]),
         )
         for r in rows
     ]

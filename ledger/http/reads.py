@@ -196,7 +196,10 @@ def audit(
     limit: PageLimit = RUN_PAGE,
 ) -> JSONResponse:
     """`lg.audit(...)`: one page. When the page is full, `next` holds the cursor for the
-    next page (pass it as `after`, with the same filters)."""
+    next page (pass it as `after`, with the same filters). Webhook changes are in it
+    (`run_id` empty, `command` `webhook_add`, `webhook_change`, `webhook_rotate`,
+    `webhook_remove` or `webhook_rekey`, the webhook in `evidence`) unless `run_id` or
+    `state` is given."""
     transitions = lg.audit(
         run_id=run_id,
         actor=actor,

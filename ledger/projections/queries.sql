@@ -8,6 +8,14 @@
 -- name: withdraw_item
 UPDATE {items} SET in_manifest = 0 WHERE run_id = ? AND item_id = ?
 
+-- name: insert_webhook_change
+-- one webhook event's row (ledger/core/webhook_events.py, ROW_COLUMNS then the webhook id
+-- again), numbered after the webhook's rows before it
+INSERT INTO lg_webhook_changes (webhook_id, command, actor_id, role, reason, at, url, run_id,
+kinds, allow_http, allow_host, secret_fingerprint, position, version)
+SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(MAX(version), 0) + 1
+FROM lg_webhook_changes WHERE webhook_id = ?
+
 -- name: drop_counts
 DELETE FROM {counts} WHERE run_id = ?
 
@@ -137,6 +145,10 @@ ROLLBACK TO SAVEPOINT lg_verify_batch
 
 -- name: release_savepoint
 RELEASE SAVEPOINT lg_verify_batch
+
+-- name: logged_webhook_changes
+-- verify: the webhook change rows written from an event (ledger/core/webhook_events.py)
+SELECT * FROM lg_webhook_changes WHERE position IS NOT NULL ORDER BY position
 
 -- name: meta_value
 SELECT value FROM ledger_meta WHERE key = ?

@@ -17,6 +17,7 @@ from eventsourcing.domain import CanInitAggregate, DomainEvent
 
 from ledger.core.domain import Item, Run
 from ledger.core.rows import item_from_row, run_from_row
+from ledger.core.webhook_events import WebhookEvent
 from ledger.projections.counts import attach as attach_counts
 from ledger.projections.row_writes import _write_in_order, _write_rows
 from ledger.projections.sql import STATEMENTS
@@ -193,6 +194,8 @@ class Replayer:
         item_keys: dict[tuple[str, str], None] = {}
         created: set[Any] = set()  # streams whose first event is in the batch: nothing to load
         for _pos, e in events:
+            if isinstance(e, WebhookEvent):
+                continue  # a webhook's stream: no aggregate to load
             run_id = getattr(e, "run_id", None)
             item_id = getattr(e, "item_id", None)
             if run_id is not None and item_id is not None:
@@ -311,6 +314,11 @@ class Replayer:
                 continue
             if self.observer is not None:
                 self.observer(tx, pos, e, self)
+            if isinstance(e, WebhookEvent):
+                # no run's or item's: no aggregate, only its row (writer.py), alone
+                self._project_pending()
+                self.projector.project(self._rec, [(pos, e)], self.runs, self.items)
+                continue
             if e.originator_id in self._hazards or not isinstance(e, _GROUPABLE):
                 # an event type not grouped (an Archived one replaces its run's aggregate)
                 # is projected alone: what came before it is projected first
@@ -341,6 +349,9 @@ class Replayer:
         try:
             if self.observer is not None:
                 self.observer(tx, pos, e, self)
+            if isinstance(e, WebhookEvent):
+                self.projector.project(self._rec, [(pos, e)], self.runs, self.items)
+                return
             try:
                 self._mutate(e)
             except Exception as exc:

@@ -21,7 +21,11 @@ Three checks, over one consistent point of the history (position P):
 3. **Projections vs a fresh rebuild**: the replay builds scratch tables with a
    private suffix (the same `Replayer` the rebuild uses); each table is compared
    with the live one in the database (`checksums.tables_equal`; `projection`, naming
-   the differing rows), and the scratch tables are dropped.
+   the differing rows), and the scratch tables are dropped. The webhook changes
+   (`lg_webhook_changes`, which a rebuild leaves alone) are compared with the webhook
+   events the replay met instead: a row must say what its event says, every webhook
+   event must have its row, and every row written from an event must have it
+   (`webhook_change`).
 
 Problems are dicts: {"kind", "run_id", "position", "detail", ...}.
 """
@@ -41,6 +45,7 @@ from eventsourcing.persistence import StoredEvent
 from ledger.core.archived import archived_record
 from ledger.core.validation import stored_payload_problem
 from ledger.core.views import VerifyReport
+from ledger.core.webhook_events import ROW_COLUMNS, WebhookEvent, change_row, row_values
 from ledger.projections.checksums import diff_rows, table_checksum, tables_equal
 from ledger.projections.rebuild import (
     ReadAhead,
@@ -92,7 +97,7 @@ def _verify(lg: Ledger, progress: Progress) -> VerifyReport:
     store: Store = lg.store
     problems = Problems()
     suffix = SCRATCH_MARK + secrets.token_hex(4)  # its statements are not prepared
-    rules = RuleObserver("lg_items" + suffix, problems)
+    rules = _WebhookEvents(RuleObserver("lg_items" + suffix, problems))
     replayer = Replayer(suffix, observer=rules)
     try:
         with store.write() as tx:
@@ -120,6 +125,7 @@ def _verify(lg: Ledger, progress: Progress) -> VerifyReport:
             events = count_events(tx, position)
             progress("compare", events, events)
             _compare(tx, suffix, problems)
+            _compare_webhook_changes(tx, rules.found, problems)
     finally:
         with store.write() as tx:
             drop_tables(tx, suffix)
@@ -262,6 +268,72 @@ def _compare(tx: Tx, suffix: str, problems: Problems) -> None:
                 table=name,
                 key=d["key"],
             )
+
+
+# --------------------------------------------------------------------------
+# webhook changes vs their events
+# --------------------------------------------------------------------------
+class _WebhookEvents:
+    """The replay's observer: the rule observer's checks, and each webhook event met
+    (by position: a batch replayed again after a failed event meets them again)."""
+
+    def __init__(self, rules: RuleObserver) -> None:
+        self.rules = rules
+        self.found: dict[int, WebhookEvent] = {}
+
+    def __call__(self, tx: Tx, position: int, event: DomainEvent, replayer: Replayer) -> None:
+        if isinstance(event, WebhookEvent):
+            self.found[position] = event
+        self.rules(tx, position, event, replayer)
+
+
+def _compare_webhook_changes(tx: Tx, events: dict[int, WebhookEvent], problems: Problems) -> None:
+    """Each lg_webhook_changes row written from an event says what its event says; each
+    webhook event the replay met has its row. In the transaction the replay ended in: a
+    row and its event are committed together, so a row it sees without an event is one
+    written without one."""
+    rows = {
+        int(r["position"]): r for r in tx.fetchall(STATEMENTS.sql(tx, "logged_webhook_changes"))
+    }
+    for position, e in sorted(events.items()):
+        row = rows.pop(position, None)
+        where = {"table": "lg_webhook_changes", "webhook_id": e.webhook_id}
+        if row is None:
+            problems.add(
+                "webhook_change",
+                None,
+                position,
+                f"the {e.command} of webhook {e.webhook_id} by {e.actor_id} has no "
+                "lg_webhook_changes row: it was deleted",
+                **where,
+            )
+            continue
+        differ = [
+            column
+            for column, want, have in zip(
+                ROW_COLUMNS, change_row(position, e), row_values(row), strict=True
+            )
+            if want != have
+        ]
+        if differ:
+            problems.add(
+                "webhook_change",
+                None,
+                position,
+                f"the lg_webhook_changes row of the {e.command} of webhook {e.webhook_id} "
+                f"differs from its event in {', '.join(differ)}: it was edited",
+                **where,
+            )
+    for position, row in sorted(rows.items()):
+        problems.add(
+            "webhook_change",
+            None,
+            position,
+            f"lg_webhook_changes has a {row['command']} of webhook {row['webhook_id']} at "
+            f"position {position}, where the event log holds no webhook event",
+            table="lg_webhook_changes",
+            webhook_id=row["webhook_id"],
+        )
 
 
 # --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from ledger.core.rows import (
     run_to_row,
 )
 from ledger.core.states import IN_PROGRESS, NEW, PENDING, QUEUED, TERMINAL_RUN_STATES
+from ledger.core.webhook_events import WebhookEvent, change_row
 from ledger.projections.counts import slot_of
 from ledger.projections.sql import STATEMENTS
 from ledger.stores import statements as rows_sql
@@ -45,9 +46,17 @@ REVERSE = {
 
 
 class Projector:
-    """Writes run, item, attempt and transition rows for a batch of events."""
+    """Writes run, item, attempt and transition rows for a batch of events, and the
+    `lg_webhook_changes` row of each webhook event.
+
+    A webhook event's row is written by the live projector only (no `suffix`: the
+    commands, import, restore): `lg_webhook_changes` is no table a rebuild replaces (it
+    keeps the changes recorded before the event log held them), and verify compares it
+    with the events instead (ledger/projections/verify.py)."""
 
     def __init__(self, suffix: str = "") -> None:
+        self.webhook_changes = suffix == ""
+        self.insert_webhook_change = STATEMENTS.common("insert_webhook_change")
         self.runs_table = "lg_runs" + suffix
         self.items_table = "lg_items" + suffix
         self.attempts_table = "lg_attempts" + suffix
@@ -155,6 +164,7 @@ class Projector:
         touched_runs: dict[str, Run] = {}
         touched_items: dict[tuple[str, str], Item] = {}
         archived: list[tuple[str]] = []
+        webhook_changes: list[tuple[Any, ...]] = []
         # (run_id, slot, state) -> delta; a run that ends here folds its counts into its row
         count_deltas: dict[tuple[str, int, str], int] = {}
         folded: set[str] = set()
@@ -360,6 +370,9 @@ class Projector:
                     ):
                         original.links = [*original.links, back]
                         touched_runs[original.run_id] = original
+            elif isinstance(e, WebhookEvent):
+                if self.webhook_changes:
+                    webhook_changes.append((*change_row(position, e), e.webhook_id))
             elif isinstance(e, Item.LeaseExtended):
                 key = (e.run_id, e.item_id)
                 item = items[key]
@@ -368,6 +381,8 @@ class Projector:
                     (self.extend_attempt, (e.expires_at, e.run_id, e.item_id, item.attempts))
                 )
 
+        if webhook_changes:
+            cur.executemany(self.insert_webhook_change, webhook_changes)
         if item_inserts:
             cur.executemany(self.insert_item, item_inserts)
         if item_replaces:

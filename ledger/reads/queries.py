@@ -32,6 +32,7 @@ from ledger.core.views import (
     RunStatus,
     Transition,
 )
+from ledger.core.webhook_events import states_of
 from ledger.projections.counts import attach as attach_counts
 from ledger.reads.sql import SQL
 from ledger.stores.base import Store, Tx
@@ -242,6 +243,34 @@ def transition(r: dict[str, Any]) -> Transition:
     )
 
 
+def webhook_transition(r: dict[str, Any]) -> Transition:
+    """An lg_webhook_changes row as audit shows it: a transition of no run (`run_id` is
+    empty), command `webhook_<command>`, the webhook as it was after it in `evidence`."""
+    before, after = states_of(r["command"])
+    return Transition(
+        run_id="",
+        item_id=None,
+        from_state=before,
+        to_state=after,
+        actor_id=r["actor_id"],
+        role=r["role"],
+        reason=r["reason"],
+        evidence={
+            "webhook_id": r["webhook_id"],
+            "url": r["url"],
+            "run_id": r["run_id"],
+            "kinds": json.loads(r["kinds"]) if r["kinds"] else [],
+            "allow_http": bool(r["allow_http"]),
+            "allow_host": r["allow_host"],
+            "secret_fingerprint": r["secret_fingerprint"],
+        },
+        at=_dt(r["at"]),
+        revision=int(r["version"]),
+        position=int(r["position"]),
+        command="webhook_" + r["command"],
+    )
+
+
 # --------------------------------------------------------------------------
 # the reads of the facade
 # --------------------------------------------------------------------------
@@ -339,7 +368,12 @@ def audit(
     page_size: int = 1000,
 ) -> Iterator[Transition]:
     """Transitions filtered by run, actor id, role, target state and time; keyset-paged by
-    position. The arguments are checked at once; the pages are read as the caller iterates."""
+    position. The arguments are checked at once; the pages are read as the caller iterates.
+
+    Webhook changes (registered, changed, removed by an operator: events of no run) are
+    in it too, in position order, unless a run or a target state is asked for: their
+    `run_id` is empty, their command `webhook_<command>` (`webhook_add`, ...), their
+    evidence the webhook as it was after the change (`webhook_transition`)."""
     if run_id is not None:
         run_id = A.run_id(run_id)
     if actor is not None:
@@ -438,6 +472,17 @@ class _AuditFilter:
             return "all"
         return time + "_sorted" if dialect == "sqlite" else time
 
+    def webhook_params(self) -> list[Any] | None:
+        """The parameters of audit_webhooks_*, the filters of the webhook changes (each
+        given twice); None when the audit holds none (a run or a target state is asked
+        for: a webhook change is neither)."""
+        if self.run_id is not None or self.state is not None:
+            return None
+        out: list[Any] = []
+        for value in (self.actor, self.role, self.since, self.until):
+            out += [value, value]
+        return out
+
     def params(self, lead: str) -> list[Any]:
         """The statement's filter parameters: one for each filter it is led by, two (the
         value twice, or None twice) for each it checks per row; a statement led by time
@@ -463,8 +508,10 @@ def _audit_pages(
     page_size: int,
 ) -> Iterator[Transition]:
     lead = flt.lead(store.dialect)
-    name = f"audit_{lead}_{'desc' if newest_first else 'asc'}"
+    order = "desc" if newest_first else "asc"
+    name = f"audit_{lead}_{order}"
     params = flt.params(lead)
+    webhooks = flt.webhook_params()
     cursor = after
     remaining = limit
     while True:
@@ -473,16 +520,25 @@ def _audit_pages(
         with store.read() as tx:
             # never past a position a slower writer may still fill in (rule 18)
             bound = tx.readable_position()
-            rows = tx.fetchall(
-                SQL.sql(tx, name),
-                (*params, start, _NO_POSITION if bound is None else bound, n),
-            )
-        for r in rows:
-            yield transition(r)
+            upto = _NO_POSITION if bound is None else bound
+            rows = tx.fetchall(SQL.sql(tx, name), (*params, start, upto, n))
+            found = [transition(r) for r in rows]
+            if webhooks is not None:
+                changes = tx.fetchall(
+                    SQL.sql(tx, f"audit_webhooks_{order}"), (*webhooks, start, upto, n)
+                )
+                if changes:
+                    # the two reads merged in position order (a position is one event's)
+                    found = sorted(
+                        found + [webhook_transition(r) for r in changes],
+                        key=lambda t: t.position,
+                        reverse=newest_first,
+                    )[:n]
+        yield from found
         if remaining is not None:
-            remaining -= len(rows)
+            remaining -= len(found)
             if remaining <= 0:
                 return
-        if len(rows) < n:
+        if len(found) < n:
             return
-        cursor = rows[-1]["position"]
+        cursor = found[-1].position

@@ -263,6 +263,30 @@ WHERE at >= ?
   AND position <= ?
 ORDER BY +position DESC, ord DESC LIMIT ?;
 
+-- name: audit_webhooks_asc
+-- audit, oldest first: the webhook changes recorded in the event log (those with a position)
+SELECT * FROM lg_webhook_changes
+WHERE position IS NOT NULL
+  AND (CAST(? AS TEXT) IS NULL OR actor_id = ?)
+  AND (CAST(? AS TEXT) IS NULL OR role = ?)
+  AND (CAST(? AS TEXT) IS NULL OR at >= ?)
+  AND (CAST(? AS TEXT) IS NULL OR at <= ?)
+  AND position > ?
+  AND position <= ?
+ORDER BY position ASC LIMIT ?;
+
+-- name: audit_webhooks_desc
+-- audit, newest first: the webhook changes recorded in the event log (those with a position)
+SELECT * FROM lg_webhook_changes
+WHERE position IS NOT NULL
+  AND (CAST(? AS TEXT) IS NULL OR actor_id = ?)
+  AND (CAST(? AS TEXT) IS NULL OR role = ?)
+  AND (CAST(? AS TEXT) IS NULL OR at >= ?)
+  AND (CAST(? AS TEXT) IS NULL OR at <= ?)
+  AND position < ?
+  AND position <= ?
+ORDER BY position DESC LIMIT ?;
+
 -- name: audit_all_asc
 -- audit, oldest first: any other filter (each checked per row), or none: in position order
 SELECT * FROM lg_transitions

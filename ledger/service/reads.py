@@ -126,7 +126,10 @@ class LedgerReads:
     ) -> list[Transition]:
         """Transitions filtered by run, actor id, role, target state and time, in position
         order (newest first with `newest_first`); keyset-paged by position with `after` and
-        `limit`. A list, as every read returns; `iter_audit` streams a long one."""
+        `limit`. Webhook changes are among them (a transition of no run: empty `run_id`,
+        command `webhook_add`, `webhook_change`, ...; the webhook in `evidence`), unless a
+        run or a target state is asked for. A list, as every read returns; `iter_audit`
+        streams a long one."""
         return list(
             self.iter_audit(
                 run_id, actor, role, state, since, until, newest_first, after, limit, page_size

@@ -35,8 +35,10 @@ from ledger.stores.sql import STATEMENTS
 # 12: the Merkle tree's leaves and subtree hashes (ledger/stores/tree.py);
 # 13: a webhook's URL policy, previous secret and the lg_webhook_changes record (ledger/feed/);
 # 14: lg_runs_created and lg_runs_updated, the overview's longest waits (ledger/reads/overview.py);
-# 15: lg_runs_own_stall, the runs whose policy sets its own stall threshold (the overview)
-SCHEMA_VERSION = 15
+# 15: lg_runs_own_stall, the runs whose policy sets its own stall threshold (the overview);
+# 16: lg_webhook_changes.position, the webhook event each change row was written from
+# (ledger/core/webhook_events.py)
+SCHEMA_VERSION = 16
 
 
 def refuse_newer(current: int, known: int) -> None:
@@ -87,9 +89,10 @@ def make_mapper() -> Mapper[Any]:
     events by orjson (the same bytes: see encoding.py).
 
     Importing the event classes registers their stored topics (`ledger.domain:...`,
-    `ledger.archived:Archived`), so any event this mapper reads resolves."""
+    `ledger.archived:Archived`, `ledger.webhooks:...`), so any event this mapper reads resolves."""
     import ledger.core.archived
-    import ledger.core.domain  # noqa: F401
+    import ledger.core.domain
+    import ledger.core.webhook_events  # noqa: F401
 
     return EventMapper(transcoder=make_transcoder())
 

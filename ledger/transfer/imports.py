@@ -32,6 +32,7 @@ from ledger.core.archived import ARCHIVED_TOPIC
 from ledger.core.errors import InvalidInput
 from ledger.core.rule_check import Violation
 from ledger.core.validation import stored_payload_problem
+from ledger.core.webhook_events import TOPIC_MODULE as WEBHOOK_TOPIC_MODULE
 from ledger.stores import hashchain as hc
 from ledger.stores.raw import (
     RawEvent,
@@ -273,7 +274,8 @@ def _append_file(
                 projected = positions[-1]
                 replayer.committed(projected)
             for e in events:
-                touched[run_of_raw(e)] = None
+                if not e.topic.startswith(WEBHOOK_TOPICS):  # a webhook's stream is no run
+                    touched[run_of_raw(e)] = None
             appended += len(events)
             batch.clear()
             if progress is not None:
@@ -398,6 +400,7 @@ def run_of_raw(e: RawEvent) -> str:
 
 
 _RUN_TOPICS = ("ledger.domain:Run.", ARCHIVED_TOPIC)
+WEBHOOK_TOPICS = WEBHOOK_TOPIC_MODULE + ":"
 
 
 __all__ = [
