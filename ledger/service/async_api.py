@@ -143,7 +143,7 @@ class AsyncLedgerAPI:
         limit: int | None = None,
         page_size: int = 1000,
     ) -> list[Transition]:
-        """The coroutine of `Ledger.audit`: Transitions filtered by run, actor id, role, target state and time, in position order (newest first with `newest_first`); keyset-paged by position with `after` and `limit`. A list, as every read returns; `iter_audit` streams a long one."""
+        """The coroutine of `Ledger.audit`: Transitions filtered by run, actor id, role, target state and time, in position order (newest first with `newest_first`); keyset-paged by position with `after` and `limit`. Webhook changes are among them (a transition of no run: empty `run_id`, command `webhook_add`, `webhook_change`, ...; the webhook in `evidence`), unless a run or a target state is asked for. A list, as every read returns; `iter_audit` streams a long one."""
         return await self._call(
             self._ledger.audit,
             run_id,
