@@ -57,6 +57,13 @@ V8_SHAPE = [
 ]
 
 
+WEBHOOK_CHANGES_STAND_IN = (
+    "CREATE TABLE lg_webhook_changes (webhook_id TEXT, version INTEGER, command TEXT, "
+    "actor_id TEXT, role TEXT, reason TEXT, at TEXT, url TEXT, run_id TEXT, kinds TEXT, "
+    "allow_http INTEGER, allow_host TEXT, secret_fingerprint TEXT, position BIGINT)"
+)
+
+
 def write_at_v8(
     module: Any, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list[str], Any, tuple[int, int]]:
@@ -71,11 +78,15 @@ def write_at_v8(
             for sql in V8_SHAPE if module is pg_store else []:
                 execute(sql)
             hash_column_added(execute, dialect)  # this release writes hashes on the rows
+            # today's audit reads the webhook changes (schema v13, v16): an empty stand-in
+            # while this code plays the v8 release, dropped before the upgrade
+            execute(WEBHOOK_CHANGES_STAND_IN)
         with Ledger.open(dsn) as lg:
             moved = work_and_moves(lg, dsn) if module is pg_store else (0, 0)
             runs = some_runs(lg)
             before = ({r: lg.status(r) for r in runs}, audits(lg))
         with db(dsn) as execute:
+            execute("DROP TABLE lg_webhook_changes")
             hashes_as_v10(execute, dialect)
     return runs, before, moved
 
