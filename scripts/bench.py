@@ -111,7 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--snapshot",
         action="store_true",
-        help="copy ledger/, projections/, scripts/ and tests/support/pgserver.py to a "
+        help="copy ledger/, scripts/ and tests/support/pgserver.py to a "
         "temporary directory first and run from there, so edits made to "
         "the working tree during a long run cannot break it",
     )
