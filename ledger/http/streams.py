@@ -129,9 +129,8 @@ class FeedHub:
                         self._head = head
                         self._wake()
                     waiter.wait(head, HEAD_RECHECK_S, self.closed)
-                except Exception as exc:
-                    closed_store = getattr(self.lg.store, "_closed", False)
-                    if closed_store or type(exc).__name__ == "PoolClosed":
+                except Exception:
+                    if self.lg.store.closed:
                         self.closed.set()  # the ledger was closed under the app: streams end
                         return
                     # the store is away for now: streams keep sending their keep-alives

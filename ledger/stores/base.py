@@ -260,6 +260,13 @@ class Store(ABC):
         self.clock = clock
         self.mapper = make_mapper()
         self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` was called: every transaction is then refused with
+        `RuntimeError("ledger is closed")`, on every store (as a closed file refuses I/O)."""
+        return self._closed
 
     @abstractmethod
     def write(self) -> AbstractContextManager[Tx]:

@@ -179,6 +179,7 @@ class GreenPostgresStore(PostgresStore):
 
     def close(self) -> None:
         """Close the pool (from code the bridge runs: `AsyncLedger.close`)."""
+        self._closed = True
         await_only(self.wakeups.aclose())
         await_only(self.pool.close())
         with contextlib.suppress(Exception):

@@ -90,6 +90,8 @@ class PostgresStore(Store):
 
     @contextmanager
     def _tx(self, write: bool) -> Iterator[PgTx]:
+        if self._closed:
+            raise RuntimeError("ledger is closed")
         refuse_nested(self)
         tx: PgTx | None = None
         try:
@@ -125,7 +127,7 @@ class PostgresStore(Store):
                             tx.cur.close()
         except (ESOperationalError, ESInterfaceError) as e:
             if isinstance(e.__cause__, psycopg_pool.PoolClosed):
-                raise  # the ledger was closed: not transient
+                raise RuntimeError("ledger is closed") from e  # closed meanwhile: not transient
             raise _fault(e, uncertain=committing and write) from e
 
     def session_connection(self) -> psycopg.Connection[Any]:
@@ -188,6 +190,7 @@ class PostgresStore(Store):
         return self._tx(False)
 
     def close(self) -> None:
+        self._closed = True
         self.waker.close()
         self.datastore.close()
 
