@@ -337,18 +337,24 @@ def notify_channel(store: Store) -> str:
     return str(channel)
 
 
-def wait_for_events(store: Store, after: Any, timeout: Any) -> bool:
-    """`Ledger.wait_for_events`: validated, with a waiter of its own."""
-    after = check_position(after)
+def check_timeout(timeout: Any) -> float:
+    """A wait's timeout: a number of seconds from 0 to 86400."""
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
         or not (0 <= timeout <= 86_400)
     ):
         raise InvalidInput(f"timeout must be a number of seconds from 0 to 86400, not {timeout!r}")
+    return float(timeout)
+
+
+def wait_for_events(store: Store, after: Any, timeout: Any) -> bool:
+    """`Ledger.wait_for_events`: validated, with a waiter of its own."""
+    after = check_position(after)
+    seconds = check_timeout(timeout)
     waiter = Waiter(store)
     try:
-        return waiter.wait(after, float(timeout))
+        return waiter.wait(after, seconds)
     finally:
         waiter.close()
 

@@ -153,17 +153,10 @@ class AsyncLedger(AsyncLedgerAPI):
         pass (False), without blocking the loop: LISTEN on an asynchronous connection on
         PostgreSQL, short polling elsewhere."""
         position = feed.check_position(after)
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or not (0 <= timeout <= 86_400)
-        ):
-            raise InvalidInput(
-                f"timeout must be a number of seconds from 0 to 86400, not {timeout!r}"
-            )
+        seconds = feed.check_timeout(timeout)
         waiter = _AsyncWaiter(self.store)
         try:
-            return await waiter.wait(position, float(timeout))
+            return await waiter.wait(position, seconds)
         finally:
             await waiter.close()
 
@@ -192,10 +185,10 @@ class AsyncLedger(AsyncLedgerAPI):
                 found, cursor = await self._call(self._page, position, flt, FOLLOW_PAGE, payloads)
                 for transition in found:
                     yield transition
-                if cursor == position or len(found) < FOLLOW_PAGE:
-                    position = cursor
-                    await waiter.wait(position, idle_wait)
+                caught_up = len(found) < FOLLOW_PAGE
                 position = cursor
+                if caught_up:
+                    await waiter.wait(position, idle_wait)
         finally:
             await waiter.close()
 

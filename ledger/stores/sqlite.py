@@ -146,6 +146,18 @@ def _fetch_rows(cur: sqlite3.Cursor, sql: str, params: Sequence[Any]) -> list[Se
     return list(cur.fetchall())
 
 
+@contextmanager
+def _typed_errors() -> Iterator[None]:
+    """A fault of the file as `StoreUnavailable`; a statement's own error as it is."""
+    try:
+        yield
+    except sqlite3.Error as e:
+        typed = unavailable(e)
+        if typed is None:
+            raise
+        raise typed from e
+
+
 def _end_open(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:
         conn.rollback()
@@ -224,32 +236,26 @@ class SqliteStore(Store):
             raise RuntimeError("ledger is closed")
         refuse_nested(self)
         io = self.io
-        try:
-            with self._hold():
-                conn = io(self._conn)
-                begin = STATEMENTS.sql("sqlite", "begin_write" if write else "begin_read")
-                try:
-                    self._begin(conn, begin)
-                except BaseException:
-                    # AsyncLedger: a task cancelled while its BEGIN waited for the lock
-                    # leaves the BEGIN to finish on the database thread; end it there
-                    io(_end_open, conn)
-                    raise
-                tx = SqliteTx(self, conn, write)
-                try:
-                    yield tx
-                except BaseException:
-                    io(conn.rollback)
-                    raise
-                else:
-                    io(conn.commit)
-                finally:
-                    io(tx.cur.close)
-        except sqlite3.Error as e:
-            typed = unavailable(e)
-            if typed is None:
+        with _typed_errors(), self._hold():
+            conn = io(self._conn)
+            begin = STATEMENTS.sql("sqlite", "begin_write" if write else "begin_read")
+            try:
+                self._begin(conn, begin)
+            except BaseException:
+                # AsyncLedger: a task cancelled while its BEGIN waited for the lock
+                # leaves the BEGIN to finish on the database thread; end it there
+                io(_end_open, conn)
                 raise
-            raise typed from e
+            tx = SqliteTx(self, conn, write)
+            try:
+                yield tx
+            except BaseException:
+                io(conn.rollback)
+                raise
+            else:
+                io(conn.commit)
+            finally:
+                io(tx.cur.close)
 
     @contextmanager
     def joined_tx(self, conn: Any, write: bool) -> Iterator[SqliteTx]:
@@ -279,23 +285,17 @@ class SqliteStore(Store):
                     "so the ledger's writes commit with yours"
                 )
             self._begin(conn, "BEGIN IMMEDIATE")
-        try:
-            with self._hold_joined(conn):
-                io(conn.execute, "SAVEPOINT ledger_using")
-                tx = SqliteTx(self, conn, write)
-                try:
-                    yield tx
-                except BaseException:
-                    io(conn.execute, "ROLLBACK TO ledger_using")
-                    raise
-                finally:
-                    io(conn.execute, "RELEASE ledger_using")
-                    io(tx.cur.close)
-        except sqlite3.Error as e:
-            typed = unavailable(e)
-            if typed is None:
+        with _typed_errors(), self._hold_joined(conn):
+            io(conn.execute, "SAVEPOINT ledger_using")
+            tx = SqliteTx(self, conn, write)
+            try:
+                yield tx
+            except BaseException:
+                io(conn.execute, "ROLLBACK TO ledger_using")
                 raise
-            raise typed from e
+            finally:
+                io(conn.execute, "RELEASE ledger_using")
+                io(tx.cur.close)
 
     def _hold_joined(self, conn: sqlite3.Connection) -> AbstractContextManager[Any]:
         """The in-memory store's lock, for a caller's transaction on its own connection
