@@ -7,13 +7,14 @@
     python scripts/bench.py --dsn postgresql://user@host/db   # an existing server (CREATEDB)
     python scripts/bench.py --cases 1,6 --json out.json --profile prof/
     python scripts/bench.py --cases 8 --peers   # scaling, then the peers (the [bench] extra)
+    python scripts/bench.py --cases 2,4,8 --peers --against cb8d767   # beside a saved build
 
 Cases (ratio = ledger / baseline, same run, same server):
   1 item throughput, PostgreSQL, 8 processes: Worker and claim+record loop vs a raw
     SKIP LOCKED queue, 1 item per transaction (A, goal >= 1.0) and 50 (B, >= 0.3)
-  2 append throughput, PostgreSQL, one process, batches of 100 vs raw executemany (>= 0.5)
+  2 append throughput, PostgreSQL, one process, batches of 100 vs raw executemany (>= 0.3)
   3 bulk submit of 100,000 items to claimable vs raw executemany, PostgreSQL and SQLite (>= 0.3)
-  4 rebuild_projections over 200,000 events vs reading + decoding them (>= 0.5, RSS < 300 MB)
+  4 rebuild_projections over 200,000 events vs reading + decoding them (>= 0.35, RSS < 300 MB)
   5 status() median latency with 1,000 vs 200,000 events (<= 1.5x; < 2 ms PG, < 1 ms SQLite)
   6 SQLite, one process, claim+accept in batches of 50 vs raw sqlite3 (>= 0.3)
   7 `ledger status RUN --json` start-up (< 0.5 s median)
@@ -22,7 +23,8 @@ Cases (ratio = ledger / baseline, same run, same server):
     wait events of the active backends (pg_stat_activity every 100 ms)
   9 export (SQLite, PostgreSQL) vs reading the same rows, import into PostgreSQL vs COPY (>= 0.3)
   P (--peers) the ledger with 8 processes against pgqueuer (asyncpg) on the same server
-    (items/s >= 0.5x; WAL per item); procrastinate and dbos rows say what was not run
+    (items/s >= 0.6x; CPU per item <= 1.5x; WAL per item <= 3,000 B); procrastinate
+    and dbos rows say what was not run
   10 change feed, PostgreSQL: Follower transitions/s vs a psycopg read (>= 0.5), with
     payloads=True vs without (>= 0.7), wait_for_events wake-up (< 100 ms), follower lag
     under 8 writer processes (< 1 s)
@@ -121,6 +123,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also case P: pgqueuer, procrastinate and dbos on the same server "
         "(pip install -e '.[bench]'; a peer not installed is skipped with a note)",
     )
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also run the cases with the code at git revision REV (a saved build), one "
+        "case at a time alternating with the code as it is now, on the same server, and "
+        "print each figure beside the saved build's (bench_cases/against.py)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --against: N rounds (the order alternates each round; each side keeps "
+        "its best figure of a measure)",
+    )
     args = parser.parse_args(argv)
     args.case_list = tuple(c.strip() for c in args.cases.split(",") if c.strip())
     if args.peers and "P" not in args.case_list:
@@ -201,6 +218,8 @@ def code_origin() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.against:
+        return main_against(args)
     if args.snapshot and not os.environ.get(SNAPSHOT_ENV):
         return run_from_snapshot(list(sys.argv[1:] if argv is None else argv))
     sizes = QUICK if args.quick else FULL if args.full else DEFAULT
@@ -284,6 +303,59 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     return 1 if any(r.name.endswith("FAILED") for r in rows) else 0
+
+
+def main_against(args: argparse.Namespace) -> int:
+    """`--against REV`: both builds, case by case, on one server (bench_cases/against.py)."""
+    from bench_cases.against import run_against, side_by_side
+
+    started = time.perf_counter()
+
+    def say(text: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - started:6.1f}s] {text}", file=sys.stderr, flush=True)
+
+    passthrough = ["--quiet"]
+    if args.quick:
+        passthrough.append("--quick")
+    if args.full:
+        passthrough.append("--full")
+    if args.no_postgres:
+        passthrough.append("--no-postgres")
+    if args.worker_concurrency:
+        passthrough += ["--worker-concurrency", str(args.worker_concurrency)]
+    if args.tmp:
+        passthrough += ["--tmp", args.tmp]
+    for assignment in args.set:
+        passthrough += ["--set", assignment]
+    server = None
+    dsn = args.dsn
+    try:
+        if dsn is None and not args.no_postgres:
+            from tests.support.pgserver import PgServer
+
+            say("starting a throwaway PostgreSQL (durable settings, data on disk)")
+            server = PgServer(tmp_parent=Path(args.tmp) if args.tmp else None).start()
+            dsn = server.admin_dsn
+        rev, before, now = run_against(
+            HERE.parent, args.against, args.case_list, max(1, args.rounds), dsn, passthrough, say
+        )
+    finally:
+        if server is not None:
+            server.close()
+    print(
+        f"run-ledger benchmark against {rev}: cases={','.join(args.case_list)}, "
+        f"{args.rounds} round(s), {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"total {time.perf_counter() - started:.0f}s\n"
+        f"before: git {rev}; now: the working tree of {HERE.parent} (each a copy, run as "
+        "its own bench.py per case)\n"
+    )
+    print(side_by_side(before, now, rev), flush=True)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"against": rev, "before": before, "now": now}, indent=2, default=str)
+        )
+    return 1 if any(r["name"].endswith("FAILED") for r in now) else 0
 
 
 if __name__ == "__main__":

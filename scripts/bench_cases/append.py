@@ -119,7 +119,7 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, profiler: Profiler | None = N
             rates["orjson"],
             base,
             "events/s",
-            0.5,
+            0.3,
             note=f"{events} events, {seconds['orjson']:.1f}s; {note}; encoded by orjson",
             events=events,
             avg_event_bytes=avg,
@@ -131,7 +131,7 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, profiler: Profiler | None = N
             rates["transcoder"],
             base,
             "events/s",
-            0.5,
+            0.3,
             note=f"{events_of['transcoder']} events, {seconds['transcoder']:.1f}s; the same "
             "bytes by eventsourcing's JSONTranscoder (the encoder before orjson)",
             events=events_of["transcoder"],

@@ -328,7 +328,7 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = No
                 ledger["rate"],
                 got["rate"],
                 "items/s",
-                0.5,
+                0.6,
                 note=_note(got),
             )
         )
@@ -341,9 +341,35 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = No
                 got["wal_per_item"],
                 "B",
                 ledger["wal_per_item"] / got["wal_per_item"],
+                "ledger <= 3000",
+                ledger["wal_per_item"] <= 3000,
             )
         )
+        rows.append(_cpu_row(ledger, got))
     return rows
+
+
+def _cpu_row(ledger: dict[str, Any], peer: dict[str, Any]) -> Row:
+    """Client + server CPU per item, the ledger's against pgqueuer's (goal: <= 1.5x)."""
+    mine, theirs = _cpu_ms(ledger), _cpu_ms(peer)
+    ratio = mine / theirs if mine is not None and theirs else None
+    return Row(
+        "P",
+        "CPU ms/item (client+server), ledger vs pgqueuer",
+        mine,
+        "ms",
+        theirs,
+        "ms",
+        ratio,
+        "ratio <= 1.5",
+        None if ratio is None else ratio <= 1.5,
+        note="" if ratio is not None else "server CPU n/a (the server is on another machine)",
+    )
+
+
+def _cpu_ms(got: dict[str, Any]) -> float | None:
+    server = got.get("server_ms")
+    return None if server is None else float(got["client_ms"]) + float(server)
 
 
 def _queue_peer(

@@ -8,9 +8,10 @@ item (/proc/<pid>/stat of the database's backends, read while the workers are st
 connected; n/a when the server is on another machine), and the top wait events of
 the active backends sampled from `pg_stat_activity` every 100 ms.
 
-Goals: 8 processes on one run >= 1.3x the 1-process figure; 4 runs x 2
-processes >= 1.5x the 8 processes on one run; CPU <= 0.16 ms per item (client +
-server) and WAL <= 3,500 bytes per item, both with 8 processes.
+Goals: 8 processes on one run >= 1.5x the 1-process figure; 4 runs x 2
+processes >= 1.5x the 8 processes on one run; WAL <= 3,000 bytes per item with 8
+processes. The CPU per item is shown here; its goal is relative to pgqueuer's in the
+same run (case P: <= 1.5x).
 """
 
 from __future__ import annotations
@@ -293,7 +294,7 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = No
             results[label]["rate"],
             results[one]["rate"],
             "items/s",
-            {many: 1.3, four: 1.3}.get(label, 0.0),
+            {many: 1.5, four: 1.5}.get(label, 0.0),
             note=note(label),
         )
         for label, _r, _p in layouts
@@ -316,8 +317,6 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = No
             f"PG CPU ms/item (client+server), {many}",
             cpu,
             "ms",
-            goal="<= 0.16",
-            met=None if cpu is None else cpu <= 0.16,
             note=note(many) if cpu is None else "",
         )
     )
@@ -327,8 +326,8 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = No
             f"PG WAL bytes/item, {many}",
             g["wal_per_item"],
             "B",
-            goal="<= 3500",
-            met=g["wal_per_item"] <= 3500,
+            goal="<= 3000",
+            met=g["wal_per_item"] <= 3000,
             note="; ".join(breakdown_lines(g)),
             extra={"wal_by_relation": g["wal_by_relation"], "updates": g["updates"]},
         )

@@ -124,3 +124,73 @@ def test_peers_case_measures_what_is_installed_and_names_what_is_not(
     for r in rows[1:]:
         assert r.ledger is None and r.note.startswith("skipped: ") and ".[bench]" in r.note
     print(format_table(rows, ["header"]))
+
+
+def test_side_by_side_pairs_measures_and_keeps_the_better_round() -> None:
+    from bench_cases.against import _better, side_by_side
+
+    before = [
+        {"case": "2", "name": "append", "ledger": 100.0, "ledger_unit": "ev/s", "ratio": 0.1},
+        {"case": "2", "name": "gone now", "ledger": 5.0, "ledger_unit": "ev/s", "ratio": None},
+    ]
+    now = [
+        {
+            "case": "2",
+            "name": "append",
+            "ledger": 150.0,
+            "ledger_unit": "ev/s",
+            "ratio": 0.15,
+            "goal": "ratio >= 0.3",
+            "met": False,
+        },
+        {"case": "2", "name": "new measure", "ledger": 7.0, "ledger_unit": "ms", "ratio": None},
+    ]
+    table = side_by_side(before, now, "abc1234").splitlines()
+    assert "before (abc1234)" in table[0]
+    append = next(line for line in table if line.startswith("2     append"))
+    assert "100 ev/s" in append and "150 ev/s" in append and "1.50" in append and "NO" in append
+    assert any(
+        line.startswith("2     gone now") and line.rstrip().endswith("n/a") for line in table
+    )
+    new = next(line for line in table if line.startswith("2     new measure"))
+    assert "  -  " in new  # no figure before
+    # a rate keeps the higher of two rounds, a cost (a goal written with <) the lower
+    assert _better({"ledger": 1.0, "goal": "ratio >= 1"}, {"ledger": 2.0})["ledger"] == 2.0
+    assert (
+        _better({"ledger": 1.0, "goal": "<= 3000"}, {"ledger": 2.0, "goal": "<= 3000"})["ledger"]
+        == 1.0
+    )
+    assert _better({"ledger": None}, {"ledger": 2.0})["ledger"] == 2.0
+
+
+@pytest.mark.slow
+def test_against_a_saved_build_runs_both_and_prints_them_side_by_side(tmp_path: Path) -> None:
+    import subprocess
+
+    out = tmp_path / "against.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPTS / "bench.py"),
+            "--against",
+            "HEAD",
+            "--cases",
+            "7",
+            "--no-postgres",
+            "--quick",
+            "--quiet",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert got["before"] and got["now"]
+    names = {r["name"] for r in got["now"]}
+    assert names == {r["name"] for r in got["before"]}
+    assert all(r["ledger"] and r["ledger"] > 0 for r in got["before"] + got["now"])
+    assert "now/before" in done.stdout
