@@ -96,3 +96,34 @@ def test_rows_it_cannot_write_exactly_are_left_to_the_caller(pg_dsn: str, value:
         uuid_rows = [(RUN, UUID(int=k), k, 1, "{}") for k in range(3)]
         assert ArrayRows().write(tx, Projector().insert_item, uuid_rows)  # text and ints: done
         assert not ArrayRows().write(tx, "INSERT INTO lg_runs (run_id) VALUES (?)", [("x",)] * 2)
+
+
+def test_an_integer_beyond_64_bits_is_left_to_the_caller(pg_dsn: str) -> None:
+    with Ledger.open(pg_dsn) as lg, lg.store.write() as tx:
+        rows = [(RUN, f"i{k}", 2**70 if k == 1 else k, 1, "{}") for k in range(3)]
+        assert not ArrayRows().write(tx, Projector().insert_item, rows)
+
+
+def test_the_bulk_json_of_rows_is_the_standard_librarys_or_none() -> None:
+    import json
+    from datetime import UTC, datetime
+
+    from ledger.stores.pg_tx import _rows_json
+
+    names = ("a", "b", "c")
+    rows = [(UUID(int=7), 'ünï \u2028 "q"', None), (2**63 - 1, True, -0.5)]
+    got = _rows_json(names, rows)
+    assert got is not None
+    assert json.loads(got) == json.loads(
+        json.dumps(
+            [
+                dict(
+                    zip(names, (str(r[0]) if isinstance(r[0], UUID) else r[0], *r[1:]), strict=True)
+                )
+                for r in rows
+            ]
+        )
+    )
+    # what has no exact JSON form: left to the caller (executemany), as before
+    for bad in (float("nan"), float("inf"), datetime(2026, 1, 1, tzinfo=UTC), b"x", 2**70):
+        assert _rows_json(names, [(1, bad, None)]) is None, bad
