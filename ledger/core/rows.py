@@ -17,10 +17,28 @@ from ledger.core.states import ITEM_STATES, TERMINAL_RUN_STATES
 
 
 def iso(dt: datetime | None) -> str | None:
-    """Fixed-width UTC ISO text, so text comparison orders times correctly."""
+    """Fixed-width UTC ISO text, so text comparison orders times correctly.
+
+    A command stamps all its rows with one time object, asked for here several times
+    per item: the last one's text is kept (the pair is replaced whole, so a thread
+    reads either the old pair or the new one; it holds its time, whose identity
+    cannot then pass to another object)."""
     if dt is None:
         return None
-    return dt.astimezone(UTC_TZ).isoformat(timespec="microseconds")
+    last = _last_iso
+    if last[0] is dt:
+        return last[1]
+    text = dt.astimezone(UTC_TZ).isoformat(timespec="microseconds")
+    _remember_iso((dt, text))
+    return text
+
+
+_last_iso: tuple[datetime | None, str | None] = (None, None)
+
+
+def _remember_iso(pair: tuple[datetime, str]) -> None:
+    global _last_iso
+    _last_iso = pair
 
 
 def parse_dt(text: str | None) -> datetime | None:
