@@ -155,3 +155,16 @@ def test_reconciler_with_a_late_clock_does_not_expire_a_live_lease(
     before = event_count(lg)
     assert lg.reconcile(actor=RECONCILER).expired_leases == 0
     assert event_count(lg) == before
+
+
+def test_each_lease_of_a_claim_has_its_own_unguessable_token(lg: Ledger) -> None:
+    """A token is the item's fence: 128 random bits, never shared within a batch or
+    reused by the next attempt, so a stale worker cannot present another's."""
+    run_id = running(lg, n=20, backoff_seconds=0)
+    first = lg.claim(run_id, WORKER_A, limit=20)
+    tokens = [lease.token for lease in first]
+    assert len(first) == 20 and len(set(tokens)) == 20
+    assert all(len(t) == 32 and int(t, 16) >= 0 for t in tokens)
+    lg.record([Outcome(lease, "fail", error="again") for lease in first])
+    again = lg.claim(run_id, WORKER_B, limit=20)
+    assert not set(tokens) & {lease.token for lease in again}
