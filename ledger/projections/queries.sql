@@ -38,9 +38,10 @@ LEFT JOIN {counts} c ON c.run_id = r.run_id WHERE r.run_id {in_list}
 GROUP BY r.run_id, r.counts, c.state
 
 -- name: run_amended_by
--- whether an actor amended a run (the rule checker: it may not decide the run's review)
-SELECT position FROM {transitions} WHERE run_id = ? AND item_id IS NULL
-AND command IN ('amend', 'weaken_acceptance') AND actor_id = ? LIMIT 1
+-- whether an actor amended a run before a position (the rule checker: it may not decide
+-- the run's review); the transitions are the event log's (ledger/core/recorded.py)
+SELECT position FROM lg_transitions WHERE run_id = ? AND item_id IS NULL
+AND command IN ('amend', 'weaken_acceptance') AND actor_id = ? AND position < ? LIMIT 1
 
 -- name: required_not_accepted
 SELECT item_id, state FROM {items}
