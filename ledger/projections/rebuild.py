@@ -46,6 +46,7 @@ from ledger.projections.replay import CACHE_RUNS as CACHE_RUNS
 from ledger.projections.replay import Observer as Observer
 from ledger.projections.replay import RecordingCursor as RecordingCursor
 from ledger.projections.replay import Replayer as Replayer
+from ledger.projections.logged import rewrite
 from ledger.projections.row_writes import _pipelined
 from ledger.projections.schema import PROJECTION_TABLES, table_ddl
 from ledger.projections.sql import STATEMENTS
@@ -140,6 +141,7 @@ def replay_batch(tx: Tx, replayer: Replayer, after: int, batch_size: int) -> tup
 
     def apply_page(rows: list[tuple[int, StoredEvent]], after: int, ahead: ReadAhead) -> None:
         events = [(pos, cast(DomainEvent, decode(se))) for pos, se in rows]
+        rewrite(tx, events)  # the log's transition columns as the events say (logged.py)
         replayer.apply(tx, events, after, before_write=ahead)
         replayer.committed(events[-1][0])
 

@@ -25,7 +25,8 @@ Three checks, over one consistent point of the history (position P):
    (`lg_webhook_changes`, which a rebuild leaves alone) are compared with the webhook
    events the replay met instead: a row must say what its event says, every webhook
    event must have its row, and every row written from an event must have it
-   (`webhook_change`).
+   (`webhook_change`). The transition columns on the log's rows (ledger/core/recorded.py)
+   are compared with the events the replay decodes (`transition_columns`).
 
 Problems are dicts: {"kind", "run_id", "position", "detail", ...}.
 """
@@ -57,6 +58,7 @@ from ledger.projections.rebuild import (
     replay_pages,
     settle_ddl,
 )
+from ledger.projections.logged import describe, mismatched
 from ledger.projections.replay_rules import Problems, RuleObserver
 from ledger.projections.schema import PROJECTION_TABLES, TABLE_KEYS
 from ledger.projections.sql import STATEMENTS
@@ -173,6 +175,15 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
                     f"event v{stored.originator_version} of stream {stored.originator_id} does "
                     f"not decode: {type(exc).__name__}: {exc}",
                 )
+        for pos, want, have in mismatched(tx, events):
+            problems.add(
+                "transition_columns",
+                want[0] or have[0],
+                pos,
+                "the transition columns on the event's row disagree with the event "
+                "(rebuild_projections writes them again)",
+                columns=describe(want, have),
+            )
         if events:
             _apply(tx, replayer, events, after, problems, ahead)
         # within the transaction: its aggregates serve the next page
