@@ -37,6 +37,10 @@ TRANSITION_COLUMNS = (
 
 _SUBMITTED: str = getattr(Run.Submitted, "TOPIC")  # noqa: B009 (set by domain._pin_topics)
 _AMENDED: str = getattr(Run.Amended, "TOPIC")  # noqa: B009
+# the topics of the events that are transitions (the others' columns stay NULL)
+TRANSITION_TOPICS = frozenset(
+    getattr(c, "TOPIC") for c in (Run.Submitted, Run.Transitioned, Run.Amended, Item.Transitioned)
+)
 # an amendment keeps the run's state: it is recorded as this command, from and to that state
 AMEND = "amend"
 

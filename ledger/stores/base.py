@@ -20,7 +20,7 @@ from eventsourcing.persistence import (
     UUIDAsHex,
 )
 
-from ledger.core.recorded import TRANSITION_COLUMNS, columns
+from ledger.core.recorded import TRANSITION_COLUMNS, TRANSITION_TOPICS, columns
 from ledger.stores.encoding import EventMapper
 from ledger.stores.hashchain import chain_hashes
 from ledger.stores.sql import STATEMENTS
@@ -242,8 +242,19 @@ def transition_columns(
     """Each event's transition columns (NULLs for an event that is none); decoded from the
     stored event when not given (an event appended as stored bytes: import, restore)."""
     if transitions is None:
-        transitions = [columns(store.decode(se)) for se in stored]
+        transitions = [_stored_columns(store, se) for se in stored]
     return [NO_TRANSITION if t is None else t for t in transitions]
+
+
+def _stored_columns(store: Store, stored: StoredEvent) -> Sequence[str | None] | None:
+    """The transition columns of a stored event: only a transition's topic is decoded; an
+    event that does not decode is none (verify reports it as `undecodable`)."""
+    if stored.topic not in TRANSITION_TOPICS:
+        return None
+    try:
+        return columns(store.decode(stored))
+    except Exception:
+        return None
 
 
 # The store whose in-database follower's handler is running in this context (and its
