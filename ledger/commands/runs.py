@@ -11,9 +11,9 @@ from ledger.commands.sql import SQL
 from ledger.commands.uow import LEDGER, UnitOfWork, require_run_state, stamp
 from ledger.core import args as A
 from ledger.core import states as S
-from ledger.core.recorded import decode_recorded
 from ledger.core.domain import Run
 from ledger.core.errors import AlreadyTerminal, Conflict, InvalidInput, NotAuthorized, NotComplete
+from ledger.core.recorded import decode_recorded
 from ledger.core.views import Actor, CancelOutcome, RunStatus
 from ledger.reads import queries
 from ledger.stores.base import Tx

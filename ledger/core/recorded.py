@@ -39,7 +39,12 @@ _SUBMITTED: str = getattr(Run.Submitted, "TOPIC")  # noqa: B009 (set by domain._
 _AMENDED: str = getattr(Run.Amended, "TOPIC")  # noqa: B009
 # the topics of the events that are transitions (the others' columns stay NULL)
 TRANSITION_TOPICS = frozenset(
-    getattr(c, "TOPIC") for c in (Run.Submitted, Run.Transitioned, Run.Amended, Item.Transitioned)
+    (
+        _SUBMITTED,
+        _AMENDED,
+        getattr(Run.Transitioned, "TOPIC"),  # noqa: B009
+        getattr(Item.Transitioned, "TOPIC"),  # noqa: B009
+    )
 )
 # an amendment keeps the run's state: it is recorded as this command, from and to that state
 AMEND = "amend"
@@ -61,7 +66,16 @@ def columns(e: DomainEvent) -> tuple[str | None, ...] | None:
         )
     if isinstance(e, Run.Transitioned):
         run_id = str(e.originator_id)
-        return (run_id, None, e.command, e.from_state, e.to_state, e.actor_id, e.role, iso(e.timestamp))
+        return (
+            run_id,
+            None,
+            e.command,
+            e.from_state,
+            e.to_state,
+            e.actor_id,
+            e.role,
+            iso(e.timestamp),
+        )
     if isinstance(e, Run.Submitted):
         return (e.run_id, None, e.command, NEW, QUEUED, e.actor_id, e.role, iso(e.timestamp))
     if isinstance(e, Run.Amended):

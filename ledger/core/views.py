@@ -227,6 +227,8 @@ def _transition_state(self: Transition) -> dict[str, Any]:
 
 
 Transition.__getstate__ = _transition_state  # type: ignore[method-assign,assignment]
+
+
 class _Recorded:
     """`reason` or `evidence` of a transition built from its stored event, (topic, state
     bytes) under `_raw_event`: both are decoded from the event's state on the first read

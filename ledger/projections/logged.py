@@ -59,7 +59,5 @@ def rewrite(tx: Tx, events: Sequence[tuple[int, DomainEvent]]) -> int:
 def describe(want: Columns, have: Columns) -> dict[str, Any]:
     """The differing columns, by name: (on the row, from the event)."""
     return {
-        name: [h, w]
-        for name, w, h in zip(TRANSITION_COLUMNS, want, have, strict=True)
-        if w != h
+        name: [h, w] for name, w, h in zip(TRANSITION_COLUMNS, want, have, strict=True) if w != h
     }

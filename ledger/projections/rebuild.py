@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, Any, cast
 from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import StoredEvent
 
+from ledger.projections.logged import rewrite
 from ledger.projections.replay import CACHE_ITEMS as CACHE_ITEMS
 from ledger.projections.replay import CACHE_RUNS as CACHE_RUNS
 from ledger.projections.replay import Observer as Observer
 from ledger.projections.replay import RecordingCursor as RecordingCursor
 from ledger.projections.replay import Replayer as Replayer
-from ledger.projections.logged import rewrite
 from ledger.projections.row_writes import _pipelined
 from ledger.projections.schema import PROJECTION_TABLES, table_ddl
 from ledger.projections.sql import STATEMENTS

@@ -48,6 +48,7 @@ from ledger.core.validation import stored_payload_problem
 from ledger.core.views import VerifyReport
 from ledger.core.webhook_events import ROW_COLUMNS, WebhookEvent, change_row, row_values
 from ledger.projections.checksums import diff_rows, table_checksum, tables_equal
+from ledger.projections.logged import describe, mismatched
 from ledger.projections.rebuild import (
     ReadAhead,
     Replayer,
@@ -58,7 +59,6 @@ from ledger.projections.rebuild import (
     replay_pages,
     settle_ddl,
 )
-from ledger.projections.logged import describe, mismatched
 from ledger.projections.replay_rules import Problems, RuleObserver
 from ledger.projections.schema import PROJECTION_TABLES, TABLE_KEYS
 from ledger.projections.sql import STATEMENTS

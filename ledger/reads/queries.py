@@ -19,8 +19,8 @@ from uuid import UUID
 from ledger.core import args as A
 from ledger.core import states as S
 from ledger.core.domain import Item, Run
-from ledger.core.recorded import decode_recorded
 from ledger.core.errors import InvalidInput, ItemNotFound, RunNotFound, StoreUnavailable
+from ledger.core.recorded import decode_recorded
 from ledger.core.rows import iso, parse_dt, run_from_row
 from ledger.core.validation import check_identifier, utc_time
 from ledger.core.views import (

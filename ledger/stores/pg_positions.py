@@ -181,7 +181,9 @@ def insert_arrays_statement(
         table=table,
         id_type=sql.SQL(id_type),
         columns=sql.SQL("").join(sql.SQL(", ") + sql.Identifier(c) for c in extra),
-        values=sql.SQL("").join(sql.SQL(", x.c{}").format(sql.SQL(str(i))) for i in range(len(extra))),
+        values=sql.SQL("").join(
+            sql.SQL(", x.c{}").format(sql.SQL(str(i))) for i in range(len(extra))
+        ),
         arrays=sql.SQL("").join(sql.SQL(", %s::text[]") for _ in extra),
         names=sql.SQL("").join(sql.SQL(", c{}").format(sql.SQL(str(i))) for i in range(len(extra))),
     )

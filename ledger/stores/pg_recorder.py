@@ -148,7 +148,7 @@ def _events_json(
             text = state.decode("utf-8")
         except UnicodeDecodeError:
             return None
-        row = (str(se.originator_id), se.originator_version, se.topic, text)
+        row: tuple[Any, ...] = (str(se.originator_id), se.originator_version, se.topic, text)
         if hashes is not None and transitions is not None:
             row = (*row, hashes[i], *transitions[i])
         rows.append(row)

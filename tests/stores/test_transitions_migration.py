@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from ledger import Ledger
@@ -26,6 +25,7 @@ from tests.stores.test_migrations import empty_databases
 from tests.support.old_transitions import transitions_as_table, transitions_on_the_log
 from tests.support.runs import OPERATOR, SUBMITTER, WORKER, manifest
 
+
 @pytest.fixture
 def empty_pg(pg_server: Any) -> Iterator[Any]:
     yield from empty_databases(pg_server)
@@ -36,7 +36,9 @@ def reads(lg: Ledger, runs: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "audit": [t.to_dict() for t in lg.audit(page_size=1000)],
         "audit operator": [t.to_dict() for t in lg.audit(role="operator")],
-        "audit rejected newest": [t.to_dict() for t in lg.audit(state="rejected", newest_first=True)],
+        "audit rejected newest": [
+            t.to_dict() for t in lg.audit(state="rejected", newest_first=True)
+        ],
         "audit w1": [t.to_dict() for t in lg.audit(actor="w1")],
         "feed": [t.to_dict() for t in lg.events(limit=1000)],
         "feed accepted": [t.to_dict() for t in lg.events(kinds=["accepted"], limit=1000)],
