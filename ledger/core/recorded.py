@@ -13,6 +13,7 @@ event's own state when a reader asks (`reason_and_evidence`, lazily for the feed
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -106,13 +107,12 @@ def reason_and_evidence(topic: str, attrs: Mapping[str, Any]) -> tuple[Any, dict
     return attrs.get("reason"), attrs["evidence"]
 
 
-def decode_recorded(raw: tuple[str, bytes]) -> tuple[Any, dict[str, Any]]:
-    """`reason_and_evidence` of a stored event given as (topic, state bytes)."""
+def decode_recorded(raw: tuple[str, bytes | str]) -> tuple[Any, dict[str, Any]]:
+    """`reason_and_evidence` of a stored event given as (topic, state): its bytes, or
+    their text (`lg_transitions` on PostgreSQL reads the state as text)."""
     topic, state = raw
     try:
         attrs = orjson.loads(state)
     except orjson.JSONDecodeError:  # NaN or Infinity in an event stored before the checks
-        import json
-
-        attrs = json.loads(bytes(state))
+        attrs = json.loads(state)
     return reason_and_evidence(topic, attrs)
