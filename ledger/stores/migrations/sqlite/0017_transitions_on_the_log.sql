@@ -18,7 +18,8 @@ ALTER TABLE stored_events ADD COLUMN role TEXT;
 
 ALTER TABLE stored_events ADD COLUMN at TEXT;
 
-UPDATE stored_events SET run_id = t.run_id, item_id = t.item_id, command = t.command, from_state = t.from_state, to_state = t.to_state, actor_id = t.actor_id, role = t.role, at = t.at FROM lg_transitions t WHERE t.position = stored_events.rowid;
+-- a row-value assignment from a correlated subquery (SQLite 3.15), not UPDATE ... FROM (3.33)
+UPDATE stored_events SET (run_id, item_id, command, from_state, to_state, actor_id, role, at) = (SELECT t.run_id, t.item_id, t.command, t.from_state, t.to_state, t.actor_id, t.role, t.at FROM lg_transitions t WHERE t.position = stored_events.rowid) WHERE rowid IN (SELECT position FROM lg_transitions);
 
 DROP TABLE lg_transitions;
 
