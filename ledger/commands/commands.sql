@@ -82,7 +82,8 @@ in_manifest = 1 AND required = 1;
 SELECT * FROM lg_items WHERE run_id = ? AND state = {s_in_progress} ORDER BY seq;
 
 -- name: cancel_reason
-SELECT reason FROM lg_transitions WHERE run_id = ? AND item_id IS NULL
+-- the reason is in the event's state (ledger/core/recorded.py)
+SELECT topic, state FROM lg_transitions WHERE run_id = ? AND item_id IS NULL
 AND command = 'cancel' ORDER BY position DESC LIMIT 1;
 
 -- name: waiting_items

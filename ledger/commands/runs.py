@@ -13,6 +13,7 @@ from ledger.core import args as A
 from ledger.core import states as S
 from ledger.core.domain import Run
 from ledger.core.errors import AlreadyTerminal, Conflict, InvalidInput, NotAuthorized, NotComplete
+from ledger.core.recorded import decode_recorded
 from ledger.core.views import Actor, CancelOutcome, RunStatus
 from ledger.reads import queries
 from ledger.stores.base import Tx
@@ -358,7 +359,8 @@ def finish_if_drained(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> str |
 def cancel_reason(tx: Tx, run: Run) -> str:
     """The reason of the run's cancel (the stop reason of a cancel that finishes later)."""
     row = tx.fetchone(SQL.sql(tx, "cancel_reason"), (run.run_id,))
-    return (row or {}).get("reason") or S.stated_reason("cancel_finished")
+    reason = decode_recorded((row["topic"], row["state"]))[0] if row else None
+    return reason or S.stated_reason("cancel_finished")
 
 
 def skip_remaining(uow: UnitOfWork, tx: Tx, run: Run, now: datetime) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from ledger.core.recorded import decode_recorded
 
 
 def _jsonable(value: Any) -> Any:
@@ -220,27 +221,41 @@ class _Decoded:
         return value
 
 
-_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-def _loads(text: str) -> Any:
-    """`json.loads` of one stored JSON text, by its C scanner directly: the ledger's own
-    compact JSON costs a third of a `json.loads` call (0.7 against 1.7 µs for evidence);
-    anything else (whitespace around it, an error) goes through `json.loads`."""
-    try:
-        value, end = _SCAN(text, 0)
-    except StopIteration:
-        return json.loads(text)
-    return value if end == len(text) else json.loads(text)
-
-
 def _transition_state(self: Transition) -> dict[str, Any]:
     """Pickle and copy state: every field decoded, as a value built field by field."""
     return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 Transition.__getstate__ = _transition_state  # type: ignore[method-assign,assignment]
-Transition.evidence = _Decoded("evidence", _loads)  # type: ignore[assignment]
+
+
+class _Recorded:
+    """`reason` or `evidence` of a transition built from its stored event, (topic, state
+    bytes) under `_raw_event`: both are decoded from the event's state on the first read
+    of either (`ledger/core/recorded.py`), as `_Decoded` does for one field."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        if obj is None:
+            raise AttributeError(self.name)  # no class-level default
+        d = obj.__dict__
+        try:
+            raw = d["_raw_event"]
+        except KeyError:  # another thread decoded it meanwhile (it stores before it pops)
+            return d[self.name]
+        reason, evidence = decode_recorded(raw)
+        d.setdefault("reason", reason)
+        d.setdefault("evidence", evidence)
+        d.pop("_raw_event", None)
+        return d[self.name]
+
+
+Transition.reason = _Recorded("reason")  # type: ignore[assignment]
+Transition.evidence = _Recorded("evidence")  # type: ignore[assignment]
 Transition.at = _Decoded("at", datetime.fromisoformat)  # type: ignore[assignment]
 
 

@@ -38,9 +38,10 @@ LEFT JOIN {counts} c ON c.run_id = r.run_id WHERE r.run_id {in_list}
 GROUP BY r.run_id, r.counts, c.state
 
 -- name: run_amended_by
--- whether an actor amended a run (the rule checker: it may not decide the run's review)
-SELECT position FROM {transitions} WHERE run_id = ? AND item_id IS NULL
-AND command IN ('amend', 'weaken_acceptance') AND actor_id = ? LIMIT 1
+-- whether an actor amended a run before a position (the rule checker: it may not decide
+-- the run's review); the transitions are the event log's (ledger/core/recorded.py)
+SELECT position FROM lg_transitions WHERE run_id = ? AND item_id IS NULL
+AND command IN ('amend', 'weaken_acceptance') AND actor_id = ? AND position < ? LIMIT 1
 
 -- name: required_not_accepted
 SELECT item_id, state FROM {items}
@@ -164,3 +165,14 @@ SELECT e.{position} AS position, e.originator_id AS oid, e.originator_version AS
   e.topic, e.state, e.hash AS hash FROM {events} e
 WHERE e.{position} <= ? AND (e.originator_id, e.originator_version) > (?, ?)
 ORDER BY e.originator_id, e.originator_version LIMIT ?
+
+-- name: logged_transitions
+-- verify and rebuild: the transition columns on the log's rows of a range of positions
+-- (ledger/core/recorded.py), the events that are none left out
+SELECT {position} AS position, run_id, item_id, command, from_state, to_state, actor_id,
+role, at FROM {events} WHERE {position} > ? AND {position} <= ? AND run_id IS NOT NULL
+
+-- name: set_logged_transition
+-- rebuild: an event's transition columns as its event says (the last is its position)
+UPDATE {events} SET run_id = ?, item_id = ?, command = ?, from_state = ?, to_state = ?,
+actor_id = ?, role = ?, at = ? WHERE {position} = ?

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, cast
 from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import StoredEvent
 
+from ledger.projections.logged import rewrite
 from ledger.projections.replay import CACHE_ITEMS as CACHE_ITEMS
 from ledger.projections.replay import CACHE_RUNS as CACHE_RUNS
 from ledger.projections.replay import Observer as Observer
@@ -140,6 +141,7 @@ def replay_batch(tx: Tx, replayer: Replayer, after: int, batch_size: int) -> tup
 
     def apply_page(rows: list[tuple[int, StoredEvent]], after: int, ahead: ReadAhead) -> None:
         events = [(pos, cast(DomainEvent, decode(se))) for pos, se in rows]
+        rewrite(tx, events)  # the log's transition columns as the events say (logged.py)
         replayer.apply(tx, events, after, before_write=ahead)
         replayer.committed(events[-1][0])
 

@@ -117,7 +117,6 @@ class Replayer:
             p.insert_attempt: 2,
             p.finish_attempt: 3,
             p.extend_attempt: 3,
-            p.insert_transition: 4,
             p.add_counts: 5,  # deltas add up: merged per key (_merge_counts)
             p.drop_counts: 6,  # after the deltas: a run that ended keeps none
         }
@@ -140,7 +139,6 @@ class Replayer:
                     p.runs_table,
                     p.items_table,
                     p.attempts_table,
-                    p.transitions_table,
                     p.counts_table,
                 ],
             )

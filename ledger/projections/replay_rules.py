@@ -62,10 +62,11 @@ class ReplayFacts:
     """The facts before an event: the replay's run and item aggregates, and its item rows
     (in the tables with `suffix`) for the required items."""
 
-    def __init__(self, tx: Tx, replayer: Replayer, items_table: str) -> None:
+    def __init__(self, tx: Tx, replayer: Replayer, items_table: str, position: int) -> None:
         self.tx = tx
         self.rp = replayer
         self.items_table = items_table
+        self.position = position  # the event's: the facts are those of the events before it
         self._flushed = False
 
     def run_state(self, run_id: str) -> str | None:
@@ -95,10 +96,8 @@ class ReplayFacts:
 
     def amended_by(self, run_id: str, actor_id: str) -> bool:
         self._flush()
-        sql = STATEMENTS.sql(
-            self.tx, "run_amended_by", transitions=self.rp.projector.transitions_table
-        )
-        return self.tx.fetchone(sql, (run_id, actor_id)) is not None
+        sql = STATEMENTS.sql(self.tx, "run_amended_by")
+        return self.tx.fetchone(sql, (run_id, actor_id, self.position)) is not None
 
     def _flush(self) -> None:
         # the counts and item rows as of the previous event (a grouped replay defers them)
@@ -133,7 +132,7 @@ class RuleObserver:
                 run_id = run_of(e)
                 self.problems.items = [p for p in self.problems.items if p["run_id"] != run_id]
             return
-        facts = ReplayFacts(tx, replayer, self.items_table)
+        facts = ReplayFacts(tx, replayer, self.items_table, position)
         found = check_event(e, facts, first=self.refuse is not None)
         for v in found:
             if self.refuse is not None:

@@ -7,14 +7,15 @@ table's through a rebuild.
 
 from __future__ import annotations
 
-PROJECTION_TABLES = ("lg_runs", "lg_items", "lg_attempts", "lg_transitions", "lg_run_counts")
+PROJECTION_TABLES = ("lg_runs", "lg_items", "lg_attempts", "lg_run_counts")
+# The transitions are no projection: their columns are on the event log's rows, written
+# with the events, and `lg_transitions` is a view of them (schema v17, ledger/core/recorded.py).
 
 # Primary key of each projection table: the order checksums and diffs walk rows in.
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "lg_runs": ("run_id",),
     "lg_items": ("run_id", "item_id"),
     "lg_attempts": ("run_id", "item_id", "attempt"),
-    "lg_transitions": ("position", "ord"),
     "lg_run_counts": ("run_id", "slot", "state"),
 }
 
@@ -38,41 +39,18 @@ def paging_index_ddl(suffix: str = "") -> list[str]:
     ]
 
 
-# Schema v9 (fewer bytes per item), PostgreSQL only (SQLite keeps the v1 indexes:
-# its planner cannot prove a query's `role = 'operator'` implies `role <> 'worker'`):
-#
-# - the role and target-state indexes of lg_transitions leave out the rows a filter on
-#   them is not selective for: a worker's transitions (most of a ledger's) and the
-#   in_progress and accepted ones (every claim, most outcomes). An audit of those values
-#   walks the primary key in position order and keeps most rows it reads; an audit of
-#   any other role or state reads the partial index (queries.audit writes the value as a
-#   literal, so the planner can prove it is covered). Of the six index entries an item
-#   transition would write, these two are skipped.
-# - lg_items_lease holds only the leased items (the one state its queries ask for).
-# - lg_items and lg_attempts leave room on each page (fillfactor 50 and 40), so the claim
-#   and the outcome rewrite an item, and the outcome its attempt, on the row's own page:
-#   the attempt's update is then a HOT update (no indexed column changes: no new index
-#   entries), and an item's is logged as the bytes that changed, not the whole row. A
-#   claim or outcome rewrites every row of a page in one transaction, each row growing
-#   (lease, outcome, times): an attempt page needs 60% free for all of its rows to stay
-#   (measured with bench case 8: 86% HOT at 50, 100% at 40). An item's update cannot be
-#   HOT: its state is indexed (lg_items_state), and the claim, the status and the paged
-#   reads find items by state.
+# Schema v9 (fewer bytes per item), PostgreSQL only: lg_items_lease holds only the leased
+# items (the one state its queries ask for), and lg_items and lg_attempts leave room on each
+# page (fillfactor 50 and 40), so the claim and the outcome rewrite an item, and the outcome
+# its attempt, on the row's own page: the attempt's update is then a HOT update (no indexed
+# column changes: no new index entries), and an item's is logged as the bytes that changed,
+# not the whole row. A claim or outcome rewrites every row of a page in one transaction,
+# each row growing (lease, outcome, times): an attempt page needs 60% free for all of its
+# rows to stay (measured with bench case 8: 86% HOT at 50, 100% at 40). An item's update
+# cannot be HOT: its state is indexed (lg_items_state), and the claim, the status and the
+# paged reads find items by state. (v9 narrowed the transitions' role and target-state
+# indexes the same way; since v17 those are on the event log: its migration file.)
 PG_FILLFACTOR = {"lg_items": 50, "lg_attempts": 40}
-NARROWED_INDEXES = ("lg_transitions_role", "lg_transitions_state", "lg_items_lease")
-
-
-def narrowed_index_migration(dialect: str) -> list[str]:
-    """Schema v9: the narrowed indexes and the fillfactors (PostgreSQL; see above)."""
-    if dialect != "postgres":
-        return ["SELECT 1"]
-    create = [s for s in index_ddl(dialect) if s.split()[5] in NARROWED_INDEXES]
-    assert len(create) == len(NARROWED_INDEXES)
-    return [
-        *(f"DROP INDEX IF EXISTS {name}" for name in NARROWED_INDEXES),
-        *create,
-        *(f"ALTER TABLE {t} SET (fillfactor = {ff})" for t, ff in PG_FILLFACTOR.items()),
-    ]
 
 
 def optional_index_migration(suffix: str = "") -> list[str]:
@@ -92,8 +70,6 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
         name: f" WITH (fillfactor = {PG_FILLFACTOR[name]})" if pg and name in PG_FILLFACTOR else ""
         for name in PROJECTION_TABLES
     }
-    role_where = " WHERE role <> 'worker'" if pg else ""
-    state_where = " WHERE to_state NOT IN ('in_progress', 'accepted')" if pg else ""
     lease = "(lease_expires_at) WHERE state = 'in_progress'" if pg else "(state, lease_expires_at)"
     return [
         f"""CREATE TABLE IF NOT EXISTS {t["lg_runs"]} (
@@ -177,29 +153,6 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
         + ff["lg_attempts"],
         # keyset pages of a run's attempts, oldest first (ledger/reads/paging.py; schema v6)
         f"CREATE INDEX IF NOT EXISTS {t['lg_attempts']}_started ON {t['lg_attempts']} (run_id, started_at)",
-        f"""CREATE TABLE IF NOT EXISTS {t["lg_transitions"]} (
-            position {big} NOT NULL,
-            ord INTEGER NOT NULL,
-            run_id TEXT NOT NULL,
-            item_id TEXT,
-            command TEXT NOT NULL,
-            from_state TEXT NOT NULL,
-            to_state TEXT NOT NULL,
-            actor_id TEXT NOT NULL,
-            role TEXT NOT NULL,
-            reason TEXT,
-            evidence TEXT NOT NULL,
-            at TEXT NOT NULL,
-            revision INTEGER NOT NULL,
-            PRIMARY KEY (position, ord)
-        )""",
-        f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_run ON {t['lg_transitions']} (run_id, position, ord)",
-        f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_actor ON {t['lg_transitions']} (actor_id, position, ord)",
-        f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_role ON {t['lg_transitions']} "
-        f"(role, position, ord){role_where}",
-        f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_state ON {t['lg_transitions']} "
-        f"(to_state, position, ord){state_where}",
-        f"CREATE INDEX IF NOT EXISTS {t['lg_transitions']}_at ON {t['lg_transitions']} (at, position, ord)",
         # per-state item counts of open runs, in slots (ledger/projections/counts.py; schema v7)
         run_counts_table_ddl(dialect, t["lg_run_counts"]),
     ]

@@ -25,7 +25,8 @@ Three checks, over one consistent point of the history (position P):
    (`lg_webhook_changes`, which a rebuild leaves alone) are compared with the webhook
    events the replay met instead: a row must say what its event says, every webhook
    event must have its row, and every row written from an event must have it
-   (`webhook_change`).
+   (`webhook_change`). The transition columns on the log's rows (ledger/core/recorded.py)
+   are compared with the events the replay decodes (`transition_columns`).
 
 Problems are dicts: {"kind", "run_id", "position", "detail", ...}.
 """
@@ -47,6 +48,7 @@ from ledger.core.validation import stored_payload_problem
 from ledger.core.views import VerifyReport
 from ledger.core.webhook_events import ROW_COLUMNS, WebhookEvent, change_row, row_values
 from ledger.projections.checksums import diff_rows, table_checksum, tables_equal
+from ledger.projections.logged import describe, mismatched
 from ledger.projections.rebuild import (
     ReadAhead,
     Replayer,
@@ -173,6 +175,15 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
                     f"event v{stored.originator_version} of stream {stored.originator_id} does "
                     f"not decode: {type(exc).__name__}: {exc}",
                 )
+        for pos, want, have in mismatched(tx, events):
+            problems.add(
+                "transition_columns",
+                want[0] or have[0],
+                pos,
+                "the transition columns on the event's row disagree with the event "
+                "(rebuild_projections writes them again)",
+                columns=describe(want, have),
+            )
         if events:
             _apply(tx, replayer, events, after, problems, ahead)
         # within the transaction: its aggregates serve the next page

@@ -22,7 +22,7 @@ from ledger.core.rows import (
     item_stream_values,
     run_to_row,
 )
-from ledger.core.states import IN_PROGRESS, NEW, PENDING, QUEUED, TERMINAL_RUN_STATES
+from ledger.core.states import IN_PROGRESS, PENDING, TERMINAL_RUN_STATES
 from ledger.core.webhook_events import WebhookEvent, change_row
 from ledger.projections.counts import slot_of
 from ledger.projections.sql import STATEMENTS
@@ -46,7 +46,8 @@ REVERSE = {
 
 
 class Projector:
-    """Writes run, item, attempt and transition rows for a batch of events, and the
+    """Writes run, item and attempt rows for a batch of events (a transition's own columns
+    are on its event's row: ledger/core/recorded.py), and the
     `lg_webhook_changes` row of each webhook event.
 
     A webhook event's row is written by the live projector only (no `suffix`: the
@@ -60,7 +61,6 @@ class Projector:
         self.runs_table = "lg_runs" + suffix
         self.items_table = "lg_items" + suffix
         self.attempts_table = "lg_attempts" + suffix
-        self.transitions_table = "lg_transitions" + suffix
         self.counts_table = "lg_run_counts" + suffix
         # each written out in its one-row and its bulk form (ledger/stores/statements.py)
         self.upsert_run = rows_sql.insert(
@@ -122,26 +122,8 @@ class Projector:
         # an archived run's rows go with its events (its run row stays)
         self.delete_run_rows = [
             STATEMENTS.common("delete_run_rows", table=t)
-            for t in (self.items_table, self.attempts_table, self.transitions_table)
+            for t in (self.items_table, self.attempts_table)
         ]
-        self.insert_transition = rows_sql.insert(
-            self.transitions_table,
-            (
-                "position",
-                "ord",
-                "run_id",
-                "item_id",
-                "command",
-                "from_state",
-                "to_state",
-                "actor_id",
-                "role",
-                "reason",
-                "evidence",
-                "at",
-                "revision",
-            ),
-        )
 
     def project(
         self,
@@ -160,7 +142,6 @@ class Projector:
         item_withdraws: list[tuple[Any, ...]] = []
         attempt_inserts: list[tuple[Any, ...]] = []
         attempt_updates: list[tuple[str, tuple[Any, ...]]] = []
-        transitions: list[tuple[Any, ...]] = []
         touched_runs: dict[str, Run] = {}
         touched_items: dict[tuple[str, str], Item] = {}
         archived: list[tuple[str]] = []
@@ -204,51 +185,11 @@ class Projector:
                             {"relation": REVERSE[link["relation"]], "run_id": e.run_id},
                         ]
                         touched_runs[original.run_id] = original
-                transitions.append(
-                    (
-                        position,
-                        0,
-                        e.run_id,
-                        None,
-                        e.command,
-                        NEW,
-                        QUEUED,
-                        e.actor_id,
-                        e.role,
-                        e.reason,
-                        dumps(
-                            {
-                                "input_version": e.input_version,
-                                "links": e.links,
-                                "items": len(e.manifest["items"]),
-                            }
-                        ),
-                        at,
-                        e.originator_version,
-                    )
-                )
             elif isinstance(e, Run.Transitioned):
                 run = runs[str(e.originator_id)]
                 touched_runs[run.run_id] = run
                 if e.to_state in TERMINAL_RUN_STATES:
                     folded.add(run.run_id)
-                transitions.append(
-                    (
-                        position,
-                        0,
-                        run.run_id,
-                        None,
-                        e.command,
-                        e.from_state,
-                        e.to_state,
-                        e.actor_id,
-                        e.role,
-                        e.reason,
-                        dumps(e.evidence),
-                        at,
-                        e.originator_version,
-                    )
-                )
             elif isinstance(e, Run.Amended):
                 run = runs[str(e.originator_id)]
                 touched_runs[run.run_id] = run
@@ -271,31 +212,6 @@ class Projector:
                     )
                 for item_id in e.withdraw:
                     item_withdraws.append((run.run_id, item_id))
-                transitions.append(
-                    (
-                        position,
-                        0,
-                        run.run_id,
-                        None,
-                        "amend",
-                        e.state,
-                        e.state,
-                        e.actor_id,
-                        e.role,
-                        e.reason,
-                        dumps(
-                            {
-                                "input_version": e.input_version,
-                                "added": [it["item_id"] for it in e.added],
-                                "replaced": [it["item_id"] for it in e.replaced],
-                                "withdraw": e.withdraw,
-                                "policy": e.policy,
-                            }
-                        ),
-                        at,
-                        e.originator_version,
-                    )
-                )
             elif isinstance(e, Item.Registered):
                 touched_items[(e.run_id, e.item_id)] = items[(e.run_id, e.item_id)]
             elif isinstance(e, Item.Transitioned):
@@ -337,23 +253,6 @@ class Projector:
                             ),
                         )
                     )
-                transitions.append(
-                    (
-                        position,
-                        0,
-                        e.run_id,
-                        e.item_id,
-                        e.command,
-                        e.from_state,
-                        e.to_state,
-                        e.actor_id,
-                        e.role,
-                        e.reason,
-                        dumps(ev),
-                        at,
-                        e.originator_version,
-                    )
-                )
             elif isinstance(e, Archived):
                 # the run's events left for an archive: its rows go with them, its run row
                 # (final state, counts, links) stays as the event carries it
@@ -399,8 +298,6 @@ class Projector:
                 groups.setdefault(sql, []).append(params)
             for sql, rows in groups.items():
                 cur.executemany(sql, rows)
-        if transitions:
-            cur.executemany(self.insert_transition, transitions)
         if count_deltas:
             # in key order, so two transactions upserting the same rows never deadlock
             rows = [(*key, n) for key, n in sorted(count_deltas.items()) if key[0] not in folded]

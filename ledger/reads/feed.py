@@ -7,7 +7,7 @@ Reading by position is safe because a position never appears behind one already
 read (rule 18 of the rule book): every page is bounded by a readable position read first, in a
 statement of its own, and everything at or below it has committed or never will (the
 feed's *head* is the last transition there). `head()` and `page()` are the one
-place that reads `lg_transitions` for the feed, so a change of the write path's
+place that reads `lg_transitions` (the view of the event log's transition columns) for the feed, so a change of the write path's
 ordering scheme changes them and nothing else.
 """
 
@@ -139,8 +139,9 @@ def _head_below(tx: Tx, bound: int | None) -> int:
     return int(row["head"]) if row else 0
 
 
-# the Transition fields in the order the feed's SELECT reads them (queries.sql, feed_page*);
-# evidence and at are filled as their stored text, decoded on first read (views._Decoded)
+# the columns in the order the feed's SELECT reads them (queries.sql, feed_page*): the
+# Transition fields but reason and evidence, which are decoded from the event's topic and
+# state on first read (views._Recorded), as `at` from its text (views._Decoded)
 _FIELDS = (
     "run_id",
     "item_id",
@@ -148,8 +149,8 @@ _FIELDS = (
     "to_state",
     "actor_id",
     "role",
-    "reason",
-    "evidence",
+    "topic",
+    "state",
     "at",
     "revision",
     "position",
@@ -215,9 +216,9 @@ def transitions(rows: Sequence[Sequence[Any]]) -> list[Transition]:
     """lg_transitions rows (in `_FIELDS` order) as Transition values, equal to
     `queries.transition`'s. Each frozen value's fields are stored straight into its
     `__dict__` from its row (no dict per row from the driver, no `__init__`: written out,
-    three times faster than `update(zip(...))`), and its `evidence` JSON and `at` time
-    are decoded when first read (`views._Decoded`): a handler that never looks at them
-    does not pay for them."""
+    three times faster than `update(zip(...))`), and its reason and evidence (from the
+    event's state) and its `at` time are decoded when first read (`views._Recorded`,
+    `views._Decoded`): a handler that never looks at them does not pay for them."""
     new = object.__new__
     out: list[Transition] = []
     append = out.append
@@ -228,8 +229,8 @@ def transitions(rows: Sequence[Sequence[Any]]) -> list[Transition]:
         to_state,
         actor_id,
         role,
-        reason,
-        evidence,
+        topic,
+        state,
         at,
         revision,
         position,
@@ -243,8 +244,7 @@ def transitions(rows: Sequence[Sequence[Any]]) -> list[Transition]:
         d["to_state"] = to_state
         d["actor_id"] = actor_id
         d["role"] = role
-        d["reason"] = reason
-        d["_raw_evidence"] = evidence
+        d["_raw_event"] = (topic, state)
         d["_raw_at"] = at
         d["revision"] = revision
         d["position"] = position

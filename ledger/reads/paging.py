@@ -8,7 +8,7 @@ Each read has one order and one cursor, both served by an index:
   last attempt's key `"<item_id>:<attempt>"` (or the tuple `(item_id, attempt)`)
   (index lg_attempts_started; one item's attempts use the primary key);
 - history: position order; the cursor is the last transition's `position`
-  (index lg_transitions_run). Each event writes one transition (ord 0).
+  (the event log's run index: a transition is a row of the log, ledger/core/recorded.py).
 
 `page(...)` functions read one page in one read transaction; `iter_*` functions read
 page after page (one read transaction each) so neither the database nor the client

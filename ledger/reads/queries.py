@@ -20,6 +20,7 @@ from ledger.core import args as A
 from ledger.core import states as S
 from ledger.core.domain import Item, Run
 from ledger.core.errors import InvalidInput, ItemNotFound, RunNotFound, StoreUnavailable
+from ledger.core.recorded import decode_recorded
 from ledger.core.rows import iso, parse_dt, run_from_row
 from ledger.core.validation import check_identifier, utc_time
 from ledger.core.views import (
@@ -226,7 +227,9 @@ def merged_row(row: dict[str, Any], item: Item) -> dict[str, Any]:
 
 
 def transition(r: dict[str, Any]) -> Transition:
-    """An lg_transitions row as Transition."""
+    """An lg_transitions row (the view of the event log's transition columns) as
+    Transition, its reason and evidence read from the event's state."""
+    reason, evidence = decode_recorded((r["topic"], r["state"]))
     return Transition(
         run_id=r["run_id"],
         item_id=r["item_id"],
@@ -234,8 +237,8 @@ def transition(r: dict[str, Any]) -> Transition:
         to_state=r["to_state"],
         actor_id=r["actor_id"],
         role=r["role"],
-        reason=r["reason"],
-        evidence=json.loads(r["evidence"]),
+        reason=reason,
+        evidence=evidence,
         at=_dt(r["at"]),
         revision=r["revision"],
         position=r["position"],
@@ -415,8 +418,8 @@ def audit(
 
 
 _NO_POSITION = 2**63 - 1  # above every position: the bound of a read without one
-# the role and target states PostgreSQL's partial indexes of lg_transitions leave out
-# (ledger/projections/schema.py, schema v9): an audit of one is not led by those indexes
+# the role and target states PostgreSQL's partial indexes of the transitions leave out
+# (schema v9, on the event log since v17): an audit of one is not led by those indexes
 _UNINDEXED_ROLES = frozenset({S.WORKER})
 _UNINDEXED_STATES = frozenset({S.IN_PROGRESS, S.ACCEPTED})
 _LEADING = {
@@ -446,7 +449,7 @@ class _AuditFilter:
         """The lead of the named statement (queries.sql, audit_*): the filter whose index
         the read walks. The run, the actor, a target state or role the store's index
         holds, a time range when nothing else is filtered (SQLite, with no statistics on
-        `at`, searches lg_transitions_at and sorts: the `_sorted` statements), else none
+        `at`, searches the log's at index and sorts: the `_sorted` statements), else none
         ("all": in position order, each filter checked per row)."""
         if self.run_id is not None:
             return "run"

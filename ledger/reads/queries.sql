@@ -40,7 +40,7 @@ SELECT * FROM lg_runs WHERE state = ? ORDER BY seq DESC LIMIT ?;
 SELECT * FROM lg_runs WHERE root_run_id = ? ORDER BY seq;
 
 -- name: audit_run_asc
--- audit, oldest first: the run's transitions (lg_transitions_run)
+-- audit, oldest first: the run's transitions (the log's run index)
 SELECT * FROM lg_transitions
 WHERE run_id = ?
   AND (CAST(? AS TEXT) IS NULL OR actor_id = ?)
@@ -50,10 +50,10 @@ WHERE run_id = ?
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position > ?
   AND position <= ?
-ORDER BY position ASC, ord ASC LIMIT ?;
+ORDER BY position ASC LIMIT ?;
 
 -- name: audit_run_desc
--- audit, newest first: the run's transitions (lg_transitions_run)
+-- audit, newest first: the run's transitions (the log's run index)
 SELECT * FROM lg_transitions
 WHERE run_id = ?
   AND (CAST(? AS TEXT) IS NULL OR actor_id = ?)
@@ -63,10 +63,10 @@ WHERE run_id = ?
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position < ?
   AND position <= ?
-ORDER BY position DESC, ord DESC LIMIT ?;
+ORDER BY position DESC LIMIT ?;
 
 -- name: audit_actor_asc
--- audit, oldest first: one actor's (lg_transitions_actor)
+-- audit, oldest first: one actor's (the log's actor index)
 SELECT * FROM lg_transitions
 WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND actor_id = ?
@@ -76,10 +76,10 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position > ?
   AND position <= ?
-ORDER BY position ASC, ord ASC LIMIT ?;
+ORDER BY position ASC LIMIT ?;
 
 -- name: audit_actor_desc
--- audit, newest first: one actor's (lg_transitions_actor)
+-- audit, newest first: one actor's (the log's actor index)
 SELECT * FROM lg_transitions
 WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND actor_id = ?
@@ -89,10 +89,10 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position < ?
   AND position <= ?
-ORDER BY position DESC, ord DESC LIMIT ?;
+ORDER BY position DESC LIMIT ?;
 
 -- name: audit_state_asc
--- audit, oldest first: PostgreSQL, a target state other than in_progress and accepted: the partial lg_transitions_state, its predicate written out so a generic plan uses it too
+-- audit, oldest first: PostgreSQL, a target state other than in_progress and accepted: the log's partial state index, its predicate written out so a generic plan uses it too
 SELECT * FROM lg_transitions
 WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR actor_id = ?)
@@ -102,10 +102,10 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position > ?
   AND position <= ?
-ORDER BY position ASC, ord ASC LIMIT ?;
+ORDER BY position ASC LIMIT ?;
 
 -- name: audit_state_desc
--- audit, newest first: PostgreSQL, a target state other than in_progress and accepted: the partial lg_transitions_state, its predicate written out so a generic plan uses it too
+-- audit, newest first: PostgreSQL, a target state other than in_progress and accepted: the log's partial state index, its predicate written out so a generic plan uses it too
 SELECT * FROM lg_transitions
 WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR actor_id = ?)
@@ -115,10 +115,10 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position < ?
   AND position <= ?
-ORDER BY position DESC, ord DESC LIMIT ?;
+ORDER BY position DESC LIMIT ?;
 
 -- name: audit_state_any_asc
--- audit, oldest first: SQLite, any target state (lg_transitions_state)
+-- audit, oldest first: SQLite, any target state (the log's state index)
 SELECT * FROM lg_transitions
 WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR actor_id = ?)
@@ -128,10 +128,10 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position > ?
   AND position <= ?
-ORDER BY position ASC, ord ASC LIMIT ?;
+ORDER BY position ASC LIMIT ?;
 
 -- name: audit_state_any_desc
--- audit, newest first: SQLite, any target state (lg_transitions_state)
+-- audit, newest first: SQLite, any target state (the log's state index)
 SELECT * FROM lg_transitions
 WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR actor_id = ?)
@@ -141,10 +141,10 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position < ?
   AND position <= ?
-ORDER BY position DESC, ord DESC LIMIT ?;
+ORDER BY position DESC LIMIT ?;
 
 -- name: audit_role_asc
--- audit, oldest first: PostgreSQL, a role other than worker: the partial lg_transitions_role, its predicate written out
+-- audit, oldest first: PostgreSQL, a role other than worker: the log's partial role index, its predicate written out
 SELECT * FROM lg_transitions
 WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR actor_id = ?)
@@ -154,10 +154,10 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position > ?
   AND position <= ?
-ORDER BY position ASC, ord ASC LIMIT ?;
+ORDER BY position ASC LIMIT ?;
 
 -- name: audit_role_desc
--- audit, newest first: PostgreSQL, a role other than worker: the partial lg_transitions_role, its predicate written out
+-- audit, newest first: PostgreSQL, a role other than worker: the log's partial role index, its predicate written out
 SELECT * FROM lg_transitions
 WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR actor_id = ?)
@@ -167,10 +167,10 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position < ?
   AND position <= ?
-ORDER BY position DESC, ord DESC LIMIT ?;
+ORDER BY position DESC LIMIT ?;
 
 -- name: audit_role_any_asc
--- audit, oldest first: SQLite, any role (lg_transitions_role)
+-- audit, oldest first: SQLite, any role (the log's role index)
 SELECT * FROM lg_transitions
 WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR actor_id = ?)
@@ -180,10 +180,10 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position > ?
   AND position <= ?
-ORDER BY position ASC, ord ASC LIMIT ?;
+ORDER BY position ASC LIMIT ?;
 
 -- name: audit_role_any_desc
--- audit, newest first: SQLite, any role (lg_transitions_role)
+-- audit, newest first: SQLite, any role (the log's role index)
 SELECT * FROM lg_transitions
 WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR actor_id = ?)
@@ -193,7 +193,7 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position < ?
   AND position <= ?
-ORDER BY position DESC, ord DESC LIMIT ?;
+ORDER BY position DESC LIMIT ?;
 
 -- name: audit_at_asc
 -- audit, oldest first: a time range only (since: '' when not given)
@@ -202,7 +202,7 @@ WHERE at >= ?
   AND at <= ?
   AND position > ?
   AND position <= ?
-ORDER BY position ASC, ord ASC LIMIT ?;
+ORDER BY position ASC LIMIT ?;
 
 -- name: audit_at_desc
 -- audit, newest first: a time range only (since: '' when not given)
@@ -211,25 +211,25 @@ WHERE at >= ?
   AND at <= ?
   AND position < ?
   AND position <= ?
-ORDER BY position DESC, ord DESC LIMIT ?;
+ORDER BY position DESC LIMIT ?;
 
 -- name: audit_at_sorted_asc
--- audit, oldest first: a time range only, SQLite: ordered by `+position`, SQLite (no statistics on `at`) searches lg_transitions_at and sorts instead of scanning every row in position order
+-- audit, oldest first: a time range only, SQLite: ordered by `+position`, SQLite (no statistics on `at`) searches the log's at index and sorts instead of scanning every row in position order; `+position` in the bounds too, so that the position range (the rowid) does not lead instead
 SELECT * FROM lg_transitions
 WHERE at >= ?
   AND at <= ?
-  AND position > ?
-  AND position <= ?
-ORDER BY +position ASC, ord ASC LIMIT ?;
+  AND +position > ?
+  AND +position <= ?
+ORDER BY +position ASC LIMIT ?;
 
 -- name: audit_at_sorted_desc
--- audit, newest first: a time range only, SQLite: ordered by `+position`, SQLite (no statistics on `at`) searches lg_transitions_at and sorts instead of scanning every row in position order
+-- audit, newest first: a time range only, SQLite: ordered by `+position`, SQLite (no statistics on `at`) searches the log's at index and sorts instead of scanning every row in position order; `+position` in the bounds too, so that the position range (the rowid) does not lead instead
 SELECT * FROM lg_transitions
 WHERE at >= ?
   AND at <= ?
-  AND position < ?
-  AND position <= ?
-ORDER BY +position DESC, ord DESC LIMIT ?;
+  AND +position < ?
+  AND +position <= ?
+ORDER BY +position DESC LIMIT ?;
 
 -- name: audit_since_asc
 -- audit, oldest first: from a time on only
@@ -237,7 +237,7 @@ SELECT * FROM lg_transitions
 WHERE at >= ?
   AND position > ?
   AND position <= ?
-ORDER BY position ASC, ord ASC LIMIT ?;
+ORDER BY position ASC LIMIT ?;
 
 -- name: audit_since_desc
 -- audit, newest first: from a time on only
@@ -245,23 +245,23 @@ SELECT * FROM lg_transitions
 WHERE at >= ?
   AND position < ?
   AND position <= ?
-ORDER BY position DESC, ord DESC LIMIT ?;
+ORDER BY position DESC LIMIT ?;
 
 -- name: audit_since_sorted_asc
 -- audit, oldest first: from a time on only, SQLite (see audit_at_sorted)
 SELECT * FROM lg_transitions
 WHERE at >= ?
-  AND position > ?
-  AND position <= ?
-ORDER BY +position ASC, ord ASC LIMIT ?;
+  AND +position > ?
+  AND +position <= ?
+ORDER BY +position ASC LIMIT ?;
 
 -- name: audit_since_sorted_desc
 -- audit, newest first: from a time on only, SQLite (see audit_at_sorted)
 SELECT * FROM lg_transitions
 WHERE at >= ?
-  AND position < ?
-  AND position <= ?
-ORDER BY +position DESC, ord DESC LIMIT ?;
+  AND +position < ?
+  AND +position <= ?
+ORDER BY +position DESC LIMIT ?;
 
 -- name: audit_webhooks_asc
 -- audit, oldest first: the webhook changes recorded in the event log (those with a position)
@@ -298,7 +298,7 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position > ?
   AND position <= ?
-ORDER BY position ASC, ord ASC LIMIT ?;
+ORDER BY position ASC LIMIT ?;
 
 -- name: audit_all_desc
 -- audit, newest first: any other filter (each checked per row), or none: in position order
@@ -311,7 +311,7 @@ WHERE (CAST(? AS TEXT) IS NULL OR run_id = ?)
   AND (CAST(? AS TEXT) IS NULL OR at <= ?)
   AND position < ?
   AND position <= ?
-ORDER BY position DESC, ord DESC LIMIT ?;
+ORDER BY position DESC LIMIT ?;
 
 -- name: item_seq
 SELECT seq FROM lg_items WHERE run_id = ? AND item_id = ?;
@@ -353,17 +353,17 @@ AND (a.started_at > ? OR i.seq > ? OR (i.seq = ? AND a.attempt > ?))
 ORDER BY a.started_at, i.seq, a.attempt LIMIT ?;
 
 -- name: history_page
-SELECT * FROM lg_transitions WHERE run_id = ? ORDER BY position, ord LIMIT ?;
+SELECT * FROM lg_transitions WHERE run_id = ? ORDER BY position LIMIT ?;
 
 -- name: history_page_after
-SELECT * FROM lg_transitions WHERE run_id = ? AND position > ? ORDER BY position, ord LIMIT ?;
+SELECT * FROM lg_transitions WHERE run_id = ? AND position > ? ORDER BY position LIMIT ?;
 
 -- name: history_page_upto
-SELECT * FROM lg_transitions WHERE run_id = ? AND position <= ? ORDER BY position, ord LIMIT ?;
+SELECT * FROM lg_transitions WHERE run_id = ? AND position <= ? ORDER BY position LIMIT ?;
 
 -- name: history_page_after_upto
 SELECT * FROM lg_transitions WHERE run_id = ? AND position > ? AND position <= ?
-ORDER BY position, ord LIMIT ?;
+ORDER BY position LIMIT ?;
 
 -- name: board_in_state
 SELECT seq, run_id, state, counts, policy, review, created_at, updated_at, started_at,
@@ -458,14 +458,14 @@ FROM lg_runs WHERE state IN ({open_run_states}) AND seq > ? ORDER BY seq LIMIT ?
 -- the reads): per run, its latest transition, its expired leases, its items finished in
 -- the rate window and its required items still open. The runs: one list parameter.
 --
--- The latest transition is read backwards on the (run_id, position, ord) index, the run
+-- The latest transition is read backwards on the (run_id, position) index, the run
 -- id given as a range, not an equality: with equality PostgreSQL may walk the primary
 -- key backwards from the newest position instead, filtering by run, through every
 -- transition written since this run's last one (33 ms against 0.2 ms for a run with
 -- 200,000 newer events of other runs; bench case 5).
 --
 -- Finished items count from the first position stamped inside the window (an index seek
--- on lg_transitions_at), so only the run's recent transitions are read. Positions follow
+-- on the events' `at` index), so only the run's recent transitions are read. Positions follow
 -- the store's clock (one clock per store stamps every event in commit order); were that
 -- clock set back, the rate would undercount, never overcount.
 --
@@ -474,7 +474,7 @@ FROM lg_runs WHERE state IN ({open_run_states}) AND seq > ? ORDER BY seq LIMIT ?
 -- the lease length is the run's own, so the few runs with one are read again (stepped_leases).
 SELECT r.run_id,
 (SELECT t.at FROM lg_transitions t WHERE t.run_id >= r.run_id AND t.run_id <= r.run_id
-ORDER BY t.run_id DESC, t.position DESC, t.ord DESC LIMIT 1) AS last_at,
+ORDER BY t.run_id DESC, t.position DESC LIMIT 1) AS last_at,
 (SELECT COUNT(*) FROM lg_items i WHERE i.run_id = r.run_id AND i.state = ?
 AND i.lease_expires_at < ?) AS expired_n,
 (SELECT MIN(i.lease_expires_at) FROM lg_items i WHERE i.run_id = r.run_id
@@ -529,34 +529,37 @@ SELECT {position} AS position, originator_id, originator_version, topic, state
 FROM {events} WHERE originator_id {in_list} AND originator_version = 1;
 
 -- name: feed_head
-SELECT COALESCE(MAX(position), 0) AS head FROM lg_transitions;
+-- the last transition's position: the log read backwards to the first transition (a MAX
+-- with the view's condition would be a whole scan on SQLite)
+SELECT COALESCE((SELECT position FROM lg_transitions ORDER BY position DESC LIMIT 1), 0) AS head;
 
 -- name: feed_head_upto
-SELECT COALESCE(MAX(position), 0) AS head FROM lg_transitions WHERE position <= ?;
+SELECT COALESCE((SELECT position FROM lg_transitions WHERE position <= ?
+ORDER BY position DESC LIMIT 1), 0) AS head;
 
 -- name: feed_page
 -- the plain keyset read: its plan walks the position index whatever the statistics say
-SELECT run_id, item_id, from_state, to_state, actor_id, role, reason, evidence, at,
+SELECT run_id, item_id, from_state, to_state, actor_id, role, topic, state, at,
 revision, position, command
-FROM lg_transitions WHERE position > ? ORDER BY position, ord LIMIT ?;
+FROM lg_transitions WHERE position > ? ORDER BY position LIMIT ?;
 
 -- name: feed_page_of_run
-SELECT run_id, item_id, from_state, to_state, actor_id, role, reason, evidence, at,
+SELECT run_id, item_id, from_state, to_state, actor_id, role, topic, state, at,
 revision, position, command
-FROM lg_transitions WHERE position > ? AND run_id = ? ORDER BY position, ord LIMIT ?;
+FROM lg_transitions WHERE position > ? AND run_id = ? ORDER BY position LIMIT ?;
 
 -- name: feed_page_of_kinds
 -- kinds: one list parameter, given twice (commands and states share it)
-SELECT run_id, item_id, from_state, to_state, actor_id, role, reason, evidence, at,
+SELECT run_id, item_id, from_state, to_state, actor_id, role, topic, state, at,
 revision, position, command
 FROM lg_transitions WHERE position > ? AND (command {in_list} OR to_state {in_list})
-ORDER BY position, ord LIMIT ?;
+ORDER BY position LIMIT ?;
 
 -- name: feed_page_of_run_kinds
-SELECT run_id, item_id, from_state, to_state, actor_id, role, reason, evidence, at,
+SELECT run_id, item_id, from_state, to_state, actor_id, role, topic, state, at,
 revision, position, command
 FROM lg_transitions WHERE position > ? AND run_id = ? AND (command {in_list} OR to_state {in_list})
-ORDER BY position, ord LIMIT ?;
+ORDER BY position LIMIT ?;
 
 -- name: run_exists
 SELECT run_id FROM lg_runs WHERE run_id = ?;
@@ -571,9 +574,9 @@ SELECT state, SUM(n) AS n FROM lg_run_counts GROUP BY state;
 SELECT DISTINCT run_id FROM lg_items WHERE state = {s_in_progress} AND lease_expires_at < ?;
 
 -- name: overview_latest_at
--- the time of the latest transition (the last entry of lg_transitions_at): later than the
+-- the time of the latest transition (the last entry of the events' `at` index): later than the
 -- clock only after the clock stepped back
-SELECT MAX(at) AS at FROM lg_transitions;
+SELECT (SELECT at FROM lg_transitions ORDER BY at DESC LIMIT 1) AS at;
 
 -- name: overview_leased_runs
 -- runs holding a lease that expires after the given time (read only after a backward step
@@ -620,7 +623,7 @@ WHERE r.state = {s_running} AND r.updated_at < ?
 AND length(replace(r.policy, '"stall_seconds"', '')) = length(r.policy)
 AND NOT (r.run_id {in_list})
 AND (SELECT t.at FROM lg_transitions t WHERE t.run_id >= r.run_id AND t.run_id <= r.run_id
-ORDER BY t.run_id DESC, t.position DESC, t.ord DESC LIMIT 1) < ?
+ORDER BY t.run_id DESC, t.position DESC LIMIT 1) < ?
 ORDER BY r.seq LIMIT ?;
 
 -- name: overview_own_stall
@@ -634,7 +637,7 @@ WHERE state = {s_running} AND length(replace(policy, '"stall_seconds"', '')) < l
 -- each run's latest transition (see run_signals for why the run id is a range)
 SELECT r.run_id,
 (SELECT t.at FROM lg_transitions t WHERE t.run_id >= r.run_id AND t.run_id <= r.run_id
-ORDER BY t.run_id DESC, t.position DESC, t.ord DESC LIMIT 1) AS last_at
+ORDER BY t.run_id DESC, t.position DESC LIMIT 1) AS last_at
 FROM lg_runs r WHERE r.run_id {in_list};
 
 -- name: payload_events
@@ -650,3 +653,23 @@ AND (originator_version = 1 OR topic = ?);
 SELECT {position} AS position, originator_id, originator_version, topic, state
 FROM {events} WHERE originator_id {in_list} AND {position} >= ? AND {position} < ?
 AND originator_version > 1 AND topic = ?;
+
+-- ---------------------------------------------------------------------------
+-- timetravel.py: the private in-memory tables a past status is read from
+-- ---------------------------------------------------------------------------
+
+-- name: memory_events
+-- the replayed events' transition columns (as the SQLite store's event log holds them,
+-- schema v17), for the signals' reads of lg_transitions
+CREATE TABLE stored_events (originator_version INTEGER, topic TEXT, state BLOB,
+run_id TEXT, item_id TEXT, command TEXT, from_state TEXT, to_state TEXT, actor_id TEXT,
+role TEXT, at TEXT);
+
+-- name: memory_transitions
+CREATE VIEW lg_transitions AS SELECT rowid AS position, run_id, item_id, command,
+from_state, to_state, actor_id, role, at, originator_version AS revision, topic, state
+FROM stored_events WHERE run_id IS NOT NULL;
+
+-- name: memory_insert_event
+INSERT INTO stored_events (rowid, originator_version, topic, state, run_id, item_id,
+command, from_state, to_state, actor_id, role, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);

@@ -4,7 +4,7 @@ The run's stream, its items' streams, and the creating events of runs linked to
 it (retries, repairs, compensations add reverse links) are read, the events
 stamped at or before `at` are kept, and they are replayed, in position order,
 through the same aggregates and `Projector` the live commands use, into private
-in-memory projection tables. The status is then read from those tables with the
+in-memory projection tables, beside their transition columns as the log holds them. The status is then read from those tables with the
 same code `Ledger.status` uses, so it equals what `status()` returned then.
 """
 
@@ -22,6 +22,7 @@ from eventsourcing.persistence import StoredEvent
 
 from ledger.core.domain import Run, item_stream_id
 from ledger.core.errors import RunNotFound
+from ledger.core.recorded import columns
 from ledger.core.views import RunStatus
 from ledger.projections.rebuild import Replayer
 from ledger.projections.schema import table_ddl
@@ -49,6 +50,18 @@ class MemoryTables:
         self.cur = self.conn.cursor()
         for sql in table_ddl("sqlite"):
             self.cur.execute(sql)
+        self.cur.execute(SQL.sql("sqlite", "memory_events"))
+        self.cur.execute(SQL.sql("sqlite", "memory_transitions"))
+
+    def add_transitions(self, events: Sequence[tuple[int, DomainEvent]]) -> None:
+        """The events' transition columns (ledger/core/recorded.py), at their positions:
+        what the store's log holds of them (no state: the signals never read it)."""
+        rows = []
+        for position, e in events:
+            found = columns(e)
+            if found is not None:
+                rows.append((position, e.originator_version, "", b"", *found))
+        self.cur.executemany(SQL.sql("sqlite", "memory_insert_event"), rows)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self.cur.execute(sql, params)
@@ -120,6 +133,7 @@ def status_at(lg: Ledger, run_id: str, at: datetime) -> RunStatus:
     # reader saw right after that change, and the same at any instant until the next one.
     tables = MemoryTables(now=max(e.timestamp for _p, e in events))
     try:
+        tables.add_transitions(events)
         Replayer("").apply(tables, events)  # type: ignore[arg-type]
         status: RunStatus = status_tx(tables, run_id)  # type: ignore[arg-type]
         return status

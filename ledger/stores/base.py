@@ -20,6 +20,7 @@ from eventsourcing.persistence import (
     UUIDAsHex,
 )
 
+from ledger.core.recorded import TRANSITION_COLUMNS, TRANSITION_TOPICS, columns
 from ledger.stores.encoding import EventMapper
 from ledger.stores.hashchain import chain_hashes
 from ledger.stores.sql import STATEMENTS
@@ -37,8 +38,9 @@ from ledger.stores.sql import STATEMENTS
 # 14: lg_runs_created and lg_runs_updated, the overview's longest waits (ledger/reads/overview.py);
 # 15: lg_runs_own_stall, the runs whose policy sets its own stall threshold (the overview);
 # 16: lg_webhook_changes.position, the webhook event each change row was written from
-# (ledger/core/webhook_events.py)
-SCHEMA_VERSION = 16
+# (ledger/core/webhook_events.py); 17: each transition's columns on its event's row, lg_transitions a
+# view of them (ledger/core/recorded.py)
+SCHEMA_VERSION = 17
 
 
 def refuse_newer(current: int, known: int) -> None:
@@ -157,10 +159,15 @@ class Tx(ABC):
 
     @abstractmethod
     def insert_stored_events(
-        self, stored: Sequence[StoredEvent], hashes: Sequence[str | None] | None = None
+        self,
+        stored: Sequence[StoredEvent],
+        hashes: Sequence[str | None] | None = None,
+        transitions: Sequence[Sequence[str | None] | None] | None = None,
     ) -> list[int]:
         """Append events, each with its chained hash (None, or no `hashes`: none recorded,
-        as for an event from before the hash chain); return their positions (notification ids).
+        as for an event from before the hash chain) and its transition columns
+        (ledger/core/recorded.py; None for an event that is none, or no `transitions`:
+        found by decoding each event); return their positions (notification ids).
         StreamConflict on a clash."""
 
     @abstractmethod
@@ -192,7 +199,9 @@ class Tx(ABC):
         """Store events; return them with their positions."""
         stored = [self.store.mapper.to_stored_event(e) for e in events]
         # tamper evidence on each event's row (see hashchain.py)
-        positions = self.insert_stored_events(stored, chain_hashes(self, stored))
+        positions = self.insert_stored_events(
+            stored, chain_hashes(self, stored), [columns(e) for e in events]
+        )
         return list(zip(positions, events, strict=True))
 
     def now_column(self) -> str:
@@ -220,6 +229,32 @@ class Tx(ABC):
         ledger/reads/queries.py `load_run`; the row then has a `lock_mode` column where the
         store takes row locks)."""
         return STATEMENTS.sql(self.store.dialect, "select_run_locked" if lock else "select_run")
+
+
+NO_TRANSITION: tuple[None, ...] = (None,) * len(TRANSITION_COLUMNS)
+
+
+def transition_columns(
+    store: Store,
+    stored: Sequence[StoredEvent],
+    transitions: Sequence[Sequence[str | None] | None] | None,
+) -> list[Sequence[str | None]]:
+    """Each event's transition columns (NULLs for an event that is none); decoded from the
+    stored event when not given (an event appended as stored bytes: import, restore)."""
+    if transitions is None:
+        transitions = [_stored_columns(store, se) for se in stored]
+    return [NO_TRANSITION if t is None else t for t in transitions]
+
+
+def _stored_columns(store: Store, stored: StoredEvent) -> Sequence[str | None] | None:
+    """The transition columns of a stored event: only a transition's topic is decoded; an
+    event that does not decode is none (verify reports it as `undecodable`)."""
+    if stored.topic not in TRANSITION_TOPICS:
+        return None
+    try:
+        return columns(store.decode(stored))
+    except Exception:
+        return None
 
 
 # The store whose in-database follower's handler is running in this context (and its

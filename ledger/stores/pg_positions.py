@@ -42,6 +42,8 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from ledger.core.recorded import TRANSITION_COLUMNS
+
 # Announcement keys: ANNOUNCE_BASE + position, as one bigint advisory key. In pg_locks a
 # bigint key shows as classid (high 32 bits), objid (low 32 bits), objsubid 1; the base
 # puts our keys in classid [2^30, 2^31), away from small keys such as the schema lock.
@@ -130,23 +132,33 @@ $body$
 READABLE_QUERY = sql.SQL("SELECT {}() AS p").format(sql.Identifier(READABLE_FUNCTION))
 
 
+# the ledger's own events table's columns after the library's four (`hashed`): each event's
+# hash (schema version 11) and its transition columns (schema version 17,
+# ledger/core/recorded.py)
+LEDGER_COLUMNS = ("hash", *TRANSITION_COLUMNS)
+
+
 def insert_json_statement(table: sql.Composable, hashed: bool = False) -> sql.Composed:
     """Insert events given as one JSON array of [id, version, topic, state text] (with
-    `hashed`, a fifth element: the event's hash, schema version 11), positions from one
-    reserved block (parameters: the array's length, the array)."""
+    `hashed`, the ledger's table: then the event's hash and its transition columns,
+    `LEDGER_COLUMNS`), positions from one reserved block (parameters: the array's
+    length, the array)."""
+    extra = LEDGER_COLUMNS if hashed else ()
     return sql.SQL(
         "WITH r AS MATERIALIZED (SELECT {reserve}(%s) AS first) "
         "INSERT INTO {table} (notification_id, originator_id, originator_version, topic, "
-        "state{hash_column}) "
+        "state{columns}) "
         "SELECT r.first + x.n - 1, (x.e->>0)::uuid, (x.e->>1)::bigint, x.e->>2, "
-        "convert_to(x.e->>3, 'UTF8'){hash_value} "
+        "convert_to(x.e->>3, 'UTF8'){values} "
         "FROM r, json_array_elements(%s::json) WITH ORDINALITY AS x(e, n) "
         "RETURNING notification_id"
     ).format(
         reserve=sql.Identifier(RESERVE_FUNCTION),
         table=table,
-        hash_column=sql.SQL(", hash" if hashed else ""),
-        hash_value=sql.SQL(", x.e->>4" if hashed else ""),
+        columns=sql.SQL("").join(sql.SQL(", ") + sql.Identifier(c) for c in extra),
+        values=sql.SQL("").join(
+            sql.SQL(", x.e->>{}").format(sql.Literal(4 + i)) for i in range(len(extra))
+        ),
     )
 
 
@@ -154,20 +166,24 @@ def insert_arrays_statement(
     table: sql.Composable, id_type: str, hashed: bool = False
 ) -> sql.Composed:
     """Insert events given as parallel arrays (parameters: the length, ids, versions,
-    topics, states, and with `hashed` the hashes): for states that are not UTF-8 text."""
+    topics, states, and with `hashed` one text array per `LEDGER_COLUMNS`): for states
+    that are not UTF-8 text."""
+    extra = LEDGER_COLUMNS if hashed else ()
     return sql.SQL(
         "WITH r AS MATERIALIZED (SELECT {reserve}(%s) AS first) "
         "INSERT INTO {table} (notification_id, originator_id, originator_version, topic, "
-        "state{hash_column}) SELECT r.first + x.n - 1, x.i, x.v, x.t, x.s{hash_value} "
-        "FROM r, unnest(%s::{id_type}[], %s::bigint[], %s::text[], %s::bytea[]{hash_array}) "
-        "WITH ORDINALITY AS x(i, v, t, s{hash_name}, n) "
+        "state{columns}) SELECT r.first + x.n - 1, x.i, x.v, x.t, x.s{values} "
+        "FROM r, unnest(%s::{id_type}[], %s::bigint[], %s::text[], %s::bytea[]{arrays}) "
+        "WITH ORDINALITY AS x(i, v, t, s{names}, n) "
         "RETURNING notification_id"
     ).format(
         reserve=sql.Identifier(RESERVE_FUNCTION),
         table=table,
         id_type=sql.SQL(id_type),
-        hash_column=sql.SQL(", hash" if hashed else ""),
-        hash_value=sql.SQL(", x.h" if hashed else ""),
-        hash_array=sql.SQL(", %s::text[]" if hashed else ""),
-        hash_name=sql.SQL(", h" if hashed else ""),
+        columns=sql.SQL("").join(sql.SQL(", ") + sql.Identifier(c) for c in extra),
+        values=sql.SQL("").join(
+            sql.SQL(", x.c{}").format(sql.SQL(str(i))) for i in range(len(extra))
+        ),
+        arrays=sql.SQL("").join(sql.SQL(", %s::text[]") for _ in extra),
+        names=sql.SQL("").join(sql.SQL(", c{}").format(sql.SQL(str(i))) for i in range(len(extra))),
     )

@@ -65,13 +65,16 @@ class LedgerPostgresRecorder(PostgresApplicationRecorder):
         curs: Any,
         stored_events: Sequence[StoredEvent],
         hashes: Sequence[str | None] | None = None,
+        transitions: Sequence[Sequence[str | None]] | None = None,
         **kwargs: Any,
     ) -> None:
-        # no LOCK TABLE and no NOTIFY: see the module docstring. `hashes`: each event's
-        # chained hash, stored on its row (the ledger's own appends, ledger/stores/base.py)
+        # no LOCK TABLE and no NOTIFY: see the module docstring. `hashes` and `transitions`
+        # (the ledger's own appends, ledger/stores/base.py, given together): each event's
+        # chained hash and its transition columns, stored on its row
         n = len(stored_events)
         hashed = hashes is not None
-        param = _events_json(curs.connection, stored_events, hashes)
+        assert hashed == (transitions is not None)
+        param = _events_json(curs.connection, stored_events, hashes, transitions)
         if param is not None:
             curs.execute(self.insert_events_json_statements[hashed], (n, param), prepare=True)
             return
@@ -81,8 +84,9 @@ class LedgerPostgresRecorder(PostgresApplicationRecorder):
             [se.topic for se in stored_events],
             [bytes(se.state) for se in stored_events],
         ]
-        if hashes is not None:
+        if hashes is not None and transitions is not None:
             arrays.append(list(hashes))
+            arrays += [list(column) for column in zip(*transitions, strict=True)]
         curs.execute(self.insert_events_arrays_statements[hashed], (n, *arrays), prepare=True)
 
     def readable_position(self) -> int | None:
@@ -128,10 +132,11 @@ def _events_json(
     conn: psycopg.Connection[Any],
     stored: Sequence[StoredEvent],
     hashes: Sequence[str | None] | None = None,
+    transitions: Sequence[Sequence[str | None]] | None = None,
 ) -> str | None:
     """The events as one JSON array of [id, version, topic, state text] (and each one's
-    hash, when given); None when a state is not NUL-free UTF-8 or the database does not
-    keep text as UTF-8."""
+    hash and transition columns, when given); None when a state is not NUL-free UTF-8 or
+    the database does not keep text as UTF-8."""
     if conn.info.parameter_status("server_encoding") != "UTF8":
         return None
     rows: list[tuple[Any, ...]] = []
@@ -143,8 +148,10 @@ def _events_json(
             text = state.decode("utf-8")
         except UnicodeDecodeError:
             return None
-        row = (str(se.originator_id), se.originator_version, se.topic, text)
-        rows.append(row if hashes is None else (*row, hashes[i]))
+        row: tuple[Any, ...] = (str(se.originator_id), se.originator_version, se.topic, text)
+        if hashes is not None and transitions is not None:
+            row = (*row, hashes[i], *transitions[i])
+        rows.append(row)
     return json.dumps(rows, ensure_ascii=False)
 
 

@@ -20,7 +20,7 @@ from psycopg.generators import send
 from psycopg.rows import dict_row, tuple_row
 
 from ledger.stores import pg_positions
-from ledger.stores.base import SCRATCH_MARK, StreamConflict, Tx
+from ledger.stores.base import SCRATCH_MARK, StreamConflict, Tx, transition_columns
 from ledger.stores.named import DIALECT_SLOTS
 from ledger.stores.sql import STATEMENTS
 from ledger.stores.statements import RowsSql
@@ -301,12 +301,16 @@ class PgTx(Tx):
         return answers
 
     def insert_stored_events(
-        self, stored: Sequence[StoredEvent], hashes: Sequence[str | None] | None = None
+        self,
+        stored: Sequence[StoredEvent],
+        hashes: Sequence[str | None] | None = None,
+        transitions: Sequence[Sequence[str | None] | None] | None = None,
     ) -> list[int]:
         rec = cast("PostgresStore", self.store).recorder
+        columns = transition_columns(self.store, stored, transitions)
         try:
             # a clash aborts the whole transaction: the command is refused with Conflict
-            rec._insert_stored_events(self.cur, stored, hashes or [None] * len(stored))
+            rec._insert_stored_events(self.cur, stored, hashes or [None] * len(stored), columns)
             self.appended = True
             _drain(self.conn)
             _take_results(self.conn)

@@ -80,9 +80,11 @@ FROM {events} WHERE {position} > ? AND {position} <= ? ORDER BY {position} LIMIT
 INSERT INTO {table} (originator_id, originator_version, topic, state) VALUES (?,?,?,?)
 
 -- name: insert_event_hashed
--- SQLite: the recorder's insert of one event with its hash (`table`: its events table)
-INSERT INTO {table} (originator_id, originator_version, topic, state, hash)
-VALUES (?,?,?,?,?)
+-- SQLite: the recorder's insert of one event with its hash and its transition columns
+-- (`table`: its events table; ledger/core/recorded.py)
+INSERT INTO {table} (originator_id, originator_version, topic, state, hash,
+run_id, item_id, command, from_state, to_state, actor_id, role, at)
+VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)
 
 -- name: fetch_hashes
 -- the hashes of some streams' events in a version range (the primary key: an index search)
@@ -133,13 +135,16 @@ SELECT hash FROM {events} WHERE originator_id = ? AND originator_version = ?
 
 -- name: insert_raw_at
 -- SQLite: events at the positions they carry, with their hashes
-INSERT INTO {events} (rowid, originator_id, originator_version, topic, state, hash)
-VALUES (?, ?, ?, ?, ?, ?)
+INSERT INTO {events} (rowid, originator_id, originator_version, topic, state, hash,
+run_id, item_id, command, from_state, to_state, actor_id, role, at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- name: pg_insert_raw_at
 -- PostgreSQL: events at given positions, one array per column sent in binary
-INSERT INTO {events} (notification_id, originator_id, originator_version, topic, state, hash)
-SELECT * FROM unnest(%b::bigint[], %b::uuid[], %b::bigint[], %b::text[], %b::bytea[], %b::text[])
+INSERT INTO {events} (notification_id, originator_id, originator_version, topic, state, hash,
+run_id, item_id, command, from_state, to_state, actor_id, role, at)
+SELECT * FROM unnest(%b::bigint[], %b::uuid[], %b::bigint[], %b::text[], %b::bytea[], %b::text[],
+%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[])
 
 -- name: pg_sequence_drawn
 -- PostgreSQL: what the events table's sequence (`seq`) has drawn

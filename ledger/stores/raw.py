@@ -17,7 +17,7 @@ from eventsourcing.persistence import StoredEvent
 
 from ledger.core.archived import archived_record
 from ledger.core.errors import RunArchived
-from ledger.stores.base import Tx
+from ledger.stores.base import Tx, transition_columns
 from ledger.stores.hashchain import as_uuid, oid_param
 from ledger.stores.named import tx_list
 from ledger.stores.sql import STATEMENTS
@@ -152,6 +152,14 @@ def append_raw(
     if not events:
         return []
     dialect = tx.store.dialect
+    stored = [
+        StoredEvent(
+            originator_id=e.stream, originator_version=e.version, topic=e.topic, state=e.state
+        )
+        for e in events
+    ]
+    # each event's transition columns, from the event (ledger/core/recorded.py)
+    columns = transition_columns(tx.store, stored, None)
     if keep_positions and (
         reuse_free
         or dialect != "postgres"
@@ -159,20 +167,17 @@ def append_raw(
     ):
         positions = [e.position for e in events]
         if dialect == "postgres":
-            _pg_insert_at(tx, events)  # each row with its hash
+            _pg_insert_at(tx, events, columns)  # each row with its hash
             return positions
         tx.executemany(
             STATEMENTS.sql(tx, "insert_raw_at"),
-            [(e.position, e.stream.hex, e.version, e.topic, e.state, e.hash) for e in events],
+            [
+                (e.position, e.stream.hex, e.version, e.topic, e.state, e.hash, *c)
+                for e, c in zip(events, columns, strict=True)
+            ],
         )
         return positions
-    stored = [
-        StoredEvent(
-            originator_id=e.stream, originator_version=e.version, topic=e.topic, state=e.state
-        )
-        for e in events
-    ]
-    return tx.insert_stored_events(stored, [e.hash for e in events])
+    return tx.insert_stored_events(stored, [e.hash for e in events], columns)
 
 
 def reserve_positions(tx: Tx, first: int, last: int) -> bool:
@@ -205,7 +210,9 @@ def _pg_reserve_at(tx: Tx, first: int, last: int) -> bool:
     return got is not None and int(got["f"]) <= first
 
 
-def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
+def _pg_insert_at(
+    tx: Tx, events: Sequence[RawEvent], columns: Sequence[Sequence[str | None]]
+) -> None:
     """PostgreSQL: insert events at given positions (reserved or free) with their hashes, as
     one statement over one array per column, sent in binary (`%b`): the states go as the
     bytes they are (bytea: any bytes, no text encoding to agree on), the server unpacks the
@@ -221,6 +228,7 @@ def _pg_insert_at(tx: Tx, events: Sequence[RawEvent]) -> None:
             [e.topic for e in events],
             [e.state for e in events],
             [e.hash for e in events],
+            *(list(c) for c in zip(*columns, strict=True)),
         ],
     )
 

@@ -22,7 +22,14 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLite
 
 from ledger.core.errors import InvalidInput, StoreUnavailable
 from ledger.core.redact import redact
-from ledger.stores.base import Store, StreamConflict, Tx, apply_migrations, refuse_nested
+from ledger.stores.base import (
+    Store,
+    StreamConflict,
+    Tx,
+    apply_migrations,
+    refuse_nested,
+    transition_columns,
+)
 from ledger.stores.migrations import steps as schema_steps
 from ledger.stores.sql import STATEMENTS
 
@@ -70,12 +77,17 @@ class LedgerSQLiteRecorder(SQLiteApplicationRecorder):
         self.insert_hashed_statement = STATEMENTS.sql("sqlite", "insert_event_hashed", table=table)
 
     def insert_hashed(
-        self, c: SQLiteCursor, stored: Sequence[StoredEvent], hashes: Sequence[str | None]
+        self,
+        c: SQLiteCursor,
+        stored: Sequence[StoredEvent],
+        hashes: Sequence[str | None],
+        transitions: Sequence[Sequence[str | None]],
     ) -> list[int]:
-        """Insert events with their hashes; return their positions (rowids)."""
+        """Insert events with their hashes and transition columns (ledger/core/recorded.py);
+        return their positions (rowids)."""
         ids = []
         statement = self.insert_hashed_statement
-        for se, hx in zip(stored, hashes, strict=True):
+        for se, hx, columns in zip(stored, hashes, transitions, strict=True):
             oid = se.originator_id
             c.execute(
                 statement,
@@ -85,6 +97,7 @@ class LedgerSQLiteRecorder(SQLiteApplicationRecorder):
                     se.topic,
                     se.state,
                     hx,
+                    *columns,
                 ),
             )
             ids.append(c.lastrowid)
@@ -117,15 +130,20 @@ class SqliteTx(Tx):
         return rows
 
     def insert_stored_events(
-        self, stored: Sequence[StoredEvent], hashes: Sequence[str | None] | None = None
+        self,
+        stored: Sequence[StoredEvent],
+        hashes: Sequence[str | None] | None = None,
+        transitions: Sequence[Sequence[str | None] | None] | None = None,
     ) -> list[int]:
         assert isinstance(self.store, SqliteStore)
+        columns = transition_columns(self.store, stored, transitions)
         try:
             ids = self.store_io(
                 self.store.recorder.insert_hashed,
                 SQLiteCursor(self.cur),
                 stored,
                 hashes or [None] * len(stored),
+                columns,
             )
         except sqlite3.IntegrityError as e:
             raise StreamConflict(str(e)) from e

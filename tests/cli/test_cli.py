@@ -462,7 +462,6 @@ def test_verify_and_rebuild(dsn: str, tmp_path: Path) -> None:
             "lg_runs",
             "lg_items",
             "lg_attempts",
-            "lg_transitions",
             "lg_run_counts",
         }
         assert sums["lg_items"].startswith("2:")

@@ -146,12 +146,10 @@ def test_an_edited_event_payload_is_reported(lg: Ledger, clock: ManualClock) -> 
         and chain["position"] == position
         and "edited" in chain["detail"]
     )
-    # the live transition log still says ctl; a rebuild from the edited event says eve
-    drift = find(report, "projection")
-    assert any(
-        p["run_id"] == runs["ok"] and p["position"] == position and "actor_id" in p["detail"]
-        for p in drift
-    )
+    # the transition columns on the event's row still say ctl; the edited event says eve
+    [drift] = find(report, "transition_columns")
+    assert drift["run_id"] == runs["ok"] and drift["position"] == position
+    assert drift["columns"] == {"actor_id": ["ctl", "eve"]}
 
 
 def test_a_deleted_event_is_reported(lg: Ledger, clock: ManualClock) -> None:

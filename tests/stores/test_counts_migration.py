@@ -16,6 +16,7 @@ import pytest
 
 from ledger import Ledger
 from ledger.stores.base import SCHEMA_VERSION
+from tests.support.old_transitions import transitions_as_table
 from tests.support.runs import CONTROLLER, OPERATOR, SUBMITTER, WORKER, manifest
 
 
@@ -47,10 +48,12 @@ def some_runs(lg: Ledger) -> list[str]:
 
 def as_v6(execute: Callable[..., Any], statuses: dict[str, Any], mark: str) -> None:
     """Put the database in the shape schema v6 had: each run's counts in its row (and the
-    hashes in their own table, as before v11)."""
+    hashes in their own table, as before v11, the transitions in theirs, as before v17)."""
     from tests.stores.test_hash_migration import hashes_as_v10
 
-    hashes_as_v10(execute, "sqlite" if mark == "?" else "postgres")
+    dialect = "sqlite" if mark == "?" else "postgres"
+    hashes_as_v10(execute, dialect)
+    transitions_as_table(execute, dialect)  # v7 counts from them
     for run_id, status in statuses.items():
         execute(
             f"UPDATE lg_runs SET counts = {mark} WHERE run_id = {mark}",  # noqa: S608 (test's own SQL)

@@ -23,6 +23,7 @@ from ledger.stores.base import SCHEMA_VERSION
 from tests.stores.test_counts_migration import some_runs
 from tests.stores.test_hash_migration import hash_column_added, hashes_as_v10
 from tests.stores.test_migrations import empty_databases
+from tests.support.old_transitions import transitions_as_table, transitions_on_the_log
 from tests.support.runs import CONTROLLER, SUBMITTER, WORKER, manifest
 
 AUDITS: dict[str, dict[str, Any]] = {
@@ -78,6 +79,7 @@ def write_at_v8(
             for sql in V8_SHAPE if module is pg_store else []:
                 execute(sql)
             hash_column_added(execute, dialect)  # this release writes hashes on the rows
+            transitions_on_the_log(execute, dialect)  # and transitions (schema v17)
             # today's audit reads the webhook changes (schema v13, v16): an empty stand-in
             # while this code plays the v8 release, dropped before the upgrade
             execute(WEBHOOK_CHANGES_STAND_IN)
@@ -88,6 +90,7 @@ def write_at_v8(
         with db(dsn) as execute:
             execute("DROP TABLE lg_webhook_changes")
             hashes_as_v10(execute, dialect)
+            transitions_as_table(execute, dialect)
     return runs, before, moved
 
 
@@ -156,7 +159,8 @@ def pg_indexes(conn: psycopg.Connection[Any]) -> dict[str, str]:
         r[0]: r[1]
         for r in conn.execute(
             "SELECT indexname, indexdef FROM pg_indexes WHERE indexname IN "
-            "('lg_transitions_role', 'lg_transitions_state', 'lg_items_lease')"
+            "('lg_transitions_role', 'lg_transitions_state', 'lg_items_lease', "
+            "'ledger_events_role', 'ledger_events_state')"
         ).fetchall()
     }
 
@@ -195,8 +199,10 @@ def test_pg_v8_database_upgrades_to_the_narrow_indexes(
             "SELECT value FROM ledger_meta WHERE key = 'schema_version'"
         ).fetchone()
     assert version is not None and int(version[0]) == SCHEMA_VERSION >= 9
-    assert "WHERE (role <> 'worker'::text)" in new["lg_transitions_role"]
-    assert "WHERE (to_state <> ALL" in new["lg_transitions_state"]
+    # narrowed at v9, on the event log's rows since v17 (the transitions' table is gone)
+    assert "lg_transitions_role" not in new and "lg_transitions_state" not in new
+    assert "WHERE (role <> 'worker'::text)" in new["ledger_events_role"]
+    assert "WHERE (to_state <> ALL" in new["ledger_events_state"]
     assert "(lease_expires_at) WHERE (state = 'in_progress'::text)" in new["lg_items_lease"]
     # at v8 (full pages) the outcome moved attempts to other pages; at v9 every attempt
     # stays on its page: a HOT update. (Whether an item stays depends on whether its page

@@ -21,29 +21,11 @@ A, B = "_rows_a", "_rows_b"
 RUN = "0b6f64b2-6c1f-4a3e-9d67-3b8f1e2f4c11"
 
 
-def transitions(n: int) -> list[tuple[Any, ...]]:
+def items(n: int) -> list[tuple[Any, ...]]:
     return [
-        (
-            10**12 + k,  # a position past 32 bits
-            0,
-            RUN,
-            None if k % 3 == 0 else f"doc-{k}",
-            "claim",
-            "pending",
-            "in_progress",
-            'wörker ✓ "quoted" \\ back',
-            "worker",
-            None,
-            '{"a":[1,2],"s":"x\\ny"}',
-            "2026-12-01T21:36:10.842797+00:00",
-            k,
-        )
+        (RUN, f"doc-{k}", k, k % 2, f'{{"n":{k},"s":"wörker ✓ \\"quoted\\" \\\\ back\\ny"}}')
         for k in range(n)
     ]
-
-
-def items(n: int) -> list[tuple[Any, ...]]:
-    return [(RUN, f"doc-{k}", k, k % 2, f'{{"n":{k}}}') for k in range(n)]
 
 
 UPDATE = ("accepted", 3, 1, None, "w1", None, None, "é\u2028", "done", "2026-12-01T21:36:11+00:00")
@@ -68,7 +50,6 @@ def test_the_array_form_writes_what_the_one_row_form_writes(pg_dsn: str) -> None
                 for sql, rows in (
                     (p.insert_item, items(50)),
                     (p.update_item, item_updates(30)),
-                    (p.insert_transition, transitions(40)),
                     (p.add_counts, [(RUN, 1, "pending", 5), (RUN, 2, "accepted", -2)]),
                     (p.add_counts, [(RUN, 1, "pending", 3), (RUN, 3, "failed", 1)]),
                 ):
@@ -76,7 +57,7 @@ def test_the_array_form_writes_what_the_one_row_form_writes(pg_dsn: str) -> None
                         assert arrays.write(tx, sql, rows), sql
                     else:
                         tx.executemany(str(sql), rows)  # a plain str: the one-row form
-            for name in ("lg_items", "lg_transitions", "lg_run_counts"):
+            for name in ("lg_items", "lg_run_counts"):
                 mine, reference = table(tx, name + A), table(tx, name + B)
                 assert len(mine) > 1
                 assert mine == reference, name
@@ -90,9 +71,9 @@ def test_the_array_form_writes_what_the_one_row_form_writes(pg_dsn: str) -> None
 )
 def test_rows_it_cannot_write_exactly_are_left_to_the_caller(pg_dsn: str, value: Any) -> None:
     with Ledger.open(pg_dsn) as lg, lg.store.write() as tx:
-        rows = transitions(3)
-        rows[1] = (*rows[1][:9], value, *rows[1][10:])  # the reason column (text)
-        assert not ArrayRows().write(tx, Projector().insert_transition, rows)
+        rows = items(3)
+        rows[1] = (*rows[1][:4], value)  # the payload column (text)
+        assert not ArrayRows().write(tx, Projector().insert_item, rows)
         uuid_rows = [(RUN, UUID(int=k), k, 1, "{}") for k in range(3)]
         assert ArrayRows().write(tx, Projector().insert_item, uuid_rows)  # text and ints: done
         assert not ArrayRows().write(tx, "INSERT INTO lg_runs (run_id) VALUES (?)", [("x",)] * 2)
