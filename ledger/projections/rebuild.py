@@ -36,9 +36,8 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import StoredEvent
 
 from ledger.projections.replay import CACHE_ITEMS as CACHE_ITEMS
@@ -136,12 +135,10 @@ def replay_batch(tx: Tx, replayer: Replayer, after: int, batch_size: int) -> tup
     (new position, events applied). The replayer keeps its aggregates from page to page
     (`committed`): a failure anywhere rolls the whole batch back and ends the rebuild,
     the replayer with it."""
-    decode = tx.store.mapper.to_domain_event
 
     def apply_page(rows: list[tuple[int, StoredEvent]], after: int, ahead: ReadAhead) -> None:
-        events = [(pos, cast(DomainEvent, decode(se))) for pos, se in rows]
-        replayer.apply(tx, events, after, before_write=ahead)
-        replayer.committed(events[-1][0])
+        replayer.apply_stored(tx, rows, after, before_write=ahead)
+        replayer.committed(rows[-1][0])
 
     return replay_pages(tx, after, batch_size, apply_page)
 
