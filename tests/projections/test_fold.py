@@ -84,7 +84,14 @@ def both_ways(lg: Ledger, batch: int) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def item_events(lg: Ledger) -> int:
-    return sum(1 for _p, se in stored_events(lg) if se.topic in ITEM_TOPICS)
+    """Stored item events whose state the decoder reads as plain JSON (`plain_state`; it
+    leaves to the eventsourcing mapper, among others, a state holding 19 digits in a row,
+    as a random lease token now and then does)."""
+    return sum(
+        1
+        for _p, se in stored_events(lg)
+        if se.topic in ITEM_TOPICS and plain_state(se.state) is not None
+    )
 
 
 # --------------------------------------------------------------------------
@@ -194,15 +201,15 @@ def test_events_left_to_the_aggregates_mix_with_folded_ones(
     odd_events = [
         se
         for _p, se in stored_events(lg)
-        if se.topic in ITEM_TOPICS and plain_state(se.state) is None
+        if se.topic in ITEM_TOPICS and b'"_type_":"note"' in se.state
     ]
-    assert len(odd_events) == 3  # the mapper reads them; the fold leaves them
+    assert len(odd_events) == 3 and all(plain_state(se.state) is None for se in odd_events)
     live = live_checksums(lg)
     for batch in (1, 2, 7, 10_000):
         count = FoldCount(monkeypatch)
         folded, aggregates = both_ways(lg, batch)
         assert folded == aggregates == live, batch
-        assert count.declined == 0 and count.folded == item_events(lg) - len(odd_events)
+        assert count.declined == 0 and count.folded == item_events(lg)
     lg.rebuild_projections()
     assert live_checksums(lg) == live
 
@@ -237,29 +244,32 @@ def big_ledger() -> Iterator[list[Any]]:
     heartbeat per claim, a run canceled half way."""
     clock = ManualClock()
     with Ledger.open("memory://", clock=clock) as src:
-        for r in range(4):
-            run = src.submit(manifest(10_000, max_attempts=3), SUBMITTER).run_id
+        for r in range(5):
+            run = src.submit(
+                manifest(10_000, max_attempts=3, partial_delivery=True), SUBMITTER
+            ).run_id
             src.start(run, CONTROLLER)
             rounds = 0
             while leases := src.claim(run, WORKER, limit=1000):
                 rounds += 1
                 src.heartbeat(leases[0])
                 clock.advance(1)
-                src.record(
+                results = src.record(
                     [
                         Outcome(le, "fail", error="flaky", stage="ocr")
                         if (i + r) % 9 == 0
-                        else Outcome(le, "reject", error="bad-row")
+                        else Outcome(le, "reject", rule="bad-row")
                         if (i + r) % 31 == 0
                         else Outcome(le, "accept")
                         for i, le in enumerate(leases)
                     ]
                 )
+                assert not [e for e in results if isinstance(e, Exception)]
                 clock.advance(120)
-                if r == 3 and rounds == 5:
+                if r == 4 and rounds == 5:
                     src.cancel(run, OPERATOR, "enough")
                     break
-            if r != 3:
+            if r != 4:
                 src.complete(run, CONTROLLER)
         yield [se for _p, se in stored_events(src)]
 
@@ -271,13 +281,14 @@ def big_ledger() -> Iterator[list[Any]]:
 def test_a_large_ledger_folds_to_the_aggregates_tables(
     lg: Ledger, big_ledger: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert len(big_ledger) >= 90_000
+    assert len(big_ledger) >= 100_000
     import_stored(lg, big_ledger)
     count = FoldCount(monkeypatch)
     folded, aggregates = both_ways(lg, 10_000)
     assert folded == aggregates
-    assert count.folded == item_events(lg) and count.declined == 0
-    assert folded["lg_items"].startswith("40000:")
+    assert (count.folded, count.declined) == (item_events(lg), 0)
+    assert count.folded > 0.99 * len(big_ledger)
+    assert folded["lg_items"].startswith("50000:")
     lg.rebuild_projections()
     assert live_checksums(lg) == folded
     report = lg.verify()
