@@ -205,6 +205,7 @@ class ItemFold:
         self._transitions: list[tuple[Any, ...]] = []
         self._counts: dict[tuple[str, int, str], int] = {}
         self._touched: dict[tuple[str, str], ItemRow] = {}
+        self._slot_at, self._slot = "", 0
 
     @property
     def pending(self) -> bool:
@@ -279,7 +280,9 @@ class ItemFold:
             # the run's own row is not written: its counts move in lg_run_counts
             counts[from_state] -= 1
             counts[to_state] += 1
-            slot = slot_of(at)
+            if at is not self._slot_at:  # one command's events share their time
+                self._slot_at, self._slot = at, slot_of(at)
+            slot = self._slot
             deltas = self._counts
             k = (run_id, slot, from_state)
             deltas[k] = deltas.get(k, 0) - 1

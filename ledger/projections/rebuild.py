@@ -9,8 +9,10 @@ How it works:
 2. Batches: each transaction replays the next `batch_size` events after the
    tracked position, in pages of `REPLAY_PAGE`: it loads from the new tables only
    the run and item rows a page touches that the page before did not leave in
-   the replayer, replays the events through the same aggregates and the same
-   `Projector` the live commands use and writes the rows (each page read before
+   the replayer, replays the events (the item events folded from their stored JSON
+   straight into rows with the fields the aggregates' own mutation sets, the others
+   through the aggregates and the `Projector` the live commands use: `Replayer.
+   apply_stored`) and writes the rows (each page read before
    the previous page's rows are sent, so on PostgreSQL the server writes one page
    while the client projects the next: `replay_batch`), then moves the tracking
    position and commits. A crash loses at most the uncommitted batch, which is

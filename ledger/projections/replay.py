@@ -3,7 +3,9 @@ time travel, import and restore share (ledger/projections/rebuild.py runs it bat
 
 Each event is applied to its aggregate and projected by the same `Projector` the live
 commands use, so a replay yields the rows the commands wrote; the statements of a batch
-are written together.
+are written together. A rebuild's pages of stored events (`apply_stored`) fold their
+item events straight into item rows instead (ledger/projections/fold.py), with the
+fields the aggregate's own mutation sets; the other events take the aggregates' path.
 """
 
 from __future__ import annotations
