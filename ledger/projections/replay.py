@@ -251,11 +251,9 @@ class Replayer:
         missing_items: dict[str, list[str]] = {}
         for run_id, item_id in self._reuse(self._cached_items, item_keys, self.items, created):
             missing_items.setdefault(run_id, []).append(item_id)
-        if not item_rows:
+        if not item_rows:  # a fold's rows, cached: the aggregates' path needs their Items
             for key, found in self.items.items():
-                if (
-                    type(found) is ItemRow
-                ):  # a fold's row, cached: the aggregates' path needs its Item
+                if type(found) is ItemRow:
                     self._take_item(key)
         p = self.projector
         load_runs = STATEMENTS.sql(tx, "load_runs", runs=p.runs_table)
