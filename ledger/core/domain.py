@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from datetime import datetime
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn, Protocol
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, DomainEvent
@@ -344,6 +344,69 @@ class Run(Aggregate):
         )
 
 
+class ItemFields(Protocol):
+    """An item's own fields: the Item aggregate's, and a replay's item row
+    (ledger/projections/fold.py). What an item event does to them is written once,
+    below, and applied to both, so a rebuild folding stored events into rows and the
+    commands' aggregates cannot disagree."""
+
+    state: str
+    attempts: int
+    lease_token: str | None
+    lease_worker: str | None
+    lease_expires_at: str | None
+    eligible_at: str | None
+    last_error: str | None
+    reason: str | None
+
+
+def begin_item_fields(item: ItemFields) -> None:
+    """An item's fields before its stream's first event: pending, never attempted."""
+    item.state = S.PENDING
+    item.attempts = 0
+    item.lease_token = None
+    item.lease_worker = None
+    item.lease_expires_at = None
+    item.eligible_at = None
+    item.last_error = None
+    item.reason = None
+
+
+def apply_item_transition(
+    item: ItemFields,
+    command: str,
+    from_state: str,
+    to_state: str,
+    actor_id: str,
+    reason: str | None,
+    evidence: dict[str, Any],
+) -> None:
+    """What an item transition (`Item.Transitioned`'s attributes) does to the item's fields."""
+    item.state = to_state
+    item.reason = reason
+    if command == "claim":
+        item.attempts = evidence["attempt"]
+        item.lease_token = evidence["lease_token"]
+        item.lease_worker = actor_id
+        item.lease_expires_at = evidence["expires_at"]
+        return
+    if from_state == S.IN_PROGRESS:
+        # an attempt ended: drop the lease (the attempts projection records the outcome)
+        item.lease_token = None
+        item.lease_worker = None
+        item.lease_expires_at = None
+    error = evidence.get("error")
+    if error is not None:
+        item.last_error = error
+    if to_state == S.RETRYABLE:
+        item.eligible_at = evidence.get("eligible_at")
+
+
+def apply_lease_extension(item: ItemFields, expires_at: str) -> None:
+    """What a heartbeat (`Item.LeaseExtended`) does to the item's fields."""
+    item.lease_expires_at = expires_at
+
+
 class Item(Aggregate):
     """What happened to one unit of a run: its state, attempts and current lease."""
 
@@ -383,7 +446,7 @@ class Item(Aggregate):
         actor_id: str
 
         def apply(self, item: Item) -> None:
-            item.lease_expires_at = self.expires_at
+            apply_lease_extension(item, self.expires_at)
 
     @classmethod
     def begin(cls, run_id: str, item_id: str, at: datetime) -> Item:
@@ -400,34 +463,20 @@ class Item(Aggregate):
     def __init__(self, run_id: str, item_id: str) -> None:
         self.run_id = run_id
         self.item_id = item_id
-        self.state = S.PENDING
-        self.attempts = 0
-        self.lease_token: str | None = None
-        self.lease_worker: str | None = None
-        self.lease_expires_at: str | None = None
-        self.eligible_at: str | None = None
-        self.last_error: str | None = None
-        self.reason: str | None = None
+        self.state: str
+        self.attempts: int
+        self.lease_token: str | None
+        self.lease_worker: str | None
+        self.lease_expires_at: str | None
+        self.eligible_at: str | None
+        self.last_error: str | None
+        self.reason: str | None
+        begin_item_fields(self)
 
     def on_transition(self, e: Transitioned) -> None:
-        ev = e.evidence
-        self.state = e.to_state
-        self.reason = e.reason
-        if e.command == "claim":
-            self.attempts = ev["attempt"]
-            self.lease_token = ev["lease_token"]
-            self.lease_worker = e.actor_id
-            self.lease_expires_at = ev["expires_at"]
-            return
-        if e.from_state == S.IN_PROGRESS:
-            # an attempt ended: drop the lease (the attempts projection records the outcome)
-            self.lease_token = None
-            self.lease_worker = None
-            self.lease_expires_at = None
-        if ev.get("error") is not None:
-            self.last_error = ev["error"]
-        if e.to_state == S.RETRYABLE:
-            self.eligible_at = ev.get("eligible_at")
+        apply_item_transition(
+            self, e.command, e.from_state, e.to_state, e.actor_id, e.reason, e.evidence
+        )
 
     def transition(
         self,

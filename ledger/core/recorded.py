@@ -55,16 +55,7 @@ def columns(e: DomainEvent) -> tuple[str | None, ...] | None:
     """The event's transition columns (`TRANSITION_COLUMNS`' order); None for an event
     that is no transition."""
     if isinstance(e, Item.Transitioned):
-        return (
-            e.run_id,
-            e.item_id,
-            e.command,
-            e.from_state,
-            e.to_state,
-            e.actor_id,
-            e.role,
-            iso(e.timestamp),
-        )
+        return item_columns(vars(e), iso(e.timestamp))
     if isinstance(e, Run.Transitioned):
         run_id = str(e.originator_id)
         return (
@@ -83,6 +74,21 @@ def columns(e: DomainEvent) -> tuple[str | None, ...] | None:
         run_id = str(e.originator_id)
         return (run_id, None, AMEND, e.state, e.state, e.actor_id, e.role, iso(e.timestamp))
     return None
+
+
+def item_columns(attrs: Mapping[str, Any], at: str | None) -> tuple[str | None, ...]:
+    """An item transition's columns from its attributes (the event's, or its stored state
+    decoded: a rebuild's fold, ledger/projections/fold.py) and its time as row text."""
+    return (
+        attrs["run_id"],
+        attrs["item_id"],
+        attrs["command"],
+        attrs["from_state"],
+        attrs["to_state"],
+        attrs["actor_id"],
+        attrs["role"],
+        at,
+    )
 
 
 def reason_and_evidence(topic: str, attrs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:

@@ -22,32 +22,36 @@ from ledger.stores.base import NO_TRANSITION, Tx
 Columns = tuple[str | None, ...]
 
 
-def mismatched(
-    tx: Tx, events: Sequence[tuple[int, DomainEvent]]
-) -> list[tuple[int, Columns, Columns]]:
+def of_events(events: Sequence[tuple[int, DomainEvent]]) -> list[tuple[int, Columns]]:
+    """(position, the columns the event says) of each event (NO_TRANSITION for an event
+    that is no transition)."""
+    return [(position, columns(e) or NO_TRANSITION) for position, e in events]
+
+
+def mismatched(tx: Tx, logged: Sequence[tuple[int, Columns]]) -> list[tuple[int, Columns, Columns]]:
     """(position, the columns the event says, the columns its row holds) of each event of
-    `events` (in position order) whose row disagrees with it: one read of the range."""
-    if not events:
+    `logged` ((position, the event's columns), in position order) whose row disagrees
+    with it: one read of the range."""
+    if not logged:
         return []
     stored: dict[int, Columns] = {
         int(r[0]): tuple(r[1:])
         for r in tx.fetch_rows(
-            STATEMENTS.sql(tx, "logged_transitions"), (events[0][0] - 1, events[-1][0])
+            STATEMENTS.sql(tx, "logged_transitions"), (logged[0][0] - 1, logged[-1][0])
         )
     }
     out = []
-    for position, e in events:
-        want = columns(e) or NO_TRANSITION
+    for position, want in logged:
         have = stored.get(position, NO_TRANSITION)
         if want != have:
             out.append((position, tuple(want), have))
     return out
 
 
-def rewrite(tx: Tx, events: Sequence[tuple[int, DomainEvent]]) -> int:
-    """Write the columns of each event of `events` whose row disagrees with it; returns
-    how many rows were written."""
-    wrong = mismatched(tx, events)
+def rewrite(tx: Tx, logged: Sequence[tuple[int, Columns]]) -> int:
+    """Write the columns of each event of `logged` ((position, the event's columns))
+    whose row disagrees with them; returns how many rows were written."""
+    wrong = mismatched(tx, logged)
     if wrong:
         tx.executemany(
             STATEMENTS.sql(tx, "set_logged_transition"),

@@ -9,8 +9,10 @@ How it works:
 2. Batches: each transaction replays the next `batch_size` events after the
    tracked position, in pages of `REPLAY_PAGE`: it loads from the new tables only
    the run and item rows a page touches that the page before did not leave in
-   the replayer, replays the events through the same aggregates and the same
-   `Projector` the live commands use and writes the rows (each page read before
+   the replayer, replays the events (the item events folded from their stored JSON
+   straight into rows with the fields the aggregates' own mutation sets, the others
+   through the aggregates and the `Projector` the live commands use: `Replayer.
+   apply_stored`) and writes the rows (each page read before
    the previous page's rows are sent, so on PostgreSQL the server writes one page
    while the client projects the next: `replay_batch`), then moves the tracking
    position and commits. A crash loses at most the uncommitted batch, which is
@@ -36,12 +38,11 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import StoredEvent
 
-from ledger.projections.logged import rewrite
+from ledger.projections.logged import Columns, rewrite
 from ledger.projections.replay import CACHE_ITEMS as CACHE_ITEMS
 from ledger.projections.replay import CACHE_RUNS as CACHE_RUNS
 from ledger.projections.replay import Observer as Observer
@@ -137,13 +138,12 @@ def replay_batch(tx: Tx, replayer: Replayer, after: int, batch_size: int) -> tup
     (new position, events applied). The replayer keeps its aggregates from page to page
     (`committed`): a failure anywhere rolls the whole batch back and ends the rebuild,
     the replayer with it."""
-    decode = tx.store.mapper.to_domain_event
 
     def apply_page(rows: list[tuple[int, StoredEvent]], after: int, ahead: ReadAhead) -> None:
-        events = [(pos, cast(DomainEvent, decode(se))) for pos, se in rows]
-        rewrite(tx, events)  # the log's transition columns as the events say (logged.py)
-        replayer.apply(tx, events, after, before_write=ahead)
-        replayer.committed(events[-1][0])
+        logged: list[tuple[int, Columns]] = []
+        replayer.apply_stored(tx, rows, after, before_write=ahead, logged=logged)
+        rewrite(tx, logged)  # the log's transition columns as the events say (logged.py)
+        replayer.committed(rows[-1][0])
 
     return replay_pages(tx, after, batch_size, apply_page)
 

@@ -3,27 +3,41 @@ time travel, import and restore share (ledger/projections/rebuild.py runs it bat
 
 Each event is applied to its aggregate and projected by the same `Projector` the live
 commands use, so a replay yields the rows the commands wrote; the statements of a batch
-are written together.
+are written together. A rebuild's pages of stored events (`apply_stored`) fold their
+item events straight into item rows instead (ledger/projections/fold.py), with the
+fields the aggregate's own mutation sets; the other events take the aggregates' path.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from uuid import UUID
 
 from eventsourcing.domain import CanInitAggregate, DomainEvent
+from eventsourcing.persistence import StoredEvent
 
 from ledger.core.domain import Item, Run
+from ledger.core.recorded import columns
 from ledger.core.rows import item_from_row, run_from_row
 from ledger.core.webhook_events import WebhookEvent
 from ledger.projections.counts import attach as attach_counts
+from ledger.projections.fold import (
+    REGISTERED,
+    Folded,
+    ItemFold,
+    ItemRow,
+    StampText,
+    folds,
+    read_item_event,
+)
+from ledger.projections.logged import of_events
 from ledger.projections.row_writes import _write_in_order, _write_rows
 from ledger.projections.sql import STATEMENTS
 from ledger.projections.writer import Projector
 from ledger.stores import statements as rows_sql
-from ledger.stores.base import Tx
+from ledger.stores.base import NO_TRANSITION, Tx
 from ledger.stores.named import tx_list
 from ledger.stores.pg_rows import ArrayRows
 
@@ -53,6 +67,10 @@ _GROUPABLE = (
     Item.LeaseExtended,
 )
 _STATE_READING = (Run.Amended, Item.LeaseExtended)
+_ITEM_EVENTS = (Item.Registered, Item.Transitioned, Item.LeaseExtended)
+
+# a page's event: decoded (the aggregates' path) or read for a fold (ledger/projections/fold.py)
+Entry = tuple[int, DomainEvent | None, Folded | None]
 
 
 class RecordingCursor:
@@ -98,9 +116,12 @@ class Replayer:
         self.tolerant = tolerant
         self.problems: list[dict[str, Any]] = []
         self.runs: dict[str, Run] = {}
-        self.items: dict[tuple[str, str], Item] = {}
+        # an item's Item aggregate, or its row (`ItemRow`) while a rebuild folds its events
+        self.items: dict[tuple[str, str], Any] = {}
         self.streams: dict[UUID, Any] = {}
         self._rec = RecordingCursor()
+        self._fold = ItemFold(self.projector)
+        self._stamp = StampText()
         self.array_rows = ArrayRows()  # PostgreSQL: rows as arrays (ledger/stores/pg_rows.py)
         self._pending: list[tuple[int, DomainEvent]] = []
         self._hazards: set[UUID] = set()
@@ -123,7 +144,7 @@ class Replayer:
         # the cache: aggregates equal to their rows as of position `_cache_at`
         self.cache_items, self.cache_runs = cache_items, cache_runs
         self._cached_runs: OrderedDict[str, Run] = OrderedDict()
-        self._cached_items: OrderedDict[tuple[str, str], Item] = OrderedDict()
+        self._cached_items: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._cache_at: int | None = None
         self._written_items: set[tuple[str, str]] = set()
         self._cacheable = False
@@ -187,11 +208,25 @@ class Replayer:
         return len(self._cached_runs) + len(self._cached_items)
 
     # loading ------------------------------------------------------------
-    def _load(self, tx: Tx, events: Sequence[tuple[int, DomainEvent]]) -> None:
+    def _load(self, tx: Tx, entries: Sequence[Entry], item_rows: bool = False) -> None:
+        """Take into `runs` and `items` the aggregates the entries' events need (from the
+        cache, else from the tables). With `item_rows`, items come as `ItemRow`s (a fold)."""
         run_ids: dict[str, None] = {}
         item_keys: dict[tuple[str, str], None] = {}
         created: set[Any] = set()  # streams whose first event is in the batch: nothing to load
-        for _pos, e in events:
+        for _pos, e, f in entries:
+            if f is not None:
+                kind, state, version = f[0], f[1], f[2]
+                run_id, item_id = state.get("run_id"), state.get("item_id")
+                if type(run_id) is not str or type(item_id) is not str:
+                    continue  # not folded: the aggregates will say why
+                key = (run_id, item_id)
+                if key not in item_keys and (version == 1 or kind == REGISTERED):
+                    created.add(key)
+                item_keys[key] = None
+                run_ids[key[0]] = None
+                continue
+            assert e is not None
             if isinstance(e, WebhookEvent):
                 continue  # a webhook's stream: no aggregate to load
             run_id = getattr(e, "run_id", None)
@@ -216,6 +251,10 @@ class Replayer:
         missing_items: dict[str, list[str]] = {}
         for run_id, item_id in self._reuse(self._cached_items, item_keys, self.items, created):
             missing_items.setdefault(run_id, []).append(item_id)
+        if not item_rows:  # a fold's rows, cached: the aggregates' path needs their Items
+            for key, found in self.items.items():
+                if type(found) is ItemRow:
+                    self._take_item(key)
         p = self.projector
         load_runs = STATEMENTS.sql(tx, "load_runs", runs=p.runs_table)
         load_items = STATEMENTS.sql(tx, "load_items", items=p.items_table)
@@ -233,6 +272,11 @@ class Replayer:
             for i in range(0, len(item_ids), _CHUNK):
                 id_chunk = item_ids[i : i + _CHUNK]
                 for row in tx.fetchall(load_items, (run_id, tx_list(tx, id_chunk))):
+                    if item_rows:
+                        folded = ItemRow.from_row(row)
+                        if folded is not None:
+                            self.items[(folded.run_id, folded.item_id)] = folded
+                        continue
                     item = item_from_row(row)
                     if item is not None:
                         self.items[(item.run_id, item.item_id)] = item
@@ -248,7 +292,8 @@ class Replayer:
             agg = cache.pop(key, None)
             if agg is not None:
                 into[key] = agg
-                self.streams[agg.id] = agg
+                if type(agg) is not ItemRow:
+                    self.streams[agg.id] = agg
             elif key not in created:
                 missing.append(key)
         return missing
@@ -296,43 +341,110 @@ class Replayer:
         is sent (a replay reads its next page there: on PostgreSQL the read then waits
         only for the rows sent before, and the server writes this batch's rows while the
         client decodes and projects the next)."""
-        if after is None or after != self._cache_at:
-            self.forget()  # the tables may have moved since the cached batch (or never had it)
-        self._cache_at = None  # until this batch is committed
-        self._written_items = set()
-        self._cacheable = after is not None
+        self._begin(after)
         problems_before = len(self.problems)
-        self._load(tx, events)
-        self._rec = RecordingCursor()
-        self._pending = []
-        self._hazards = set()
+        self._load(tx, [(pos, e, None) for pos, e in events])
         for pos, e in events:
-            if self.tolerant:
-                self._apply_one_tolerant(tx, pos, e)
-                continue
-            if self.observer is not None:
-                self.observer(tx, pos, e, self)
-            if isinstance(e, WebhookEvent):
-                # no run's or item's: no aggregate, only its row (writer.py), alone
-                self._project_pending()
-                self.projector.project(self._rec, [(pos, e)], self.runs, self.items)
-                continue
-            if e.originator_id in self._hazards or not isinstance(e, _GROUPABLE):
-                # an event type not grouped (an Archived one replaces its run's aggregate)
-                # is projected alone: what came before it is projected first
-                self._project_pending()
-            self._mutate(e)
-            self._pending.append((pos, e))
-            if isinstance(e, _STATE_READING):
-                # the projector reads state the stream's next event may change
-                self._hazards.add(e.originator_id)
-            elif not isinstance(e, _GROUPABLE):
-                self._project_pending()  # an event type this module does not know: alone
+            self._apply_one(tx, pos, e)
         self.flush(tx, before_write)
         if len(self.problems) != problems_before:
             self._cacheable = (
                 False  # an event that did not apply may have left an aggregate half-changed
             )
+
+    def apply_stored(
+        self,
+        tx: Tx,
+        rows: Sequence[tuple[int, StoredEvent]],
+        after: int | None = None,
+        before_write: Callable[[], None] | None = None,
+        logged: list[tuple[int, tuple[str | None, ...]]] | None = None,
+    ) -> None:
+        """`apply` for stored events (a rebuild's pages): the item events are folded from
+        their stored JSON straight into their rows (ledger/projections/fold.py), every
+        other event is decoded and applied as `apply` applies it. Without a fold (an
+        observer needs every event, a tolerant replay, a mapper that does not read the
+        item events as plain JSON), every event is decoded and applied. `logged`, when
+        given, receives (position, transition columns) of every event, in position
+        order: what its row of the log should hold (ledger/core/recorded.py)."""
+        decode = tx.store.mapper.to_domain_event
+        if self.tolerant or self.observer is not None or not folds(tx.store.mapper):
+            events = [(pos, cast(DomainEvent, decode(se))) for pos, se in rows]
+            if logged is not None:
+                logged.extend(of_events(events))
+            self.apply(tx, events, after, before_write)
+            return
+        entries: list[Entry] = []
+        stamp = self._stamp
+        for pos, se in rows:
+            f = read_item_event(se, stamp)
+            entries.append((pos, None, f) if f is not None else (pos, decode(se), None))  # type: ignore[arg-type]
+        self._begin(after)
+        self._load(tx, entries, item_rows=True)
+        fold = self._fold
+        fold.logged = logged
+        try:
+            for pos, e, f in entries:
+                if f is not None:
+                    if self._pending:
+                        self._project_pending()  # rows in event order
+                    if fold.fold(pos, f, self.items, self.runs):
+                        continue
+                    e = cast(DomainEvent, decode(f[4]))  # one for the aggregates after all
+                if fold.pending:
+                    fold.emit(self._rec)
+                assert e is not None
+                if logged is not None:
+                    logged.append((pos, columns(e) or NO_TRANSITION))
+                if isinstance(e, _ITEM_EVENTS):
+                    self._take_item((e.run_id, e.item_id))
+                self._apply_one(tx, pos, e)
+        finally:
+            fold.logged = None
+        if fold.pending:
+            fold.emit(self._rec)
+        self.flush(tx, before_write)
+
+    def _begin(self, after: int | None) -> None:
+        if after is None or after != self._cache_at:
+            self.forget()  # the tables may have moved since the cached batch (or never had it)
+        self._cache_at = None  # until this batch is committed
+        self._written_items = set()
+        self._cacheable = after is not None
+        self._rec = RecordingCursor()
+        self._pending = []
+        self._hazards = set()
+
+    def _take_item(self, key: tuple[str, str]) -> None:
+        """The item's Item aggregate in place of a fold's row (for the aggregates' path)."""
+        found = self.items.get(key)
+        if type(found) is ItemRow:
+            item = found.to_item()
+            self.items[key] = item
+            self.streams[item.id] = item
+
+    def _apply_one(self, tx: Tx, pos: int, e: DomainEvent) -> None:
+        if self.tolerant:
+            self._apply_one_tolerant(tx, pos, e)
+            return
+        if self.observer is not None:
+            self.observer(tx, pos, e, self)
+        if isinstance(e, WebhookEvent):
+            # no run's or item's: no aggregate, only its row (writer.py), alone
+            self._project_pending()
+            self.projector.project(self._rec, [(pos, e)], self.runs, self.items)
+            return
+        if e.originator_id in self._hazards or not isinstance(e, _GROUPABLE):
+            # an event type not grouped (an Archived one replaces its run's aggregate)
+            # is projected alone: what came before it is projected first
+            self._project_pending()
+        self._mutate(e)
+        self._pending.append((pos, e))
+        if isinstance(e, _STATE_READING):
+            # the projector reads state the stream's next event may change
+            self._hazards.add(e.originator_id)
+        elif not isinstance(e, _GROUPABLE):
+            self._project_pending()  # an event type this module does not know: alone
 
     def _project_pending(self) -> None:
         """Project the events applied since the last call, all at once: the projector

@@ -48,7 +48,7 @@ from ledger.core.validation import stored_payload_problem
 from ledger.core.views import VerifyReport
 from ledger.core.webhook_events import ROW_COLUMNS, WebhookEvent, change_row, row_values
 from ledger.projections.checksums import diff_rows, table_checksum, tables_equal
-from ledger.projections.logged import describe, mismatched
+from ledger.projections.logged import describe, mismatched, of_events
 from ledger.projections.rebuild import (
     ReadAhead,
     Replayer,
@@ -175,7 +175,7 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
                     f"event v{stored.originator_version} of stream {stored.originator_id} does "
                     f"not decode: {type(exc).__name__}: {exc}",
                 )
-        for pos, want, have in mismatched(tx, events):
+        for pos, want, have in mismatched(tx, of_events(events)):
             problems.add(
                 "transition_columns",
                 want[0] or have[0],

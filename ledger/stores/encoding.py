@@ -104,6 +104,35 @@ def own_event_classes() -> dict[str, type[DomainEvent]]:
     return {t: c for t, c in out.items() if getattr(c, "class_version", 1) == 1}
 
 
+def plain_state(data: Any) -> dict[str, Any] | None:
+    """A stored state the way orjson reads it, when that is exactly what the mapper reads
+    (see the module docstring): a JSON object whose only wrapper is its timestamp's
+    (`{"_type_": "datetime_iso", "_data_": text}`, left as it is), without a class
+    version or an integer beyond 64 bits. None for anything else, which goes through
+    the mapper. The event's decoding here and a rebuild's fold of item events
+    (ledger/projections/fold.py) both read states through this one test."""
+    if (
+        type(data) is not bytes
+        or data.count(_TYPE_KEY) != 1
+        or _LONG_RUN in data.translate(_DIGITS_AS_ZERO)
+    ):
+        return None
+    try:
+        state = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    stamp = state.get("timestamp") if type(state) is dict else None
+    if (
+        type(stamp) is not dict
+        or len(stamp) != 2
+        or stamp.get("_type_") != DATETIME_ISO
+        or type(stamp.get("_data_")) is not str
+        or "class_version" in state
+    ):
+        return None
+    return cast(dict[str, Any], state)
+
+
 class EventMapper(Mapper[UUID]):
     """eventsourcing's `Mapper` for the ledger's events, encoding and decoding the ledger's
     own event classes with orjson to and from the transcoder's very bytes (see the module
@@ -118,6 +147,11 @@ class EventMapper(Mapper[UUID]):
         self._last_stamp: tuple[datetime, str] | None = None
         if self.compressor is not None or self.cipher is not None:
             self._classes, self._topics = {}, {}
+
+    def reads_plain(self, topic: str) -> bool:
+        """Whether events of `topic` are read here as plain JSON (`plain_state`): one of the
+        ledger's own classes, without compression or a cipher."""
+        return topic in self._classes
 
     def _iso(self, stamp: datetime) -> str:
         last = self._last_stamp
@@ -157,28 +191,10 @@ class EventMapper(Mapper[UUID]):
     def to_domain_event(self, stored_event: StoredEvent) -> DomainEventProtocol[UUID]:
         """The stored event as its event object, as the mapper builds it."""
         cls = self._classes.get(stored_event.topic)
-        data = stored_event.state
-        if (
-            cls is None
-            or type(data) is not bytes
-            or data.count(_TYPE_KEY) != 1
-            or _LONG_RUN in data.translate(_DIGITS_AS_ZERO)
-        ):
+        state = None if cls is None else plain_state(stored_event.state)
+        if cls is None or state is None:
             return super().to_domain_event(stored_event)
-        try:
-            state = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return super().to_domain_event(stored_event)
-        stamp = state.get("timestamp") if type(state) is dict else None
-        if (
-            type(stamp) is not dict
-            or len(stamp) != 2
-            or stamp.get("_type_") != DATETIME_ISO
-            or type(stamp.get("_data_")) is not str
-            or "class_version" in state
-        ):
-            return super().to_domain_event(stored_event)
-        state["timestamp"] = datetime.fromisoformat(stamp["_data_"])
+        state["timestamp"] = datetime.fromisoformat(state["timestamp"]["_data_"])
         originator_id = stored_event.originator_id
         if type(originator_id) is not UUID:
             originator_id = find_id_convertor(cls, cast(Hashable, type(originator_id)))(
@@ -191,4 +207,4 @@ class EventMapper(Mapper[UUID]):
         return cast(DomainEventProtocol[UUID], event)
 
 
-__all__ = ["DATETIME_ISO", "EventMapper", "own_event_classes"]
+__all__ = ["DATETIME_ISO", "EventMapper", "own_event_classes", "plain_state"]
