@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from datetime import datetime
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NamedTuple, NoReturn
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, DomainEvent
@@ -344,6 +344,15 @@ class Run(Aggregate):
         )
 
 
+class EndedLease(NamedTuple):
+    """The lease of an attempt that ended: what its attempt row holds besides the outcome."""
+
+    worker_id: str
+    lease_token: str
+    started_on: datetime
+    expires_at: str
+
+
 class Item(Aggregate):
     """What happened to one unit of a run: its state, attempts and current lease."""
 
@@ -405,7 +414,13 @@ class Item(Aggregate):
         self.lease_token: str | None = None
         self.lease_worker: str | None = None
         self.lease_expires_at: str | None = None
+        # when the live lease was granted (the open attempt's start)
+        self.lease_started_on: datetime | None = None
         self.eligible_at: str | None = None
+        # the leases of the attempts that ended since this aggregate was made, by attempt
+        # number: each attempt's row is written once, when it ends, from its lease (not
+        # stored; a replay projects several events of one item together)
+        self.ended_leases: dict[int, EndedLease] = {}
         self.last_error: str | None = None
         self.reason: str | None = None
 
@@ -418,9 +433,16 @@ class Item(Aggregate):
             self.lease_token = ev["lease_token"]
             self.lease_worker = e.actor_id
             self.lease_expires_at = ev["expires_at"]
+            self.lease_started_on = e.timestamp
             return
         if e.from_state == S.IN_PROGRESS:
             # an attempt ended: drop the lease (the attempts projection records the outcome)
+            if self.lease_token is not None and self.lease_started_on is not None:
+                assert self.lease_worker is not None and self.lease_expires_at is not None
+                self.ended_leases[self.attempts] = EndedLease(
+                    self.lease_worker, self.lease_token, self.lease_started_on, self.lease_expires_at
+                )
+            self.lease_started_on = None
             self.lease_token = None
             self.lease_worker = None
             self.lease_expires_at = None

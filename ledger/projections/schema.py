@@ -49,16 +49,13 @@ def paging_index_ddl(suffix: str = "") -> list[str]:
 #   literal, so the planner can prove it is covered). Of the six index entries an item
 #   transition would write, these two are skipped.
 # - lg_items_lease holds only the leased items (the one state its queries ask for).
-# - lg_items and lg_attempts leave room on each page (fillfactor 50 and 40), so the claim
-#   and the outcome rewrite an item, and the outcome its attempt, on the row's own page:
-#   the attempt's update is then a HOT update (no indexed column changes: no new index
-#   entries), and an item's is logged as the bytes that changed, not the whole row. A
-#   claim or outcome rewrites every row of a page in one transaction, each row growing
-#   (lease, outcome, times): an attempt page needs 60% free for all of its rows to stay
-#   (measured with bench case 8: 86% HOT at 50, 100% at 40). An item's update cannot be
-#   HOT: its state is indexed (lg_items_state), and the claim, the status and the paged
-#   reads find items by state.
-PG_FILLFACTOR = {"lg_items": 50, "lg_attempts": 40}
+# - lg_items leaves room on each page (fillfactor 50), so the claim and the outcome
+#   rewrite an item on the row's own page, logged as the bytes that changed, not the whole
+#   row. An item's update cannot be HOT: its state is indexed (lg_items_state), and the
+#   claim, the status and the paged reads find items by state. An attempt's row is written
+#   once, when the attempt ends (schema v18), and never updated: lg_attempts keeps the
+#   default fillfactor.
+PG_FILLFACTOR = {"lg_items": 50}
 NARROWED_INDEXES = ("lg_transitions_role", "lg_transitions_state", "lg_items_lease")
 
 
@@ -150,6 +147,7 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
             last_error TEXT,
             reason TEXT,
             updated_at TEXT,
+            lease_started_at TEXT,
             PRIMARY KEY (run_id, item_id)
         )"""
         + ff["lg_items"],

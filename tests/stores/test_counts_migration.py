@@ -48,8 +48,10 @@ def some_runs(lg: Ledger) -> list[str]:
 def as_v6(execute: Callable[..., Any], statuses: dict[str, Any], mark: str) -> None:
     """Put the database in the shape schema v6 had: each run's counts in its row (and the
     hashes in their own table, as before v11)."""
+    from tests.stores.test_attempts_migration import open_attempts_as_rows
     from tests.stores.test_hash_migration import hashes_as_v10
 
+    open_attempts_as_rows(execute)
     hashes_as_v10(execute, "sqlite" if mark == "?" else "postgres")
     for run_id, status in statuses.items():
         execute(
