@@ -158,6 +158,10 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
         # the optional items still open, for the required ones' count (schema v10)
         f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_optional ON {t['lg_items']} (run_id, state) "
         "WHERE required = 0",
+        # the open attempts (the leases of the items in progress) by start, for the paged
+        # reads of a run's attempts (ledger/reads/queries.sql; schema v18)
+        f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_leased ON {t['lg_items']} "
+        "(run_id, lease_started_at) WHERE state = 'in_progress'",
         f"""CREATE TABLE IF NOT EXISTS {t["lg_attempts"]} (
             run_id TEXT NOT NULL,
             item_id TEXT NOT NULL,

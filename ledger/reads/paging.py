@@ -7,7 +7,7 @@ Each read has one order and one cursor, both served by an index:
 - attempts: `started_at`, then manifest order, then attempt number; the cursor is the
   last attempt's key `"<item_id>:<attempt>"` (or the tuple `(item_id, attempt)`)
   (index lg_attempts_started; one item's attempts use the primary key); the open
-  attempts are the leases of the items in progress (ledger/reads/queries.sql);
+  attempts are the leases of the items in progress (lg_items_leased);
 - history: position order; the cursor is the last transition's `position`
   (index lg_transitions_run). Each event writes one transition (ord 0).
 
@@ -182,13 +182,13 @@ def iter_attempts(
             # on the index alone, it bounds the join and sort to about one page (else
             # PostgreSQL hashes the whole run's items for every page)
             end = tx.fetchone(
-                SQL.sql(tx, "run_attempts_page_end"), (run_id, at, n, run_id, at, n - 1)
+                SQL.sql(tx, "run_attempts_page_end"), (run_id, at, n, run_id, at, n, n - 1)
             )
             if end is None:
                 key = (run_id, at, at, seq, seq, number)
-                return tx.fetchall(SQL.sql(tx, "run_attempts_page"), (*key, n, *key, n))
+                return tx.fetchall(SQL.sql(tx, "run_attempts_page"), (*key, n, *key, n, n))
             key = (run_id, at, end["started_at"], at, seq, seq, number)
-            return tx.fetchall(SQL.sql(tx, "run_attempts_page_upto"), (*key, n, *key, n))
+            return tx.fetchall(SQL.sql(tx, "run_attempts_page_upto"), (*key, n, *key, n, n))
 
         return _read(store, read)
 

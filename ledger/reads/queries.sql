@@ -325,8 +325,8 @@ SELECT * FROM lg_items WHERE run_id = ? AND state = ? AND seq > ? ORDER BY seq L
 -- A run's attempts: the ended ones are rows of lg_attempts (written when each ended),
 -- the open one of an item in progress is its lease on the item row (started at
 -- lease_started_at, not finished). Each read below adds the open ones to the rows, in
--- the columns of lg_attempts; a run has as many as it has items in progress (found by
--- lg_items_state).
+-- the columns of lg_attempts, found by start time on lg_items_leased (a page of them
+-- costs a page, however many items are in progress).
 
 -- name: attempt_key
 SELECT a.started_at, i.seq FROM lg_attempts a JOIN lg_items i ON
@@ -350,8 +350,9 @@ ORDER BY attempt LIMIT ?;
 -- run's items for every page)
 SELECT started_at FROM (SELECT * FROM (SELECT started_at FROM lg_attempts
 WHERE run_id = ? AND started_at > ? ORDER BY started_at LIMIT ?) e
-UNION ALL SELECT lease_started_at FROM lg_items WHERE run_id = ? AND state = {s_in_progress}
-AND lease_started_at > ?) t ORDER BY started_at LIMIT 1 OFFSET ?;
+UNION ALL SELECT * FROM (SELECT lease_started_at FROM lg_items WHERE run_id = ?
+AND state = {s_in_progress} AND lease_started_at > ? ORDER BY lease_started_at LIMIT ?) o)
+t ORDER BY started_at LIMIT 1 OFFSET ?;
 
 -- name: run_attempts_page
 -- the run's attempts ordered by (started_at, item seq, attempt): the range on started_at
@@ -362,11 +363,12 @@ i.seq AS item_seq FROM lg_attempts a JOIN lg_items i ON a.run_id = i.run_id
 AND a.item_id = i.item_id WHERE a.run_id = ? AND a.started_at >= ? AND (a.started_at > ?
 OR i.seq > ? OR (i.seq = ? AND a.attempt > ?)) ORDER BY a.started_at, i.seq, a.attempt
 LIMIT ?) e
-UNION ALL SELECT run_id, item_id, attempts, lease_worker, lease_token, lease_started_at,
-lease_expires_at, NULL, NULL, NULL, NULL, seq FROM lg_items WHERE run_id = ?
-AND state = {s_in_progress} AND lease_started_at >= ? AND (lease_started_at > ?
-OR seq > ? OR (seq = ? AND attempts > ?))) t ORDER BY started_at, item_seq, attempt
-LIMIT ?;
+UNION ALL SELECT * FROM (SELECT run_id, item_id, attempts, lease_worker, lease_token,
+lease_started_at, lease_expires_at, NULL, NULL, NULL, NULL, seq FROM lg_items
+WHERE run_id = ? AND state = {s_in_progress} AND lease_started_at >= ?
+AND (lease_started_at > ? OR seq > ? OR (seq = ? AND attempts > ?))
+ORDER BY lease_started_at, seq, attempts LIMIT ?) o) t
+ORDER BY started_at, item_seq, attempt LIMIT ?;
 
 -- name: run_attempts_page_upto
 SELECT * FROM (SELECT * FROM (SELECT a.run_id, a.item_id, a.attempt, a.worker_id,
@@ -375,10 +377,11 @@ i.seq AS item_seq FROM lg_attempts a JOIN lg_items i ON a.run_id = i.run_id
 AND a.item_id = i.item_id WHERE a.run_id = ? AND a.started_at >= ? AND a.started_at <= ?
 AND (a.started_at > ? OR i.seq > ? OR (i.seq = ? AND a.attempt > ?))
 ORDER BY a.started_at, i.seq, a.attempt LIMIT ?) e
-UNION ALL SELECT run_id, item_id, attempts, lease_worker, lease_token, lease_started_at,
-lease_expires_at, NULL, NULL, NULL, NULL, seq FROM lg_items WHERE run_id = ?
-AND state = {s_in_progress} AND lease_started_at >= ? AND lease_started_at <= ?
-AND (lease_started_at > ? OR seq > ? OR (seq = ? AND attempts > ?))) t
+UNION ALL SELECT * FROM (SELECT run_id, item_id, attempts, lease_worker, lease_token,
+lease_started_at, lease_expires_at, NULL, NULL, NULL, NULL, seq FROM lg_items
+WHERE run_id = ? AND state = {s_in_progress} AND lease_started_at >= ?
+AND lease_started_at <= ? AND (lease_started_at > ? OR seq > ? OR (seq = ? AND attempts > ?))
+ORDER BY lease_started_at, seq, attempts LIMIT ?) o) t
 ORDER BY started_at, item_seq, attempt LIMIT ?;
 
 -- name: history_page
@@ -458,25 +461,27 @@ ORDER BY seq LIMIT ?;
 -- ordered by the index's own order, so the planner reads the run's index entries, never
 -- a table scan that may pass other runs' attempts first; the open attempts added
 SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM lg_attempts WHERE run_id = ?
-ORDER BY started_at LIMIT ?) t) + (SELECT COUNT(*) FROM lg_items WHERE run_id = ?
-AND state = {s_in_progress}) AS n;
+ORDER BY started_at LIMIT ?) t) + (SELECT COUNT(*) FROM (SELECT 1 FROM lg_items
+WHERE run_id = ? AND state = {s_in_progress} ORDER BY lease_started_at LIMIT ?) o) AS n;
 
 -- name: run_attempts_newest
 SELECT * FROM (SELECT * FROM (SELECT item_id, attempt, worker_id, started_at, expires_at,
 finished_at, stage, outcome, error FROM lg_attempts WHERE run_id = ?
 ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?) e
-UNION ALL SELECT item_id, attempts, lease_worker, lease_started_at, lease_expires_at, NULL,
-NULL, NULL, NULL FROM lg_items WHERE run_id = ? AND state = {s_in_progress}) t
-ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?;
+UNION ALL SELECT * FROM (SELECT item_id, attempts, lease_worker, lease_started_at,
+lease_expires_at, NULL, NULL, NULL, NULL FROM lg_items WHERE run_id = ?
+AND state = {s_in_progress} ORDER BY lease_started_at DESC, item_id DESC, attempts DESC
+LIMIT ?) o) t ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?;
 
 -- name: run_attempts_newest_before
 SELECT * FROM (SELECT * FROM (SELECT item_id, attempt, worker_id, started_at, expires_at,
 finished_at, stage, outcome, error FROM lg_attempts WHERE run_id = ?
 AND (started_at, item_id, attempt) < (?, ?, ?)
 ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?) e
-UNION ALL SELECT item_id, attempts, lease_worker, lease_started_at, lease_expires_at, NULL,
-NULL, NULL, NULL FROM lg_items WHERE run_id = ? AND state = {s_in_progress}
-AND (lease_started_at, item_id, attempts) < (?, ?, ?)) t
+UNION ALL SELECT * FROM (SELECT item_id, attempts, lease_worker, lease_started_at,
+lease_expires_at, NULL, NULL, NULL, NULL FROM lg_items WHERE run_id = ?
+AND state = {s_in_progress} AND (lease_started_at, item_id, attempts) < (?, ?, ?)
+ORDER BY lease_started_at DESC, item_id DESC, attempts DESC LIMIT ?) o) t
 ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?;
 
 -- name: open_runs_by_state

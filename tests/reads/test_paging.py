@@ -224,8 +224,8 @@ def test_paged_reads_use_an_index(tmp_path: Any) -> None:
             )
             assert "lg_items_seq" in p and "TEMP B-TREE" not in p, p
             key = ("r", "a", "a", 1, 1, 1)
-            p = plan(paging._RUN_ATTEMPTS, (*key, 5, *key, 5))
-            # the ended attempts by start time, the open ones by the items in progress
-            assert "lg_attempts_started" in p and "lg_items_state" in p, p
+            p = plan(paging._RUN_ATTEMPTS, (*key, 5, *key, 5, 5))
+            # the ended attempts by start time, the open ones (the leases) too
+            assert "lg_attempts_started" in p and "lg_items_leased" in p, p
     finally:
         lg.close()

@@ -13,5 +13,8 @@ AND a.item_id = lg_items.item_id AND a.attempt = lg_items.attempts AND a.finishe
 -- the open attempts' rows go: their attempts are read from the item rows
 DELETE FROM lg_attempts WHERE finished_at IS NULL;
 
+-- the open attempts by start, for the paged reads of a run's attempts
+CREATE INDEX IF NOT EXISTS lg_items_leased ON lg_items (run_id, lease_started_at) WHERE state = 'in_progress';
+
 -- a row is written once and never updated: no room left for updates on its page
 ALTER TABLE lg_attempts RESET (fillfactor);

@@ -13,3 +13,6 @@ WHERE state = 'in_progress';
 
 -- the open attempts' rows go: their attempts are read from the item rows
 DELETE FROM lg_attempts WHERE finished_at IS NULL;
+
+-- the open attempts by start, for the paged reads of a run's attempts
+CREATE INDEX IF NOT EXISTS lg_items_leased ON lg_items (run_id, lease_started_at) WHERE state = 'in_progress';
