@@ -440,7 +440,10 @@ class Item(Aggregate):
             if self.lease_token is not None and self.lease_started_on is not None:
                 assert self.lease_worker is not None and self.lease_expires_at is not None
                 self.ended_leases[self.attempts] = EndedLease(
-                    self.lease_worker, self.lease_token, self.lease_started_on, self.lease_expires_at
+                    self.lease_worker,
+                    self.lease_token,
+                    self.lease_started_on,
+                    self.lease_expires_at,
                 )
             self.lease_started_on = None
             self.lease_token = None

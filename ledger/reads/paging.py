@@ -185,7 +185,7 @@ def iter_attempts(
                 SQL.sql(tx, "run_attempts_page_end"), (run_id, at, n, run_id, at, n, n - 1)
             )
             if end is None:
-                key = (run_id, at, at, seq, seq, number)
+                key: tuple[Any, ...] = (run_id, at, at, seq, seq, number)
                 return tx.fetchall(SQL.sql(tx, "run_attempts_page"), (*key, n, *key, n, n))
             key = (run_id, at, end["started_at"], at, seq, seq, number)
             return tx.fetchall(SQL.sql(tx, "run_attempts_page_upto"), (*key, n, *key, n, n))

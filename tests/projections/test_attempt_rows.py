@@ -117,7 +117,11 @@ def test_an_attempt_is_read_from_its_lease_while_open_and_from_its_row_once_ende
     retried = next(le for le in second if le.item_id == first.item_id)
     assert retried.attempt == 2
     attempts = every_read(lg, run)
-    assert [(a.item_id, a.attempt, a.outcome) for a in attempts][0] == (first.item_id, 1, "failed")
+    assert (attempts[0].item_id, attempts[0].attempt, attempts[0].outcome) == (
+        first.item_id,
+        1,
+        "failed",
+    )
     assert fields(next(a for a in attempts if a.attempt == 2)) == started(retried, clock)
     assert len(attempts) == 4 and len(attempt_rows(lg, run)) == 1
 
@@ -173,7 +177,7 @@ def some_attempts(lg: Ledger, clock: ManualClock) -> list[str]:
     """A finished run (retries, heartbeats, expiry) and a running one with open attempts."""
     done = lg.submit(manifest(4, max_attempts=3, lease_seconds=60), SUBMITTER).run_id
     lg.start(done, CONTROLLER)
-    a, b, c = lg.claim(done, WORKER, limit=3)
+    a, b, _c = lg.claim(done, WORKER, limit=3)
     clock.advance(10)
     lg.heartbeat(a)
     lg.fail_attempt(b, "flaky")
