@@ -22,13 +22,14 @@ Execute = Callable[..., Any]
 
 def open_attempts_as_rows(execute: Execute) -> None:
     """Put the attempts in the shape schema versions 1-17 had: an lg_attempts row for each
-    open attempt (the claim wrote it), no lease_started_at on the item rows (for tests
+    open attempt (the claim wrote it), no lease_started_at on the item rows nor its index (for tests
     that write with this release and then make the database look older)."""
     execute(
         "INSERT INTO lg_attempts (run_id, item_id, attempt, worker_id, lease_token, started_at, "
         "expires_at) SELECT run_id, item_id, attempts, lease_worker, lease_token, "
         "lease_started_at, lease_expires_at FROM lg_items WHERE state = 'in_progress'"
     )
+    execute("DROP INDEX IF EXISTS lg_items_leased")
     execute("ALTER TABLE lg_items DROP COLUMN lease_started_at")
 
 
