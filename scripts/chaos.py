@@ -204,9 +204,12 @@ def monitor_main(dsn: str, cancel_run: str, out_path: str, stop: Any) -> None:
                             "accepted_before": st.counts.get("accepted", 0),
                         }
                 with lg.store.read() as tx:
+                    # an item's open attempt is its lease: double when that attempt
+                    # also has the row written when an attempt ends
                     rows = tx.fetchall(
-                        "SELECT run_id, item_id FROM lg_attempts WHERE finished_at IS NULL "
-                        "GROUP BY run_id, item_id HAVING COUNT(*) > 1"
+                        "SELECT i.run_id, i.item_id FROM lg_items i JOIN lg_attempts a "
+                        "ON a.run_id = i.run_id AND a.item_id = i.item_id "
+                        "AND a.attempt = i.attempts WHERE i.state = 'in_progress'"
                     )
                 seen.update((r["run_id"], r["item_id"]) for r in rows)
                 polls += 1
@@ -473,11 +476,7 @@ def main(argv: list[str] | None = None) -> int:
             states = {"big": done.state, "canceled_run": lg.status(doomed).state}
             acks = read_acks(logs)
             result = check(lg, run_ids, acks)
-            with lg.store.read() as tx:
-                row = tx.fetchone(
-                    "SELECT COUNT(*) AS n FROM lg_attempts WHERE run_id IN (?, ?)", (big, doomed)
-                )
-            attempts = int(row["n"]) if row else -1
+            attempts = len(lg.attempts(big)) + len(lg.attempts(doomed))
             try:
                 report = lg.verify()
                 verify_problems: Any = len(report.problems)

@@ -115,7 +115,7 @@ SELECT item_id FROM lg_items WHERE run_id = ? AND required = 1;
 -- name: items_to_amend
 SELECT item_id, required, payload, state, in_manifest, revision, attempts,
 lease_token, lease_worker, lease_expires_at, eligible_at, last_error, reason,
-updated_at, run_id FROM lg_items WHERE run_id = ? ORDER BY seq;
+updated_at, lease_started_at, run_id FROM lg_items WHERE run_id = ? ORDER BY seq;
 
 -- name: run_retried
 SELECT attempt FROM lg_attempts WHERE run_id = ?

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from datetime import datetime
-from typing import Any, ClassVar, NoReturn, Protocol
+from typing import Any, ClassVar, NamedTuple, NoReturn, Protocol
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, DomainEvent
@@ -344,17 +344,30 @@ class Run(Aggregate):
         )
 
 
+class EndedLease(NamedTuple):
+    """The lease of an attempt that ended: what its attempt row holds besides the outcome.
+    `started_on` is the holder's own form of the time the lease was granted (a datetime
+    on the Item aggregate, the row's text in a replay's fold)."""
+
+    worker_id: str
+    lease_token: str
+    started_on: Any
+    expires_at: str
+
+
 class ItemFields(Protocol):
     """An item's own fields: the Item aggregate's, and a replay's item row
     (ledger/projections/fold.py). What an item event does to them is written once,
     below, and applied to both, so a rebuild folding stored events into rows and the
-    commands' aggregates cannot disagree."""
+    commands' aggregates cannot disagree. `lease_started_on` is when the live lease was
+    granted (the open attempt's start), in the holder's own form of a time."""
 
     state: str
     attempts: int
     lease_token: str | None
     lease_worker: str | None
     lease_expires_at: str | None
+    lease_started_on: Any
     eligible_at: str | None
     last_error: str | None
     reason: str | None
@@ -367,6 +380,7 @@ def begin_item_fields(item: ItemFields) -> None:
     item.lease_token = None
     item.lease_worker = None
     item.lease_expires_at = None
+    item.lease_started_on = None
     item.eligible_at = None
     item.last_error = None
     item.reason = None
@@ -380,8 +394,11 @@ def apply_item_transition(
     actor_id: str,
     reason: str | None,
     evidence: dict[str, Any],
-) -> None:
-    """What an item transition (`Item.Transitioned`'s attributes) does to the item's fields."""
+    at: Any,
+) -> EndedLease | None:
+    """What an item transition (`Item.Transitioned`'s attributes, `at` its time in the
+    holder's form) does to the item's fields; the lease of the attempt it ends, if any
+    (its attempt row is written from it, once, when it ends)."""
     item.state = to_state
     item.reason = reason
     if command == "claim":
@@ -389,9 +406,17 @@ def apply_item_transition(
         item.lease_token = evidence["lease_token"]
         item.lease_worker = actor_id
         item.lease_expires_at = evidence["expires_at"]
-        return
+        item.lease_started_on = at
+        return None
+    ended = None
     if from_state == S.IN_PROGRESS:
-        # an attempt ended: drop the lease (the attempts projection records the outcome)
+        # an attempt ended: drop the lease (its attempt row records the outcome)
+        if item.lease_token is not None and item.lease_started_on is not None:
+            assert item.lease_worker is not None and item.lease_expires_at is not None
+            ended = EndedLease(
+                item.lease_worker, item.lease_token, item.lease_started_on, item.lease_expires_at
+            )
+        item.lease_started_on = None
         item.lease_token = None
         item.lease_worker = None
         item.lease_expires_at = None
@@ -400,6 +425,7 @@ def apply_item_transition(
         item.last_error = error
     if to_state == S.RETRYABLE:
         item.eligible_at = evidence.get("eligible_at")
+    return ended
 
 
 def apply_lease_extension(item: ItemFields, expires_at: str) -> None:
@@ -468,15 +494,22 @@ class Item(Aggregate):
         self.lease_token: str | None
         self.lease_worker: str | None
         self.lease_expires_at: str | None
+        self.lease_started_on: datetime | None
         self.eligible_at: str | None
         self.last_error: str | None
         self.reason: str | None
         begin_item_fields(self)
+        # the leases of the attempts that ended since this aggregate was made, by attempt
+        # number: each attempt's row is written once, when it ends, from its lease (not
+        # stored; a replay projects several events of one item together)
+        self.ended_leases: dict[int, EndedLease] = {}
 
     def on_transition(self, e: Transitioned) -> None:
-        apply_item_transition(
-            self, e.command, e.from_state, e.to_state, e.actor_id, e.reason, e.evidence
+        ended = apply_item_transition(
+            self, e.command, e.from_state, e.to_state, e.actor_id, e.reason, e.evidence, e.timestamp
         )
+        if ended is not None:
+            self.ended_leases[self.attempts] = ended
 
     def transition(
         self,

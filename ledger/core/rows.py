@@ -180,6 +180,7 @@ ITEM_STREAM_COLUMNS = (
     "last_error",
     "reason",
     "updated_at",
+    "lease_started_at",
 )
 
 
@@ -196,6 +197,7 @@ def item_stream_values(item: Item) -> tuple[Any, ...]:
         item.last_error,
         item.reason,
         iso(item.modified_on),
+        iso(item.lease_started_on),
     )
 
 
@@ -215,6 +217,8 @@ def item_from_row(row: dict[str, Any]) -> Item | None:
     item.lease_token = row["lease_token"]
     item.lease_worker = row["lease_worker"]
     item.lease_expires_at = row["lease_expires_at"]
+    item.lease_started_on = parse_dt(row["lease_started_at"])
+    item.ended_leases = {}
     item.eligible_at = row["eligible_at"]
     item.last_error = row["last_error"]
     item.reason = row["reason"]

@@ -64,6 +64,7 @@ class ItemRow:
         "item_id",
         "last_error",
         "lease_expires_at",
+        "lease_started_on",
         "lease_token",
         "lease_worker",
         "reason",
@@ -83,6 +84,7 @@ class ItemRow:
         self.lease_token: str | None
         self.lease_worker: str | None
         self.lease_expires_at: str | None
+        self.lease_started_on: str | None  # the row's text (lease_started_at)
         self.eligible_at: str | None
         self.last_error: str | None
         self.reason: str | None
@@ -100,6 +102,7 @@ class ItemRow:
         out.lease_token = row["lease_token"]
         out.lease_worker = row["lease_worker"]
         out.lease_expires_at = row["lease_expires_at"]
+        out.lease_started_on = row["lease_started_at"]
         out.eligible_at = row["eligible_at"]
         out.last_error = row["last_error"]
         out.reason = row["reason"]
@@ -114,6 +117,7 @@ class ItemRow:
         out.lease_token = item.lease_token
         out.lease_worker = item.lease_worker
         out.lease_expires_at = item.lease_expires_at
+        out.lease_started_on = iso(item.lease_started_on)
         out.eligible_at = item.eligible_at
         out.last_error = item.last_error
         out.reason = item.reason
@@ -130,6 +134,7 @@ class ItemRow:
             "lease_token": self.lease_token,
             "lease_worker": self.lease_worker,
             "lease_expires_at": self.lease_expires_at,
+            "lease_started_at": self.lease_started_on,
             "eligible_at": self.eligible_at,
             "last_error": self.last_error,
             "reason": self.reason,
@@ -156,6 +161,7 @@ class ItemRow:
             self.last_error,
             self.reason,
             self.updated_at,
+            self.lease_started_on,
             self.run_id,
             self.item_id,
         )
@@ -202,7 +208,6 @@ class ItemFold:
     def __init__(self, projector: Projector) -> None:
         self.p = projector
         self._attempt_inserts: list[tuple[Any, ...]] = []
-        self._attempt_updates: dict[str, list[tuple[Any, ...]]] = {}
         # (position, transition columns) of each event folded, when a caller asks
         self.logged: list[tuple[int, tuple[str | None, ...]]] | None = None
         self._counts: dict[tuple[str, int, str], int] = {}
@@ -262,9 +267,6 @@ class ItemFold:
             apply_lease_extension(row, expires_at)
             if self.logged is not None:
                 self.logged.append((position, NO_TRANSITION))
-            self._attempt_updates.setdefault(self.p.extend_attempt, []).append(
-                (expires_at, run_id, item_id, row.attempts)
-            )
         else:
             run = runs.get(run_id)
             if type(ev) is not dict or run is None:
@@ -272,17 +274,14 @@ class ItemFold:
             counts = run.counts
             if from_state not in counts or to_state not in counts:
                 return False
-            attempt: tuple[Any, ...] = ()
+            ends = from_state == IN_PROGRESS and command != "claim"
             try:
-                if command == "claim":
-                    attempt = (run_id, item_id, ev["attempt"], actor_id, ev["lease_token"])
-                    attempt += (at, ev["expires_at"])
-                elif from_state == IN_PROGRESS:
-                    attempt = (at, ev.get("stage"), ev.get("outcome"), ev.get("error"))
-                    attempt += (run_id, item_id, ev["attempt"])
+                number = ev["attempt"] if ends else None
             except KeyError:
                 return False
-            apply_item_transition(row, command, from_state, to_state, actor_id, reason, ev)
+            ended = apply_item_transition(
+                row, command, from_state, to_state, actor_id, reason, ev, at
+            )
             # the run's own row is not written: its counts move in lg_run_counts
             counts[from_state] -= 1
             counts[to_state] += 1
@@ -294,10 +293,24 @@ class ItemFold:
             deltas[k] = deltas.get(k, 0) - 1
             k = (run_id, slot, to_state)
             deltas[k] = deltas.get(k, 0) + 1
-            if command == "claim":
-                self._attempt_inserts.append(attempt)
-            elif from_state == IN_PROGRESS:
-                self._attempt_updates.setdefault(self.p.finish_attempt, []).append(attempt)
+            if ends and ended is not None and row.attempts == number:
+                # the attempt ended: its one row, from the lease it ends (as the projector
+                # writes it from the aggregate's ended lease of that number)
+                self._attempt_inserts.append(
+                    (
+                        run_id,
+                        item_id,
+                        number,
+                        ended.worker_id,
+                        ended.lease_token,
+                        ended.started_on,
+                        ended.expires_at,
+                        at,
+                        ev.get("stage"),
+                        ev.get("outcome"),
+                        ev.get("error"),
+                    )
+                )
             if self.logged is not None:
                 self.logged.append((position, item_columns(state, at)))
         row.revision = version
@@ -311,11 +324,9 @@ class ItemFold:
         p = self.p
         if self._attempt_inserts:
             cur.executemany(p.insert_attempt, self._attempt_inserts)
-        for sql, rows in self._attempt_updates.items():
-            cur.executemany(sql, rows)
         if self._counts:
             cur.executemany(p.add_counts, [(*k, n) for k, n in sorted(self._counts.items())])
         if self._touched:
             cur.executemany(p.update_item, [r.stream_values() for r in self._touched.values()])
-        self._attempt_inserts, self._attempt_updates = [], {}
+        self._attempt_inserts = []
         self._counts, self._touched = {}, {}

@@ -36,7 +36,6 @@ from ledger.projections.logged import of_events
 from ledger.projections.row_writes import _write_in_order, _write_rows
 from ledger.projections.sql import STATEMENTS
 from ledger.projections.writer import Projector
-from ledger.stores import statements as rows_sql
 from ledger.stores.base import NO_TRANSITION, Tx
 from ledger.stores.named import tx_list
 from ledger.stores.pg_rows import ArrayRows
@@ -57,7 +56,8 @@ class Observer(Protocol):
 # --------------------------------------------------------------------------
 # Events the projector handles from the event and cumulative state only, so several
 # can be projected together; those in _STATE_READING also read state (the run's
-# item_count, the item's attempt number) that a later event of their stream changes.
+# item_count) that a later event of their stream changes. An attempt's end reads its
+# lease from the item's `ended_leases`, kept by attempt number until projected.
 _GROUPABLE = (
     Run.Submitted,
     Run.Transitioned,
@@ -66,7 +66,7 @@ _GROUPABLE = (
     Item.Transitioned,
     Item.LeaseExtended,
 )
-_STATE_READING = (Run.Amended, Item.LeaseExtended)
+_STATE_READING = (Run.Amended,)
 _ITEM_EVENTS = (Item.Registered, Item.Transitioned, Item.LeaseExtended)
 
 # a page's event: decoded (the aggregates' path) or read for a fold (ledger/projections/fold.py)
@@ -126,18 +126,12 @@ class Replayer:
         self._pending: list[tuple[int, DomainEvent]] = []
         self._hazards: set[UUID] = set()
         p = self.projector
-        # an attempt opened and finished within one batch: one row (_fold_attempts)
-        self._insert_finished_attempt = rows_sql.insert(
-            p.attempts_table, (*p.insert_attempt.columns, *p.finish_attempt.columns)
-        )
         # statement order within a flush; the row upserts go last, deduplicated
         self._rank = {
             p.insert_item: 0,
             p.replace_item: 1,
             p.withdraw_item: 1,
             p.insert_attempt: 2,
-            p.finish_attempt: 3,
-            p.extend_attempt: 3,
             p.add_counts: 5,  # deltas add up: merged per key (_merge_counts)
             p.drop_counts: 6,  # after the deltas: a run that ended keeps none
         }
@@ -509,7 +503,6 @@ class Replayer:
                     last_item[(r[-2], r[-1])] = r
             else:
                 ranked[rank[sql]].append((sql, rows))
-        self._fold_attempts(ranked)
         _write_in_order(
             tx, [group for groups in ranked for group in groups], self.array_rows, p.add_counts
         )
@@ -518,40 +511,6 @@ class Replayer:
         if last_item:
             _write_rows(tx, p.update_item, list(last_item.values()), self.array_rows)
             self._written_items.update(last_item)
-
-    def _fold_attempts(self, ranked: list[list[tuple[str, list[tuple[Any, ...]]]]]) -> None:
-        """Attempts the batch both opens and updates are inserted with their final values:
-        one row written instead of an insert and updates (a claim and its accept are
-        usually in the same batch). The updates of attempts opened earlier stay updates."""
-        p = self.projector
-        inserts, updates = self._rank[p.insert_attempt], self._rank[p.finish_attempt]
-        opened: dict[tuple[Any, ...], list[Any]] = {}
-        for _sql, rows in ranked[inserts]:  # insert_attempt only
-            for r in rows:
-                opened[r[:3]] = list(r)
-        if not opened:
-            return
-        finished: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-        kept: list[tuple[str, list[tuple[Any, ...]]]] = []
-        for sql, rows in ranked[updates]:
-            rest: list[tuple[Any, ...]] = []
-            for r in rows:
-                if sql == p.finish_attempt and r[4:] in opened:
-                    finished[r[4:]] = r[:4]  # finished_at, stage, outcome, error
-                elif sql == p.extend_attempt and r[1:] in opened:
-                    opened[r[1:]][6] = r[0]  # expires_at
-                else:
-                    rest.append(r)
-            if rest:
-                kept.append((sql, rest))
-        ranked[inserts] = [
-            (p.insert_attempt, [tuple(r) for k, r in opened.items() if k not in finished]),
-            (
-                self._insert_finished_attempt,
-                [(*r, *finished[k]) for k, r in opened.items() if k in finished],
-            ),
-        ]
-        ranked[updates] = kept
 
 
 def _is_version_error(exc: Exception) -> bool:

@@ -40,17 +40,15 @@ def paging_index_ddl(suffix: str = "") -> list[str]:
 
 
 # Schema v9 (fewer bytes per item), PostgreSQL only: lg_items_lease holds only the leased
-# items (the one state its queries ask for), and lg_items and lg_attempts leave room on each
-# page (fillfactor 50 and 40), so the claim and the outcome rewrite an item, and the outcome
-# its attempt, on the row's own page: the attempt's update is then a HOT update (no indexed
-# column changes: no new index entries), and an item's is logged as the bytes that changed,
-# not the whole row. A claim or outcome rewrites every row of a page in one transaction,
-# each row growing (lease, outcome, times): an attempt page needs 60% free for all of its
-# rows to stay (measured with bench case 8: 86% HOT at 50, 100% at 40). An item's update
-# cannot be HOT: its state is indexed (lg_items_state), and the claim, the status and the
-# paged reads find items by state. (v9 narrowed the transitions' role and target-state
-# indexes the same way; since v17 those are on the event log: its migration file.)
-PG_FILLFACTOR = {"lg_items": 50, "lg_attempts": 40}
+# items (the one state its queries ask for), and lg_items leaves room on each page
+# (fillfactor 50), so the claim and the outcome rewrite an item on the row's own page,
+# logged as the bytes that changed, not the whole row. An item's update cannot be HOT: its
+# state is indexed (lg_items_state), and the claim, the status and the paged reads find
+# items by state. (v9 narrowed the transitions' role and target-state indexes the same
+# way; since v17 those are on the event log: its migration file.) An attempt's row is
+# written once, when the attempt ends (schema v18), and never updated: lg_attempts keeps
+# the default fillfactor (v9 gave it 40, for the outcome's HOT update of its row).
+PG_FILLFACTOR = {"lg_items": 50}
 
 
 def optional_index_migration(suffix: str = "") -> list[str]:
@@ -126,6 +124,7 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
             last_error TEXT,
             reason TEXT,
             updated_at TEXT,
+            lease_started_at TEXT,
             PRIMARY KEY (run_id, item_id)
         )"""
         + ff["lg_items"],
@@ -136,6 +135,10 @@ def projection_ddl(dialect: str, suffix: str = "") -> list[str]:
         # the optional items still open, for the required ones' count (schema v10)
         f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_optional ON {t['lg_items']} (run_id, state) "
         "WHERE required = 0",
+        # the open attempts (the leases of the items in progress) by start, for the paged
+        # reads of a run's attempts (ledger/reads/queries.sql; schema v18)
+        f"CREATE INDEX IF NOT EXISTS {t['lg_items']}_leased ON {t['lg_items']} "
+        "(run_id, lease_started_at) WHERE state = 'in_progress'",
         f"""CREATE TABLE IF NOT EXISTS {t["lg_attempts"]} (
             run_id TEXT NOT NULL,
             item_id TEXT NOT NULL,

@@ -92,6 +92,8 @@ class Projector:
             self.items_table, ("required", "payload"), ("run_id", "item_id")
         )
         self.withdraw_item = STATEMENTS.common("withdraw_item", items=self.items_table)
+        # an attempt's row is written once, when it ends; the open one is the item row's
+        # lease (the reads of attempts add it: ledger/reads/queries.sql)
         self.insert_attempt = rows_sql.insert(
             self.attempts_table,
             (
@@ -102,15 +104,11 @@ class Projector:
                 "lease_token",
                 "started_at",
                 "expires_at",
+                "finished_at",
+                "stage",
+                "outcome",
+                "error",
             ),
-        )
-        self.finish_attempt = rows_sql.update(
-            self.attempts_table,
-            ("finished_at", "stage", "outcome", "error"),
-            ("run_id", "item_id", "attempt"),
-        )
-        self.extend_attempt = rows_sql.update(
-            self.attempts_table, ("expires_at",), ("run_id", "item_id", "attempt")
         )
         # an open run's item counts: signed deltas per slot and state (ledger/projections/counts.py)
         self.add_counts = rows_sql.insert(
@@ -141,7 +139,6 @@ class Projector:
         item_replaces: list[tuple[Any, ...]] = []
         item_withdraws: list[tuple[Any, ...]] = []
         attempt_inserts: list[tuple[Any, ...]] = []
-        attempt_updates: list[tuple[str, tuple[Any, ...]]] = []
         touched_runs: dict[str, Run] = {}
         touched_items: dict[tuple[str, str], Item] = {}
         archived: list[tuple[str]] = []
@@ -226,33 +223,26 @@ class Projector:
                 count(e.run_id, at, e.from_state, -1)
                 count(e.run_id, at, e.to_state, 1)
                 ev = e.evidence
-                if e.command == "claim":
-                    attempt_inserts.append(
-                        (
-                            e.run_id,
-                            e.item_id,
-                            ev["attempt"],
-                            e.actor_id,
-                            ev["lease_token"],
-                            at,
-                            ev["expires_at"],
-                        )
-                    )
-                elif e.from_state == IN_PROGRESS:
-                    attempt_updates.append(
-                        (
-                            self.finish_attempt,
+                if e.from_state == IN_PROGRESS and e.command != "claim":
+                    # the attempt ended: its one row, the lease from the item's aggregate
+                    # (None only in a replay of a history missing the claim)
+                    lease = item.ended_leases.get(ev["attempt"])
+                    if lease is not None:
+                        attempt_inserts.append(
                             (
+                                e.run_id,
+                                e.item_id,
+                                ev["attempt"],
+                                lease.worker_id,
+                                lease.lease_token,
+                                iso(lease.started_on),
+                                lease.expires_at,
                                 at,
                                 ev.get("stage"),
                                 ev.get("outcome"),
                                 ev.get("error"),
-                                e.run_id,
-                                e.item_id,
-                                ev["attempt"],
-                            ),
+                            )
                         )
-                    )
             elif isinstance(e, Archived):
                 # the run's events left for an archive: its rows go with them, its run row
                 # (final state, counts, links) stays as the event carries it
@@ -273,12 +263,9 @@ class Projector:
                 if self.webhook_changes:
                     webhook_changes.append((*change_row(position, e), e.webhook_id))
             elif isinstance(e, Item.LeaseExtended):
+                # the lease's new expiry: the item row only (the open attempt is read from it)
                 key = (e.run_id, e.item_id)
-                item = items[key]
-                touched_items[key] = item
-                attempt_updates.append(
-                    (self.extend_attempt, (e.expires_at, e.run_id, e.item_id, item.attempts))
-                )
+                touched_items[key] = items[key]
 
         if webhook_changes:
             cur.executemany(self.insert_webhook_change, webhook_changes)
@@ -290,14 +277,6 @@ class Projector:
             cur.executemany(self.withdraw_item, item_withdraws)
         if attempt_inserts:
             cur.executemany(self.insert_attempt, attempt_inserts)
-        if attempt_updates:
-            # finishing and extending touch different columns, so grouping by statement keeps
-            # the result of applying them in order
-            groups: dict[str, list[tuple[Any, ...]]] = {}
-            for sql, params in attempt_updates:
-                groups.setdefault(sql, []).append(params)
-            for sql, rows in groups.items():
-                cur.executemany(sql, rows)
         if count_deltas:
             # in key order, so two transactions upserting the same rows never deadlock
             rows = [(*key, n) for key, n in sorted(count_deltas.items()) if key[0] not in folded]
@@ -312,6 +291,8 @@ class Projector:
         if touched_runs:
             cur.executemany(self.upsert_run, [run_to_row(r) for r in touched_runs.values()])
         if touched_items:
+            for it in touched_items.values():
+                it.ended_leases.clear()  # their rows are made: the aggregate need not keep them
             cur.executemany(
                 self.update_item,
                 [(*item_stream_values(it), it.run_id, it.item_id) for it in touched_items.values()],

@@ -6,7 +6,8 @@ Each read has one order and one cursor, both served by an index:
   (index lg_items_seq, or lg_items_state with a state filter);
 - attempts: `started_at`, then manifest order, then attempt number; the cursor is the
   last attempt's key `"<item_id>:<attempt>"` (or the tuple `(item_id, attempt)`)
-  (index lg_attempts_started; one item's attempts use the primary key);
+  (index lg_attempts_started; one item's attempts use the primary key); the open
+  attempts are the leases of the items in progress (lg_items_leased);
 - history: position order; the cursor is the last transition's `position`
   (the event log's run index: a transition is a row of the log, ledger/core/recorded.py).
 
@@ -155,7 +156,7 @@ def iter_attempts(
                 raise InvalidInput(f"after {after!r} is not an attempt of item {item!r}")
         start: Any = None
         if cursor is not None:
-            row = tx.fetchone(SQL.sql(tx, "attempt_key"), (run_id, cursor[0], cursor[1]))
+            row = tx.fetchone(SQL.sql(tx, "attempt_key"), (run_id, *cursor, run_id, *cursor))
             if row is None:
                 raise InvalidInput(f"after: run {run_id} has no attempt {after!r}")
             start = (row["started_at"], int(row["seq"]), cursor[1])
@@ -166,7 +167,9 @@ def iter_attempts(
             number = 0 if key is None else key[2]
             return _read(
                 store,
-                lambda tx: tx.fetchall(SQL.sql(tx, "item_attempts_page"), (run_id, one, number, n)),
+                lambda tx: tx.fetchall(
+                    SQL.sql(tx, "item_attempts_page"), (run_id, one, number) * 2 + (n,)
+                ),
             )
 
         return _pages(item_page, lambda rows: ("", 0, rows[-1]["attempt"]), _attempt, start, limit)
@@ -178,15 +181,14 @@ def iter_attempts(
             # the page ends at or before the n-th start time after the cursor's: found
             # on the index alone, it bounds the join and sort to about one page (else
             # PostgreSQL hashes the whole run's items for every page)
-            end = tx.fetchone(SQL.sql(tx, "run_attempts_page_end"), (run_id, at, n - 1))
-            if end is None:
-                return tx.fetchall(
-                    SQL.sql(tx, "run_attempts_page"), (run_id, at, at, seq, seq, number, n)
-                )
-            return tx.fetchall(
-                SQL.sql(tx, "run_attempts_page_upto"),
-                (run_id, at, end["started_at"], at, seq, seq, number, n),
+            end = tx.fetchone(
+                SQL.sql(tx, "run_attempts_page_end"), (run_id, at, n, run_id, at, n, n - 1)
             )
+            if end is None:
+                key: tuple[Any, ...] = (run_id, at, at, seq, seq, number)
+                return tx.fetchall(SQL.sql(tx, "run_attempts_page"), (*key, n, *key, n, n))
+            key = (run_id, at, end["started_at"], at, seq, seq, number)
+            return tx.fetchall(SQL.sql(tx, "run_attempts_page_upto"), (*key, n, *key, n, n))
 
         return _read(store, read)
 

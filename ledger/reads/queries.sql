@@ -322,35 +322,67 @@ SELECT * FROM lg_items WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?;
 -- name: items_page_in_state
 SELECT * FROM lg_items WHERE run_id = ? AND state = ? AND seq > ? ORDER BY seq LIMIT ?;
 
+-- A run's attempts: the ended ones are rows of lg_attempts (written when each ended),
+-- the open one of an item in progress is its lease on the item row (started at
+-- lease_started_at, not finished). Each read below adds the open ones to the rows, in
+-- the columns of lg_attempts, found by start time on lg_items_leased (a page of them
+-- costs a page, however many items are in progress).
+
 -- name: attempt_key
 SELECT a.started_at, i.seq FROM lg_attempts a JOIN lg_items i ON
 a.run_id = i.run_id AND a.item_id = i.item_id
-WHERE a.run_id = ? AND a.item_id = ? AND a.attempt = ?;
+WHERE a.run_id = ? AND a.item_id = ? AND a.attempt = ?
+UNION ALL SELECT lease_started_at, seq FROM lg_items WHERE run_id = ? AND item_id = ?
+AND state = {s_in_progress} AND attempts = ?;
 
 -- name: item_attempts_page
-SELECT * FROM lg_attempts WHERE run_id = ? AND item_id = ? AND attempt > ?
+SELECT * FROM (SELECT run_id, item_id, attempt, worker_id, lease_token, started_at,
+expires_at, finished_at, stage, outcome, error FROM lg_attempts
+WHERE run_id = ? AND item_id = ? AND attempt > ?
+UNION ALL SELECT run_id, item_id, attempts, lease_worker, lease_token, lease_started_at,
+lease_expires_at, NULL, NULL, NULL, NULL FROM lg_items
+WHERE run_id = ? AND item_id = ? AND state = {s_in_progress} AND attempts > ?) t
 ORDER BY attempt LIMIT ?;
 
 -- name: run_attempts_page_end
 -- the page ends at or before the n-th start time after the cursor's: found on the index
 -- alone, it bounds the join and sort to about one page (else PostgreSQL hashes the whole
 -- run's items for every page)
-SELECT started_at FROM lg_attempts WHERE run_id = ? AND started_at > ?
-ORDER BY started_at LIMIT 1 OFFSET ?;
+SELECT started_at FROM (SELECT * FROM (SELECT started_at FROM lg_attempts
+WHERE run_id = ? AND started_at > ? ORDER BY started_at LIMIT ?) e
+UNION ALL SELECT * FROM (SELECT lease_started_at FROM lg_items WHERE run_id = ?
+AND state = {s_in_progress} AND lease_started_at > ? ORDER BY lease_started_at LIMIT ?) o)
+t ORDER BY started_at LIMIT 1 OFFSET ?;
 
 -- name: run_attempts_page
 -- the run's attempts ordered by (started_at, item seq, attempt): the range on started_at
 -- uses lg_attempts_started, the rest of the key is compared after the join
-SELECT a.*, i.seq AS item_seq FROM lg_attempts a JOIN lg_items i ON a.run_id = i.run_id
+SELECT * FROM (SELECT * FROM (SELECT a.run_id, a.item_id, a.attempt, a.worker_id,
+a.lease_token, a.started_at, a.expires_at, a.finished_at, a.stage, a.outcome, a.error,
+i.seq AS item_seq FROM lg_attempts a JOIN lg_items i ON a.run_id = i.run_id
 AND a.item_id = i.item_id WHERE a.run_id = ? AND a.started_at >= ? AND (a.started_at > ?
 OR i.seq > ? OR (i.seq = ? AND a.attempt > ?)) ORDER BY a.started_at, i.seq, a.attempt
-LIMIT ?;
+LIMIT ?) e
+UNION ALL SELECT * FROM (SELECT run_id, item_id, attempts, lease_worker, lease_token,
+lease_started_at, lease_expires_at, NULL, NULL, NULL, NULL, seq FROM lg_items
+WHERE run_id = ? AND state = {s_in_progress} AND lease_started_at >= ?
+AND (lease_started_at > ? OR seq > ? OR (seq = ? AND attempts > ?))
+ORDER BY lease_started_at, seq, attempts LIMIT ?) o) t
+ORDER BY started_at, item_seq, attempt LIMIT ?;
 
 -- name: run_attempts_page_upto
-SELECT a.*, i.seq AS item_seq FROM lg_attempts a JOIN lg_items i ON a.run_id = i.run_id
+SELECT * FROM (SELECT * FROM (SELECT a.run_id, a.item_id, a.attempt, a.worker_id,
+a.lease_token, a.started_at, a.expires_at, a.finished_at, a.stage, a.outcome, a.error,
+i.seq AS item_seq FROM lg_attempts a JOIN lg_items i ON a.run_id = i.run_id
 AND a.item_id = i.item_id WHERE a.run_id = ? AND a.started_at >= ? AND a.started_at <= ?
 AND (a.started_at > ? OR i.seq > ? OR (i.seq = ? AND a.attempt > ?))
-ORDER BY a.started_at, i.seq, a.attempt LIMIT ?;
+ORDER BY a.started_at, i.seq, a.attempt LIMIT ?) e
+UNION ALL SELECT * FROM (SELECT run_id, item_id, attempts, lease_worker, lease_token,
+lease_started_at, lease_expires_at, NULL, NULL, NULL, NULL, seq FROM lg_items
+WHERE run_id = ? AND state = {s_in_progress} AND lease_started_at >= ?
+AND lease_started_at <= ? AND (lease_started_at > ? OR seq > ? OR (seq = ? AND attempts > ?))
+ORDER BY lease_started_at, seq, attempts LIMIT ?) o) t
+ORDER BY started_at, item_seq, attempt LIMIT ?;
 
 -- name: history_page
 SELECT * FROM lg_transitions WHERE run_id = ? ORDER BY position LIMIT ?;
@@ -427,18 +459,29 @@ ORDER BY seq LIMIT ?;
 
 -- name: run_attempts_counted
 -- ordered by the index's own order, so the planner reads the run's index entries, never
--- a table scan that may pass other runs' attempts first
-SELECT COUNT(*) AS n FROM (SELECT 1 FROM lg_attempts WHERE run_id = ?
-ORDER BY started_at LIMIT ?) t;
+-- a table scan that may pass other runs' attempts first; the open attempts added
+SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM lg_attempts WHERE run_id = ?
+ORDER BY started_at LIMIT ?) t) + (SELECT COUNT(*) FROM (SELECT 1 FROM lg_items
+WHERE run_id = ? AND state = {s_in_progress} ORDER BY lease_started_at LIMIT ?) o) AS n;
 
 -- name: run_attempts_newest
-SELECT item_id, attempt, worker_id, started_at, expires_at, finished_at, stage,
-outcome, error FROM lg_attempts WHERE run_id = ?
-ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?;
+SELECT * FROM (SELECT * FROM (SELECT item_id, attempt, worker_id, started_at, expires_at,
+finished_at, stage, outcome, error FROM lg_attempts WHERE run_id = ?
+ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?) e
+UNION ALL SELECT * FROM (SELECT item_id, attempts, lease_worker, lease_started_at,
+lease_expires_at, NULL, NULL, NULL, NULL FROM lg_items WHERE run_id = ?
+AND state = {s_in_progress} ORDER BY lease_started_at DESC, item_id DESC, attempts DESC
+LIMIT ?) o) t ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?;
 
 -- name: run_attempts_newest_before
-SELECT item_id, attempt, worker_id, started_at, expires_at, finished_at, stage,
-outcome, error FROM lg_attempts WHERE run_id = ? AND (started_at, item_id, attempt) < (?, ?, ?)
+SELECT * FROM (SELECT * FROM (SELECT item_id, attempt, worker_id, started_at, expires_at,
+finished_at, stage, outcome, error FROM lg_attempts WHERE run_id = ?
+AND (started_at, item_id, attempt) < (?, ?, ?)
+ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?) e
+UNION ALL SELECT * FROM (SELECT item_id, attempts, lease_worker, lease_started_at,
+lease_expires_at, NULL, NULL, NULL, NULL FROM lg_items WHERE run_id = ?
+AND state = {s_in_progress} AND (lease_started_at, item_id, attempts) < (?, ?, ?)
+ORDER BY lease_started_at DESC, item_id DESC, attempts DESC LIMIT ?) o) t
 ORDER BY started_at DESC, item_id DESC, attempt DESC LIMIT ?;
 
 -- name: open_runs_by_state

@@ -171,11 +171,12 @@ def attempt_page(
         _run_exists(tx, run_id)
         now = tx.now()
         total_row = tx.fetchone(
-            SQL.sql(tx, "run_attempts_counted"), (run_id, ATTEMPT_COUNT_CAP + 1)
+            SQL.sql(tx, "run_attempts_counted"), (run_id, ATTEMPT_COUNT_CAP + 1) * 2
         )
+        part = (run_id, *(key or ()))
         rows = tx.fetchall(
             SQL.sql(tx, "run_attempts_newest" if key is None else "run_attempts_newest_before"),
-            (run_id, *(key or ()), limit + 1),
+            (*part, limit + 1, *part, limit + 1, limit + 1),
         )
     now_text = iso(now) or ""
     out = [

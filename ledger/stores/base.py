@@ -39,8 +39,10 @@ from ledger.stores.sql import STATEMENTS
 # 15: lg_runs_own_stall, the runs whose policy sets its own stall threshold (the overview);
 # 16: lg_webhook_changes.position, the webhook event each change row was written from
 # (ledger/core/webhook_events.py); 17: each transition's columns on its event's row, lg_transitions a
-# view of them (ledger/core/recorded.py)
-SCHEMA_VERSION = 17
+# view of them (ledger/core/recorded.py);
+# 18: an attempt's row written once, when it ends; the open attempt is the item row's lease,
+# with lg_items.lease_started_at (ledger/projections/writer.py)
+SCHEMA_VERSION = 18
 
 
 def refuse_newer(current: int, known: int) -> None:

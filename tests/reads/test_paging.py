@@ -223,7 +223,9 @@ def test_paged_reads_use_an_index(tmp_path: Any) -> None:
                 ("r", 0, 5),
             )
             assert "lg_items_seq" in p and "TEMP B-TREE" not in p, p
-            p = plan(paging._RUN_ATTEMPTS, ("r", "a", "a", 1, 1, 1, 5))
-            assert "lg_attempts_started" in p, p
+            key = ("r", "a", "a", 1, 1, 1)
+            p = plan(paging._RUN_ATTEMPTS, (*key, 5, *key, 5, 5))
+            # the ended attempts by start time, the open ones (the leases) too
+            assert "lg_attempts_started" in p and "lg_items_leased" in p, p
     finally:
         lg.close()

@@ -48,10 +48,13 @@ def some_runs(lg: Ledger) -> list[str]:
 
 def as_v6(execute: Callable[..., Any], statuses: dict[str, Any], mark: str) -> None:
     """Put the database in the shape schema v6 had: each run's counts in its row (and the
-    hashes in their own table, as before v11, the transitions in theirs, as before v17)."""
+    hashes in their own table, as before v11, the transitions in theirs, as before v17, the
+    open attempts as rows, as before v18)."""
+    from tests.stores.test_attempts_migration import open_attempts_as_rows
     from tests.stores.test_hash_migration import hashes_as_v10
 
     dialect = "sqlite" if mark == "?" else "postgres"
+    open_attempts_as_rows(execute)
     hashes_as_v10(execute, dialect)
     transitions_as_table(execute, dialect)  # v7 counts from them
     for run_id, status in statuses.items():

@@ -28,7 +28,38 @@ def items(n: int) -> list[tuple[Any, ...]]:
     ]
 
 
-UPDATE = ("accepted", 3, 1, None, "w1", None, None, "é\u2028", "done", "2026-12-01T21:36:11+00:00")
+UPDATE = (
+    "accepted",
+    3,
+    1,
+    None,
+    "w1",
+    None,
+    None,
+    "é\u2028",
+    "done",
+    "2026-12-01T21:36:11+00:00",
+    None,
+)
+
+
+def attempts(n: int) -> list[tuple[Any, ...]]:
+    return [
+        (
+            RUN,
+            f"doc-{k}",
+            1 + k % 3,
+            "w1",
+            f"tok-{k}",
+            "2026-12-01T21:36:10.842797+00:00",
+            "2026-12-01T21:37:10.842797+00:00",
+            "2026-12-01T21:36:11+00:00",
+            None if k % 2 else "fetch",
+            "failed" if k % 2 else "accepted",
+            None if k % 2 == 0 else "é\u2028 boom",
+        )
+        for k in range(n)
+    ]
 
 
 def item_updates(n: int) -> list[tuple[Any, ...]]:
@@ -50,6 +81,7 @@ def test_the_array_form_writes_what_the_one_row_form_writes(pg_dsn: str) -> None
                 for sql, rows in (
                     (p.insert_item, items(50)),
                     (p.update_item, item_updates(30)),
+                    (p.insert_attempt, attempts(20)),
                     (p.add_counts, [(RUN, 1, "pending", 5), (RUN, 2, "accepted", -2)]),
                     (p.add_counts, [(RUN, 1, "pending", 3), (RUN, 3, "failed", 1)]),
                 ):
@@ -57,7 +89,7 @@ def test_the_array_form_writes_what_the_one_row_form_writes(pg_dsn: str) -> None
                         assert arrays.write(tx, sql, rows), sql
                     else:
                         tx.executemany(str(sql), rows)  # a plain str: the one-row form
-            for name in ("lg_items", "lg_run_counts"):
+            for name in ("lg_items", "lg_attempts", "lg_run_counts"):
                 mine, reference = table(tx, name + A), table(tx, name + B)
                 assert len(mine) > 1
                 assert mine == reference, name

@@ -19,6 +19,7 @@ from ledger import Ledger
 from ledger.stores import postgres as pg_store
 from ledger.stores import sqlite as sqlite_store
 from ledger.stores.base import SCHEMA_VERSION
+from tests.stores.test_attempts_migration import lease_started_column_added, open_attempts_as_rows
 from tests.stores.test_counts_migration import some_runs
 from tests.stores.test_index_migration import db
 from tests.stores.test_migrations import empty_databases
@@ -57,6 +58,7 @@ def write_at_v16(module: Any, dsn: str, monkeypatch: pytest.MonkeyPatch) -> tupl
         Ledger.open(dsn).close()
         with db(dsn) as execute:
             transitions_on_the_log(execute, dialect)
+            lease_started_column_added(execute)  # this release writes it (schema v18)
         with Ledger.open(dsn) as lg:
             runs = some_runs(lg)
             lg.skip(runs[0], "i6", OPERATOR, "a reason with ünïcode")
@@ -64,6 +66,7 @@ def write_at_v16(module: Any, dsn: str, monkeypatch: pytest.MonkeyPatch) -> tupl
             statuses = {r: lg.status(r) for r in runs}
             heads = lg.verify().heads
         with db(dsn) as execute:
+            open_attempts_as_rows(execute)
             transitions_as_table(execute, dialect)
     return runs, before, statuses, heads
 
