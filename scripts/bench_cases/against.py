@@ -78,6 +78,8 @@ def run_child(
     """One case of the benchmark in `tree`; its rows (a failed child gives one FAILED row)."""
     out = Path(tempfile.mkstemp(prefix="bench-rows-", suffix=".json")[1])
     try:
+        # run from the tree: a case's own `python -c` children put their working
+        # directory first on sys.path, and must import this tree's ledger too
         env = dict(os.environ, PYTHONPATH=str(tree))
         env.pop("BENCH_SNAPSHOT_OF", None)
         cmd = [
@@ -91,7 +93,7 @@ def run_child(
         if dsn is not None:
             cmd += ["--dsn", dsn]
         done = subprocess.run(
-            [*cmd, *passthrough], env=env, capture_output=True, text=True, check=False
+            [*cmd, *passthrough], env=env, cwd=tree, capture_output=True, text=True, check=False
         )
         try:
             rows: list[dict[str, Any]] = json.loads(out.read_text())["rows"]
