@@ -35,25 +35,15 @@ PARTS = (
 )
 
 
+def _git(repo: Path, *args: str) -> bytes:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=True).stdout
+
+
 def saved_build(repo: Path, rev: str, into: Path) -> str:
     """Extract `PARTS` of `rev` into `into`; the revision's short hash."""
-    short = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--short", rev],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    listed = subprocess.run(
-        ["git", "-C", str(repo), "ls-tree", "--name-only", rev, "--", *PARTS],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    archive = subprocess.run(
-        ["git", "-C", str(repo), "archive", "--format=tar", rev, "--", *listed],
-        capture_output=True,
-        check=True,
-    ).stdout
+    short = _git(repo, "rev-parse", "--short", rev).decode().strip()
+    listed = _git(repo, "ls-tree", "--name-only", rev, "--", *PARTS).decode().split()
+    archive = _git(repo, "archive", "--format=tar", rev, "--", *listed)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     return short
