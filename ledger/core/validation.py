@@ -204,7 +204,28 @@ def plain_json(
         why = _first_non_plain(value)
         if why is not None:
             raise error(f"{what} is not strict JSON: {why}")
+    if '"_data_":' in text and '"_type_":' in text and _has_wrapper(plain):
+        raise error(
+            f"{what} holds an object whose only keys are _type_ and _data_: the stored "
+            "event format reads that shape as an encoded value (a time, a UUID), so it "
+            "would not read back as written; rename either key"
+        )
     return plain, text
+
+
+def _has_wrapper(value: Any) -> bool:
+    """Whether an object of `value` has exactly the keys `_type_` and `_data_`, the shape
+    eventsourcing's JSON transcoder writes for the values JSON has no type for."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if len(node) == 2 and "_type_" in node and "_data_" in node:
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 def _refuse_constant(name: str) -> NoReturn:
