@@ -373,6 +373,20 @@ class ItemFields(Protocol):
     reason: str | None
 
 
+# the fields of `ItemFields` whose form is the same on the aggregate, a row and a fold's
+# row (`lease_started_on` is a time on the aggregate, its text on a row)
+ITEM_FIELDS = (
+    "state",
+    "attempts",
+    "lease_token",
+    "lease_worker",
+    "lease_expires_at",
+    "eligible_at",
+    "last_error",
+    "reason",
+)
+
+
 def begin_item_fields(item: ItemFields) -> None:
     """An item's fields before its stream's first event: pending, never attempted."""
     item.state = S.PENDING

@@ -28,6 +28,7 @@ from typing import Any, cast
 from eventsourcing.persistence import Mapper, StoredEvent
 
 from ledger.core.domain import (
+    ITEM_FIELDS,
     Item,
     Run,
     apply_item_transition,
@@ -97,49 +98,31 @@ class ItemRow:
         if row["revision"] == 0:
             return None
         out = cls(row["run_id"], row["item_id"], row["revision"], row["updated_at"])
-        out.state = row["state"]
-        out.attempts = row["attempts"]
-        out.lease_token = row["lease_token"]
-        out.lease_worker = row["lease_worker"]
-        out.lease_expires_at = row["lease_expires_at"]
+        for name in ITEM_FIELDS:
+            setattr(out, name, row[name])
         out.lease_started_on = row["lease_started_at"]
-        out.eligible_at = row["eligible_at"]
-        out.last_error = row["last_error"]
-        out.reason = row["reason"]
         return out
 
     @classmethod
     def from_item(cls, item: Item) -> ItemRow:
         """The row of an Item aggregate (what `item_stream_values` writes of it)."""
         out = cls(item.run_id, item.item_id, item.version, iso(item.modified_on))
-        out.state = item.state
-        out.attempts = item.attempts
-        out.lease_token = item.lease_token
-        out.lease_worker = item.lease_worker
-        out.lease_expires_at = item.lease_expires_at
+        for name in ITEM_FIELDS:
+            setattr(out, name, getattr(item, name))
         out.lease_started_on = iso(item.lease_started_on)
-        out.eligible_at = item.eligible_at
-        out.last_error = item.last_error
-        out.reason = item.reason
         return out
 
     def as_row(self) -> dict[str, Any]:
         """The row as the items table holds it (its item-stream columns and key)."""
-        return {
-            "run_id": self.run_id,
-            "item_id": self.item_id,
-            "state": self.state,
-            "revision": self.revision,
-            "attempts": self.attempts,
-            "lease_token": self.lease_token,
-            "lease_worker": self.lease_worker,
-            "lease_expires_at": self.lease_expires_at,
-            "lease_started_at": self.lease_started_on,
-            "eligible_at": self.eligible_at,
-            "last_error": self.last_error,
-            "reason": self.reason,
-            "updated_at": self.updated_at,
-        }
+        row = {name: getattr(self, name) for name in ITEM_FIELDS}
+        row.update(
+            run_id=self.run_id,
+            item_id=self.item_id,
+            revision=self.revision,
+            lease_started_at=self.lease_started_on,
+            updated_at=self.updated_at,
+        )
+        return row
 
     def to_item(self) -> Item:
         """The Item aggregate of this row (for an event the fold leaves to the aggregates)."""
