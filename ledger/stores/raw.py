@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 from uuid import UUID
 
+from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import StoredEvent
 
+from ledger.core import recorded
 from ledger.core.archived import archived_record
 from ledger.core.errors import RunArchived
 from ledger.stores.base import Tx, transition_columns
@@ -140,6 +142,7 @@ def append_raw(
     events: Sequence[RawEvent],
     keep_positions: bool,
     reuse_free: bool = False,
+    decoded: Sequence[DomainEvent] | None = None,
 ) -> list[int]:
     """Append events exactly as given (bytes and hashes), in the given order; return their
     positions in this store. A clash with a stored (stream, version) raises the store's
@@ -148,7 +151,10 @@ def append_raw(
     `keep_positions`: each keeps the position it carries when those are above every
     position this store has drawn (SQLite: its highest; PostgreSQL: its sequence, which is
     then moved past them); otherwise the store numbers them as any append. `reuse_free`
-    (restore): put them back at their positions, which the caller checked are free."""
+    (restore): put them back at their positions, which the caller checked are free.
+    `decoded`: the events decoded, in the same order, when the caller has them (import and
+    restore decode each page to check and project it): their transition columns are taken
+    from them instead of decoding the transitions again."""
     if not events:
         return []
     dialect = tx.store.dialect
@@ -159,7 +165,8 @@ def append_raw(
         for e in events
     ]
     # each event's transition columns, from the event (ledger/core/recorded.py)
-    columns = transition_columns(tx.store, stored, None)
+    given = None if decoded is None else [_decoded_columns(d) for d in decoded]
+    columns = transition_columns(tx.store, stored, given)
     if keep_positions and (
         reuse_free
         or dialect != "postgres"
@@ -178,6 +185,15 @@ def append_raw(
         )
         return positions
     return tx.insert_stored_events(stored, [e.hash for e in events], columns)
+
+
+def _decoded_columns(event: DomainEvent) -> Sequence[str | None] | None:
+    """A decoded event's transition columns; none for one that lacks a field (its replay
+    refuses it next, as `verify` reports it)."""
+    try:
+        return recorded.columns(event)
+    except (KeyError, AttributeError):
+        return None
 
 
 def reserve_positions(tx: Tx, first: int, last: int) -> bool:

@@ -265,12 +265,15 @@ def _append_file(
                     reserved = upto
                 else:
                     keep = False  # another writer drew them first: the rest is numbered too
-            positions = append_raw(tx, events, keep_positions=bool(keep), reuse_free=bool(keep))
+            decoded = _decoded(decode, events)
+            positions = append_raw(
+                tx, events, keep_positions=bool(keep), reuse_free=bool(keep), decoded=decoded
+            )
             if events:
                 # every page is projected in this one transaction, right after the last:
                 # the replayer keeps the aggregates it wrote (its cache) from page to page
                 # instead of reading their rows back; a rollback drops the replayer too
-                _project(tx, replayer, decode, positions, events, projected)
+                _project(tx, replayer, positions, decoded, events, projected)
                 projected = positions[-1]
                 replayer.committed(projected)
             for e in events:
@@ -312,28 +315,20 @@ def rule_guard(what: str = "nothing imported") -> RuleObserver:
     return RuleObserver("lg_items", refuse=refuse)
 
 
-def _project(
-    tx: Tx,
-    replayer: Replayer,
-    decode: Callable[[Any], Any],
-    positions: list[int],
-    events: list[RawEvent],
-    after: int,
-) -> None:
-    """Project a page of appended events (the replayer's `apply`). ImportRefused, and the
-    whole import rolls back, for events whose hashes check out but whose bytes the ledger
-    cannot take: a state that is not strict JSON (`stored_payload_problem`, what `verify`
-    reports), one that does not decode as its topic's event, or events that do not replay
-    through the aggregates (a field missing, a transition out of order)."""
-    from eventsourcing.domain import EventSourcingError
-    from eventsourcing.persistence import PersistenceError, StoredEvent
+def _decoded(decode: Callable[[Any], Any], events: list[RawEvent]) -> list[Any]:
+    """A page's events decoded (once: their transition columns and their replay both use
+    them). ImportRefused, and the whole import rolls back, for events whose hashes check
+    out but whose bytes the ledger cannot take: a state that is not strict JSON
+    (`stored_payload_problem`, what `verify` reports), or one that does not decode as its
+    topic's event."""
+    from eventsourcing.persistence import StoredEvent
 
     page = []
-    for pos, e in zip(positions, events, strict=True):
+    for e in events:
         problem = stored_payload_problem(e.state)
         if problem is None:
             try:
-                page.append((pos, decode(StoredEvent(e.stream, e.version, e.topic, e.state))))
+                page.append(decode(StoredEvent(e.stream, e.version, e.topic, e.state)))
                 continue
             except Exception as exc:  # a pure decode: whatever it raises is the bytes' fault
                 problem = f"does not decode as {e.topic}: {type(exc).__name__}: {exc}"
@@ -342,6 +337,24 @@ def _project(
             "nothing imported",
             position=e.position,
         )
+    return page
+
+
+def _project(
+    tx: Tx,
+    replayer: Replayer,
+    positions: list[int],
+    decoded: list[Any],
+    events: list[RawEvent],
+    after: int,
+) -> None:
+    """Project a page of appended events (the replayer's `apply`). ImportRefused, and the
+    whole import rolls back, for events that do not replay through the aggregates (a field
+    missing, a transition out of order)."""
+    from eventsourcing.domain import EventSourcingError
+    from eventsourcing.persistence import PersistenceError
+
+    page = list(zip(positions, decoded, strict=True))
     try:
         replayer.apply(tx, page, after)
     except PersistenceError:

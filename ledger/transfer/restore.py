@@ -106,17 +106,12 @@ def restore(lg: Ledger, actor: Actor, source: str | Path) -> ArchiveSummary:
             )
             if wrong:
                 raise ImportRefused(wrong)
-            positions = append_raw(tx, todo, keep_positions=keep, reuse_free=keep)
             decode = lg.store.decode
             from eventsourcing.persistence import StoredEvent
 
-            replayer.apply(
-                tx,
-                [
-                    (p, decode(StoredEvent(e.stream, e.version, e.topic, e.state)))
-                    for p, e in zip(positions, todo, strict=True)
-                ],
-            )
+            decoded = [decode(StoredEvent(e.stream, e.version, e.topic, e.state)) for e in todo]
+            positions = append_raw(tx, todo, keep_positions=keep, reuse_free=keep, decoded=decoded)
+            replayer.apply(tx, list(zip(positions, decoded, strict=True)))
             restored += len(todo)
             page.clear()
 
