@@ -67,6 +67,7 @@ from bench_cases import (
     QUICK,
     BenchConfig,
     PgTarget,
+    bench_server,
     durable_header,
     format_table,
     run_all,
@@ -251,10 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         if needs_pg and args.dsn:
             pg = PgTarget(args.dsn)
         elif needs_pg:
-            from tests.support.pgserver import PgServer
-
             say("starting a throwaway PostgreSQL (durable settings, data on disk)")
-            server = PgServer(tmp_parent=tmp).start()  # settings=None: durable defaults
+            server = bench_server(tmp)
             pg = PgTarget(server.admin_dsn)
         header, settings = durable_header(pg)
         config = BenchConfig(
@@ -332,10 +331,8 @@ def main_against(args: argparse.Namespace) -> int:
     dsn = args.dsn
     try:
         if dsn is None and not args.no_postgres:
-            from tests.support.pgserver import PgServer
-
             say("starting a throwaway PostgreSQL (durable settings, data on disk)")
-            server = PgServer(tmp_parent=Path(args.tmp) if args.tmp else None).start()
+            server = bench_server(Path(args.tmp) if args.tmp else None)
             dsn = server.admin_dsn
         rev, before, now = run_against(
             HERE.parent, args.against, args.case_list, max(1, args.rounds), dsn, passthrough, say

@@ -14,7 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common import DEFAULT, FULL, QUICK, TINY, PgTarget, Profiler, Row, Sizes, durable
+from .common import (
+    DEFAULT,
+    FULL,
+    QUICK,
+    TINY,
+    PgTarget,
+    Profiler,
+    Row,
+    Sizes,
+    bench_server,
+    durable,
+)
 
 ALL_CASES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14")
 
@@ -28,6 +39,7 @@ __all__ = [
     "PgTarget",
     "Row",
     "Sizes",
+    "bench_server",
     "format_table",
     "run_all",
 ]

@@ -225,6 +225,19 @@ class PgTarget:
             return out
 
 
+def bench_server(tmp_parent: Any) -> Any:
+    """A started throwaway server with PostgreSQL's durable defaults, and
+    pg_stat_statements loaded where the binaries have it: case 8's breakdown reads the
+    server time and WAL of each statement from it (its cost, a few percent of a
+    statement's, is the same for the ledger and the peers)."""
+    from tests.support.pgserver import DURABLE_SETTINGS, PgServer
+
+    server = PgServer(tmp_parent=tmp_parent)
+    if (server.bin_dir.parent / "lib" / "pg_stat_statements.so").exists():
+        server.settings = {**DURABLE_SETTINGS, "shared_preload_libraries": "pg_stat_statements"}
+    return server.start()
+
+
 def durable(settings: dict[str, str]) -> bool:
     return settings.get("fsync") == "on" and settings.get("synchronous_commit") == "on"
 

@@ -104,6 +104,40 @@ _UPDATES = (
 )
 
 
+# server time and WAL of the statements run in this database (pg_stat_statements, where
+# the server loads it: bench.py's own server does), the costliest first
+_STATEMENTS = (
+    "SELECT calls, total_exec_time, wal_bytes, "
+    "left(regexp_replace(query, '\\s+', ' ', 'g'), 90) FROM pg_stat_statements "
+    "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND query NOT ILIKE '%%pg_stat%%' AND query NOT ILIKE '%%pg_get_wal%%' "
+    "ORDER BY total_exec_time DESC LIMIT 8"
+)
+
+
+def _statements_reset(conn: Any) -> bool:
+    """Start counting statements; False where pg_stat_statements is not loaded."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("SELECT pg_stat_statements_reset()")
+    except Exception:  # a measurement we do without, said so in the output
+        return False
+    return True
+
+
+def statements(conn: Any, items: int) -> list[tuple[str, float, float, float]] | None:
+    """(statement, calls, server ms and WAL bytes per item) since the reset, the costliest
+    first; None where pg_stat_statements is not loaded."""
+    try:
+        rows = conn.execute(_STATEMENTS).fetchall()
+    except Exception:
+        return None
+    return [
+        (str(q), int(calls) / items, float(ms) / items, float(wal or 0) / items)
+        for calls, ms, wal, q in rows
+    ]
+
+
 def _lsn(conn: Any) -> str:
     return str(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
 
@@ -191,6 +225,7 @@ def _measure(
                     waits.update(r[0] for r in rows)
 
             stats0 = _updates(conn) if breakdown else {}
+            counting = breakdown and _statements_reset(conn)
             lsn0 = _lsn(conn)
             wal0, server0 = _wal(conn), _server_cpu(conn)
             thread = threading.Thread(target=sample, daemon=True)
@@ -213,10 +248,11 @@ def _measure(
             release.set()
             for k in kids:
                 k.join(timeout=60)
-            by_relation, updates = None, {}
+            by_relation, updates, by_statement = None, {}, None
             if breakdown:
                 _settle(conn, keep=[sampler.info.backend_pid])
                 by_relation = wal_by_relation(conn, lsn0, done)
+                by_statement = statements(conn, done) if counting else None
                 stats1 = _updates(conn)
                 updates = {
                     name: tuple(a - b for a, b in zip(v, stats0.get(name, (0, 0, 0)), strict=True))
@@ -248,6 +284,7 @@ def _measure(
         "active_per_sample": active / samples if samples else 0.0,
         "wal_by_relation": by_relation,
         "updates": updates,
+        "statements": by_statement,
     }
 
 
@@ -329,7 +366,11 @@ def run(pg: PgTarget, sizes: Sizes, say: Callback, start_method: str | None = No
             goal="<= 3000",
             met=g["wal_per_item"] <= 3000,
             note="; ".join(breakdown_lines(g)),
-            extra={"wal_by_relation": g["wal_by_relation"], "updates": g["updates"]},
+            extra={
+                "wal_by_relation": g["wal_by_relation"],
+                "updates": g["updates"],
+                "statements": g["statements"],
+            },
         )
     )
     return rows
@@ -347,6 +388,16 @@ def breakdown_lines(got: dict[str, Any]) -> list[str]:
         )
     elif "wal_by_relation" in got and got.get("updates"):
         lines.append("WAL by relation: n/a (pg_walinspect not available)")
+    stmts = got.get("statements")
+    if stmts:
+        lines.append(
+            "server time and WAL per item by statement (pg_stat_statements; calls per item): "
+            + "; ".join(
+                f"{1000 * ms:.0f} us, {wal:,.0f} B, {calls:.2f}x: {text}"
+                for text, calls, ms, wal in stmts
+                if ms * 1000 >= 1
+            )
+        )
     upd = {k: v for k, v in (got.get("updates") or {}).items() if v[1]}
     if upd:
         lines.append(

@@ -194,3 +194,32 @@ def test_against_a_saved_build_runs_both_and_prints_them_side_by_side(tmp_path: 
     assert names == {r["name"] for r in got["before"]}
     assert all(r["ledger"] and r["ledger"] > 0 for r in got["before"] + got["now"])
     assert "now/before" in done.stdout
+
+
+def test_statement_breakdown_is_counted_in_the_case_database_where_the_server_loads_it(
+    tmp_path: Path,
+) -> None:
+    """The per-statement server time and WAL of case 8 come from pg_stat_statements on a
+    server started by `bench_server`; each statement's calls, time and bytes are per item."""
+    import psycopg
+    from bench_cases.common import bench_server
+    from bench_cases.scaling import _statements_reset, breakdown_lines, statements
+
+    server = bench_server(tmp_path)
+    try:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            if not _statements_reset(conn):
+                pytest.skip("these PostgreSQL binaries have no pg_stat_statements")
+            conn.execute("CREATE TABLE t (k int)")
+            for k in range(20):
+                conn.execute("INSERT INTO t VALUES (%s)", (k,))
+            got = statements(conn, items=10)
+    finally:
+        server.close()
+    assert got is not None
+    insert = [s for s in got if s[0].startswith("INSERT INTO t")]
+    assert len(insert) == 1
+    _text, calls, ms, wal = insert[0]
+    assert calls == 2.0 and ms > 0 and wal > 0
+    lines = breakdown_lines({"statements": got})
+    assert any("INSERT INTO t" in line for line in lines)
