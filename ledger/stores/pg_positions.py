@@ -142,7 +142,12 @@ def insert_json_statement(table: sql.Composable, hashed: bool = False) -> sql.Co
     """Insert events given as one JSON array of [id, version, topic, state text] (with
     `hashed`, the ledger's table: then the event's hash and its transition columns,
     `LEDGER_COLUMNS`), positions from one reserved block (parameters: the array's
-    length, the array)."""
+    length, the array).
+
+    The array is read as jsonb, parsed once: each `->>` of a `json` value parses its
+    element's text again, and an event's thirteen fields made that 53-76 us of server
+    time per event against 8-9 us as jsonb (EXPLAIN ANALYZE, 200-event inserts). The
+    strings read back are the same (the states go in NUL-free, `_events_json`)."""
     extra = LEDGER_COLUMNS if hashed else ()
     return sql.SQL(
         "WITH r AS MATERIALIZED (SELECT {reserve}(%s) AS first) "
@@ -150,7 +155,7 @@ def insert_json_statement(table: sql.Composable, hashed: bool = False) -> sql.Co
         "state{columns}) "
         "SELECT r.first + x.n - 1, (x.e->>0)::uuid, (x.e->>1)::bigint, x.e->>2, "
         "convert_to(x.e->>3, 'UTF8'){values} "
-        "FROM r, json_array_elements(%s::json) WITH ORDINALITY AS x(e, n) "
+        "FROM r, jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS x(e, n) "
         "RETURNING notification_id"
     ).format(
         reserve=sql.Identifier(RESERVE_FUNCTION),
