@@ -126,14 +126,14 @@ def _statements_reset(conn: Any) -> bool:
 
 
 def statements(conn: Any, items: int) -> list[tuple[str, float, float, float]] | None:
-    """(statement, calls, server ms and WAL bytes per item) since the reset, the costliest
-    first; None where pg_stat_statements is not loaded."""
+    """(statement, its calls, server ms and WAL bytes per item) since the reset, the
+    costliest first; None where pg_stat_statements is not loaded."""
     try:
         rows = conn.execute(_STATEMENTS).fetchall()
     except Exception:
         return None
     return [
-        (str(q), int(calls) / items, float(ms) / items, float(wal or 0) / items)
+        (str(q), int(calls), float(ms) / items, float(wal or 0) / items)
         for calls, ms, wal, q in rows
     ]
 
@@ -391,9 +391,9 @@ def breakdown_lines(got: dict[str, Any]) -> list[str]:
     stmts = got.get("statements")
     if stmts:
         lines.append(
-            "server time and WAL per item by statement (pg_stat_statements; calls per item): "
+            "server time and WAL per item by statement (pg_stat_statements): "
             + "; ".join(
-                f"{1000 * ms:.0f} us, {wal:,.0f} B, {calls:.2f}x: {text}"
+                f"{1000 * ms:.0f} us, {wal:,.0f} B ({calls:,} calls): {text}"
                 for text, calls, ms, wal in stmts
                 if ms * 1000 >= 1
             )
