@@ -27,6 +27,7 @@ from ledger.core.domain import (
     Run,
     check_item_run_state,
     check_item_state,
+    item_stream_id,
     refuse_run_state,
 )
 from ledger.core.errors import Conflict, NotAuthorized
@@ -36,6 +37,7 @@ from ledger.core.views import Actor
 from ledger.projections.counts import required_not_accepted
 from ledger.reads import queries
 from ledger.stores.base import Store, StreamConflict, Tx
+from ledger.stores.hashchain import heads_statement, note_heads
 from ledger.stores.named import tx_list
 
 if TYPE_CHECKING:
@@ -223,17 +225,27 @@ class UnitOfWork:
         tx: Tx, run_id: str, item_ids: Sequence[str], lock: bool = False
     ) -> dict[str, dict[str, Any]]:
         """The rows of the named items that exist, by item id (locked for the transaction
-        when `lock`, on PostgreSQL, in item id order: two such transactions never deadlock)."""
+        when `lock`, on PostgreSQL, in item id order: two such transactions never deadlock).
+        Locked, the last event of each item's stream is read in the same round trip, after
+        the lock (`hashchain.note_heads`): the events the command appends chain to them."""
         out: dict[str, dict[str, Any]] = {}
         ids = list(dict.fromkeys(item_ids))
         if lock:
             ids.sort()
         for k in range(0, len(ids), 500):
             chunk = ids[k : k + 500]
-            for row in tx.fetchall(
-                SQL.sql(tx, "items_by_id_locked" if lock else "items_by_id"),
-                (run_id, tx_list(tx, chunk)),
-            ):
+            sql = SQL.sql(tx, "items_by_id_locked" if lock else "items_by_id")
+            if lock:
+                heads_sql, heads_params = heads_statement(
+                    tx, [item_stream_id(run_id, item_id) for item_id in chunk]
+                )
+                rows, heads = tx.fetch_both(
+                    sql, (run_id, tx_list(tx, chunk)), heads_sql, heads_params
+                )
+                note_heads(tx, heads)
+            else:
+                rows = tx.fetchall(sql, (run_id, tx_list(tx, chunk)))
+            for row in rows:
                 out[row["item_id"]] = row
         return out
 

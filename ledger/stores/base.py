@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
+from uuid import UUID
 
 from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import (
@@ -118,6 +119,10 @@ class Tx(ABC):
         self.store = store
         self.write = write
         self._now: datetime | None = None
+        # stored hashes this transaction has read, by (stream, version) (GENESIS for an
+        # event stored before the hash chain): the chain of an append starts from them
+        # without reading them again (hashchain.py `chain_hashes`, `note_heads`)
+        self.known_hashes: dict[tuple[UUID, int], str] = {}
 
     @abstractmethod
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any: ...

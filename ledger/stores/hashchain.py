@@ -126,10 +126,30 @@ def fetch_hashes(tx: Tx, keys: Sequence[tuple[UUID, int]]) -> dict[tuple[UUID, i
     return out
 
 
+def heads_statement(tx: Tx, streams: Sequence[UUID]) -> tuple[str, tuple[Any, ...]]:
+    """The statement (and its parameters) reading the last event of each stream, for
+    a command to send in the round trip of its own read of those streams' rows, after
+    the statement that locks them (the statement of `raw.stream_heads`); `note_heads`
+    keeps its answer on the transaction."""
+    dialect = tx.store.dialect
+    ids = [oid_param(dialect, oid) for oid in dict.fromkeys(streams)]
+    name = "stream_heads_pg" if dialect == "postgres" else "stream_heads"
+    return STATEMENTS.sql(tx, name), (tx_list(tx, ids),)
+
+
+def note_heads(tx: Tx, rows: Sequence[Sequence[Any]]) -> None:
+    """Keep the stream heads read by `heads_statement` on the transaction: the chain of
+    the events then appended to those streams starts from them (`chain_hashes`) instead
+    of reading them again. An event stored before the hash chain chains to GENESIS."""
+    known = tx.known_hashes
+    for oid, version, hx in rows:
+        known[(as_uuid(oid), int(version))] = hx or GENESIS
+
+
 def chain_hashes(tx: Tx, stored: Sequence[StoredEvent]) -> list[str]:
     """The chained hash of each event about to be inserted, in order (Tx.append stores
     each on its event's row): the previous version's hash is the batch's own or the
-    stored one."""
+    stored one (read by the command with its rows, `note_heads`, or read here)."""
     if not stored:
         return []
     batch: dict[tuple[UUID, int], str] = {}
@@ -139,7 +159,12 @@ def chain_hashes(tx: Tx, stored: Sequence[StoredEvent]) -> list[str]:
         for oid, version in keys
         if version > 1 and (oid, version - 1) not in keys
     ]
-    previous = fetch_hashes(tx, wanted) if wanted else {}
+    # the heads the command read with its rows (`note_heads`), the others read now
+    known = tx.known_hashes
+    previous = {key: known[key] for key in wanted if key in known}
+    missing = [key for key in wanted if key not in previous]
+    if missing:
+        previous.update(fetch_hashes(tx, missing))
     out = []
     for se in stored:
         oid, version = as_uuid(se.originator_id), se.originator_version

