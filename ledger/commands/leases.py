@@ -136,7 +136,7 @@ def check_lease(
     if row is None:
         # locked: an outcome and a concurrent one on the same item (its run only share
         # locked) are decided one after the other, the second on the first's result
-        row = uow.item_row(tx, lease.run_id, lease.item_id, True)
+        row = uow.locked_item_row(tx, lease.run_id, lease.item_id)
     item = uow.track(item_from_row(row))
     if (
         item is None

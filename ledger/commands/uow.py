@@ -30,7 +30,7 @@ from ledger.core.domain import (
     item_stream_id,
     refuse_run_state,
 )
-from ledger.core.errors import Conflict, NotAuthorized
+from ledger.core.errors import Conflict, ItemNotFound, NotAuthorized
 from ledger.core.rows import item_from_row
 from ledger.core.rule_check import ItemFacts, Overlay, check_batch
 from ledger.core.views import Actor
@@ -219,6 +219,14 @@ class UnitOfWork:
         return run
 
     item_row = staticmethod(queries.item_row)
+
+    def locked_item_row(self, tx: Tx, run_id: str, item_id: str) -> dict[str, Any]:
+        """One item's row locked for the transaction, with its stream's head read in the
+        same round trip (`item_rows`); ItemNotFound."""
+        row = self.item_rows(tx, run_id, [item_id], lock=True).get(item_id)
+        if row is None:
+            raise ItemNotFound(run_id, item_id)
+        return row
 
     @staticmethod
     def item_rows(
