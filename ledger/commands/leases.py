@@ -78,23 +78,24 @@ def claim(
         leases, items = [], []
         # each lease's token: 128 random bits as 32 hex digits, drawn for the batch at once
         tokens = os.urandom(16 * len(rows)).hex()
+        # a lease lasts lease_seconds of the clock as it reads now, even when the
+        # event's time stays at a later one already recorded (a clock stepped back)
+        expires = now + timedelta(seconds=policy["lease_seconds"])
+        expires_at, now_at = iso(expires), iso(now)
         for k, row in enumerate(rows):
             item = uow.materialize(row, now)
             at = stamp(now, item)
             token = tokens[32 * k : 32 * (k + 1)]
-            # a lease lasts lease_seconds of the clock as it reads now, even when the
-            # event's time stays at a later one already recorded (a clock stepped back)
-            expires = now + timedelta(seconds=policy["lease_seconds"])
             attempt = item.attempts + 1
             evidence: dict[str, Any] = {
                 "lease_token": token,
                 "attempt": attempt,
-                "expires_at": iso(expires),
+                "expires_at": expires_at,
             }
-            if row.get("eligible_at") is not None and row["eligible_at"] > iso(now):
+            if row.get("eligible_at") is not None and row["eligible_at"] > now_at:
                 evidence["clock_stepped_back"] = {
                     "scheduled": row["eligible_at"],
-                    "clock": iso(now),
+                    "clock": now_at,
                 }
             item.transition(
                 "claim",
