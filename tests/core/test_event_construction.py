@@ -113,3 +113,15 @@ def test_item_events_equal_the_librarys_in_attributes_bytes_and_effect(data: Any
     assert (ours.version, ours.modified_on) == (theirs.version, theirs.modified_on)
     for name in (*ITEM_FIELDS, "lease_started_on", "ended_leases"):
         assert getattr(ours, name) == getattr(theirs, name), name
+
+
+def test_the_encoders_item_transition_fields_are_the_events() -> None:
+    """The encoder's shortcut for item transitions names the event's fields in order."""
+    import dataclasses
+
+    from ledger.stores import encoding
+
+    assert getattr(Item.Transitioned, "TOPIC") == encoding._ITEM_MOVE_TOPIC  # noqa: B009
+    fields = tuple(f.name for f in dataclasses.fields(Item.Transitioned))
+    assert fields == encoding._ITEM_MOVE_FIELDS
+    assert set(encoding._ITEM_MOVE_TEXT) < set(fields)
