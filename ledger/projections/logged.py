@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-from uuid import UUID
 
 from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import StoredEvent
@@ -53,14 +52,16 @@ class LoggedPages:
         out: list[tuple[int, StoredEvent]] = []
         held = self.held
         for r in tx.fetch_rows(STATEMENTS.sql(tx, "read_logged"), (after, limit)):
-            position, oid, state = int(r[0]), r[1], r[4]
+            position, state = int(r[0]), r[4]
             if upto is not None and position > upto:
                 break
             out.append(
                 (
                     position,
                     StoredEvent(
-                        originator_id=oid if type(oid) is UUID else UUID(str(oid)),
+                        # a stream id as the store holds it (SQLite: its text), made a UUID
+                        # by the mapper when the event is decoded; a fold never reads it
+                        originator_id=r[1],
                         originator_version=r[2],
                         topic=r[3],
                         state=state if type(state) is bytes else bytes(state),

@@ -252,6 +252,7 @@ def _rebuild(lg: Ledger, progress: Progress | None, batch_size: int, fault: Faul
         created = tx.fetchall(STATEMENTS.sql(tx, "start_tracking"), (name,))
         if created:
             create_tables(tx, suffix)
+        replayer.prepare(tx)  # PostgreSQL: the column types, read now, not behind a write
         position = tracked_position(tx, name, lock=True)
         assert position is not None
         done = count_events(tx, position)
