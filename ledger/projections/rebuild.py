@@ -14,9 +14,13 @@ How it works:
    through the aggregates and the `Projector` the live commands use: `Replayer.
    apply_stored`) and writes the rows (each page read before
    the previous page's rows are sent, so on PostgreSQL the server writes one page
-   while the client projects the next: `replay_batch`), then moves the tracking
-   position and commits. A crash loses at most the uncommitted batch, which is
-   replayed on resume: no event is applied twice or skipped.
+   while the client projects the next: `replay_batch`). A page is read with the
+   transition columns its rows of the log hold, in one statement (`logged.
+   LoggedPages`): they are compared with what the events say and only the rows that
+   differ are written (usually none: the columns are written with each event), with
+   no second read of the range, which on PostgreSQL would wait for the page's writes.
+   Then the batch moves the tracking position and commits. A crash loses at most the
+   uncommitted batch, which is replayed on resume: no event is applied twice or skipped.
 3. Switch: once caught up, one transaction locks out writers (SQLite: BEGIN
    IMMEDIATE; PostgreSQL: ACCESS EXCLUSIVE on the live projection tables, with
    a short lock_timeout and retries so a writer is never chosen as a deadlock
