@@ -172,6 +172,13 @@ ORDER BY e.originator_id, e.originator_version LIMIT ?
 SELECT {position} AS position, run_id, item_id, command, from_state, to_state, actor_id,
 role, at FROM {events} WHERE {position} > ? AND {position} <= ? AND run_id IS NOT NULL
 
+-- name: read_logged
+-- rebuild and verify: a page of stored events with the transition columns their rows hold
+-- (ledger/projections/logged.py), in one read
+SELECT {position} AS position, originator_id, originator_version, topic, state, run_id,
+item_id, command, from_state, to_state, actor_id, role, at
+FROM {events} WHERE {position} > ? ORDER BY {position} LIMIT ?
+
 -- name: set_logged_transition
 -- rebuild: an event's transition columns as its event says (the last is its position)
 UPDATE {events} SET run_id = ?, item_id = ?, command = ?, from_state = ?, to_state = ?,

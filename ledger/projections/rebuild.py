@@ -14,9 +14,13 @@ How it works:
    through the aggregates and the `Projector` the live commands use: `Replayer.
    apply_stored`) and writes the rows (each page read before
    the previous page's rows are sent, so on PostgreSQL the server writes one page
-   while the client projects the next: `replay_batch`), then moves the tracking
-   position and commits. A crash loses at most the uncommitted batch, which is
-   replayed on resume: no event is applied twice or skipped.
+   while the client projects the next: `replay_batch`). A page is read with the
+   transition columns its rows of the log hold, in one statement (`logged.
+   LoggedPages`): they are compared with what the events say and only the rows that
+   differ are written (usually none: the columns are written with each event), with
+   no second read of the range, which on PostgreSQL would wait for the page's writes.
+   Then the batch moves the tracking position and commits. A crash loses at most the
+   uncommitted batch, which is replayed on resume: no event is applied twice or skipped.
 3. Switch: once caught up, one transaction locks out writers (SQLite: BEGIN
    IMMEDIATE; PostgreSQL: ACCESS EXCLUSIVE on the live projection tables, with
    a short lock_timeout and retries so a writer is never chosen as a deadlock
@@ -42,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from eventsourcing.persistence import StoredEvent
 
-from ledger.projections.logged import Columns, rewrite
+from ledger.projections.logged import Columns, LoggedPages, rewrite
 from ledger.projections.replay import CACHE_ITEMS as CACHE_ITEMS
 from ledger.projections.replay import CACHE_RUNS as CACHE_RUNS
 from ledger.projections.replay import Observer as Observer
@@ -139,21 +143,34 @@ def replay_batch(tx: Tx, replayer: Replayer, after: int, batch_size: int) -> tup
     (`committed`): a failure anywhere rolls the whole batch back and ends the rebuild,
     the replayer with it."""
 
+    pages = LoggedPages()  # each page with its rows' transition columns
+
     def apply_page(rows: list[tuple[int, StoredEvent]], after: int, ahead: ReadAhead) -> None:
         logged: list[tuple[int, Columns]] = []
         replayer.apply_stored(tx, rows, after, before_write=ahead, logged=logged)
-        rewrite(tx, logged)  # the log's transition columns as the events say (logged.py)
+        # the log's transition columns as the events say, written where they differ
+        rewrite(tx, logged, pages.take(rows))
         replayer.committed(rows[-1][0])
 
-    return replay_pages(tx, after, batch_size, apply_page)
+    return replay_pages(tx, after, batch_size, apply_page, pages)
+
+
+PageRead = Callable[[Tx, int, int], list[tuple[int, StoredEvent]]]
+
+
+def read_stored(tx: Tx, after: int, limit: int) -> list[tuple[int, StoredEvent]]:
+    """The stored rows of up to `limit` events after position `after`."""
+    return tx.store.read_stored_rows(tx, after, limit)
 
 
 class ReadAhead:
     """The next page's stored rows (`replay_pages`), read on the first call: `limit` rows
     after position `after`, none when `more` is false (the page before was short)."""
 
-    def __init__(self, tx: Tx, after: int, limit: int, more: bool) -> None:
-        self.tx, self.after, self.limit, self.more = tx, after, limit, more
+    def __init__(
+        self, tx: Tx, after: int, limit: int, more: bool, read: PageRead = read_stored
+    ) -> None:
+        self.tx, self.after, self.limit, self.more, self.read = tx, after, limit, more, read
         self.rows: list[tuple[int, StoredEvent]] = []
         self.done = False
 
@@ -161,15 +178,18 @@ class ReadAhead:
         if not self.done:
             self.done = True
             if self.more and self.limit > 0:
-                self.rows = self.tx.store.read_stored_rows(self.tx, self.after, self.limit)
+                self.rows = self.read(self.tx, self.after, self.limit)
 
 
 PageApply = Callable[[list[tuple[int, StoredEvent]], int, ReadAhead], None]
 
 
-def replay_pages(tx: Tx, after: int, batch_size: int, apply_page: PageApply) -> tuple[int, int]:
+def replay_pages(
+    tx: Tx, after: int, batch_size: int, apply_page: PageApply, read: PageRead = read_stored
+) -> tuple[int, int]:
     """Hand `apply_page(rows, after, ahead)` the stored rows of the next `batch_size` events
-    after `after`, a page of `REPLAY_PAGE` at a time; returns (new position, rows handed).
+    after `after`, a page of `REPLAY_PAGE` at a time, read by `read(tx, after, limit)`;
+    returns (new position, rows handed).
 
     `ahead()` reads the next page. The page's apply calls it once its rows are made and
     before it sends them (`Replayer.apply`'s `before_write`); it is called after the apply
@@ -177,11 +197,11 @@ def replay_pages(tx: Tx, after: int, batch_size: int, apply_page: PageApply) -> 
     for the rows sent before it, and the server writes one page's rows while the client
     decodes and projects the next, instead of each waiting for the other."""
     page = max(1, min(REPLAY_PAGE, batch_size))
-    rows = tx.store.read_stored_rows(tx, after, page)
+    rows = read(tx, after, page)
     handed = 0
     while rows:
         handed += len(rows)
-        ahead = ReadAhead(tx, rows[-1][0], min(page, batch_size - handed), len(rows) == page)
+        ahead = ReadAhead(tx, rows[-1][0], min(page, batch_size - handed), len(rows) == page, read)
         apply_page(rows, after, ahead)
         ahead()
         after = rows[-1][0]
@@ -236,6 +256,7 @@ def _rebuild(lg: Ledger, progress: Progress | None, batch_size: int, fault: Faul
         created = tx.fetchall(STATEMENTS.sql(tx, "start_tracking"), (name,))
         if created:
             create_tables(tx, suffix)
+        replayer.prepare(tx)  # PostgreSQL: the column types, read now, not behind a write
         position = tracked_position(tx, name, lock=True)
         assert position is not None
         done = count_events(tx, position)

@@ -48,7 +48,7 @@ from ledger.core.validation import stored_payload_problem
 from ledger.core.views import VerifyReport
 from ledger.core.webhook_events import ROW_COLUMNS, WebhookEvent, change_row, row_values
 from ledger.projections.checksums import diff_rows, table_checksum, tables_equal
-from ledger.projections.logged import describe, mismatched, of_events
+from ledger.projections.logged import LoggedPages, describe, mismatched, of_events
 from ledger.projections.rebuild import (
     ReadAhead,
     Replayer,
@@ -160,6 +160,7 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
     """Replay the next `BATCH_SIZE` events in pages (`replay_pages`: the next page is read
     while the server writes this one's rows); returns (new position, events read)."""
     store: Store = tx.store
+    pages = LoggedPages()  # each page with its rows' transition columns
 
     def apply_page(rows: list[tuple[int, StoredEvent]], after: int, ahead: ReadAhead) -> None:
         events: list[tuple[int, DomainEvent]] = []
@@ -175,7 +176,7 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
                     f"event v{stored.originator_version} of stream {stored.originator_id} does "
                     f"not decode: {type(exc).__name__}: {exc}",
                 )
-        for pos, want, have in mismatched(tx, of_events(events)):
+        for pos, want, have in mismatched(tx, of_events(events), pages.take(rows)):
             problems.add(
                 "transition_columns",
                 want[0] or have[0],
@@ -189,7 +190,7 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
         # within the transaction: its aggregates serve the next page
         replayer.committed(rows[-1][0])
 
-    return replay_pages(tx, after, BATCH_SIZE, apply_page)
+    return replay_pages(tx, after, BATCH_SIZE, apply_page, pages)
 
 
 def _apply(
