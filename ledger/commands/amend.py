@@ -19,7 +19,7 @@ from ledger.core.errors import (
     ItemNotFound,
     ManifestInvalid,
 )
-from ledger.core.validation import input_version_of
+from ledger.core.validation import check_identifier, input_version_of
 from ledger.core.views import Actor, RunStatus
 from ledger.reads import queries
 
@@ -46,9 +46,8 @@ def amend(
         not isinstance(withdraw, list) or not all(isinstance(w, str) for w in withdraw)
     ):
         raise InvalidInput("withdraw must be a list of item ids")
-    withdraw = list(dict.fromkeys(withdraw or []))
-    for w in withdraw:
-        A.item_id(w)
+    # each id as a manifest's ids are kept (NFC)
+    withdraw = list(dict.fromkeys(check_identifier(w, "withdraw") for w in withdraw or []))
     if policy is not None and not isinstance(policy, dict):
         raise ManifestInvalid("policy must be an object", field="policy")
     if not new_items and not withdraw and policy is None:

@@ -217,10 +217,10 @@ def repair(
         check_identifier(config_version, "config_version")
     if policy is not None and not isinstance(policy, dict):
         raise ManifestInvalid("policy must be an object", field="policy")
-    if items is not None and (
-        not isinstance(items, list) or not all(isinstance(i, str) for i in items)
-    ):
-        raise InvalidInput("items must be a list of item ids")
+    if items is not None:
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise InvalidInput("items must be a list of item ids")
+        items = [check_identifier(i, "items") for i in items]  # kept as manifests keep ids (NFC)
     fixed = parse_items(corrections, "corrections") if corrections is not None else None
     rule = S.run_rule("repair")
     with uow.write() as tx:
@@ -300,7 +300,7 @@ def compensate(
         if not isinstance(items, list):
             raise InvalidInput("items must be a list of item ids or item objects")
         if all(isinstance(i, str) for i in items):
-            ids = items
+            ids = [check_identifier(i, "items") for i in items]  # kept as manifests keep ids
         else:
             given = parse_items(items)
     with uow.write() as tx:
