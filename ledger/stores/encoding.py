@@ -161,10 +161,11 @@ _ITEM_MOVE_FIELDS = (
 _ITEM_MOVE_TEXT = ("run_id", "item_id", "command", "from_state", "to_state", "actor_id", "role")
 
 
-def _stored_event(originator_id: Any, version: Any, topic: str, state: bytes) -> StoredEvent:
-    """A `StoredEvent` with these fields, built as the mapper builds the events it reads
-    (the frozen dataclass's `__init__` sets each field through `object.__setattr__`:
-    a microsecond of an item transition's encoding)."""
+def stored_event(originator_id: Any, version: Any, topic: str, state: bytes) -> StoredEvent:
+    """A `StoredEvent` with these fields, set as one dict, as the mapper sets the events it
+    reads (the frozen dataclass's `__init__` sets each field through `object.__setattr__`:
+    3x the time, a microsecond of an item transition's encoding and a few percent of a
+    rebuild's client time)."""
     stored = object.__new__(StoredEvent)
     object.__setattr__(
         stored,
@@ -233,7 +234,7 @@ class EventMapper(Mapper[UUID]):
             floats, non_finite = _floats(state)
             if non_finite or (floats and _FLOAT_FORMS.search(data)):
                 return super().to_stored_event(domain_event)
-        return _stored_event(originator_id, originator_version, topic, data)
+        return stored_event(originator_id, originator_version, topic, data)
 
     def _item_transition(self, topic: str, attrs: dict[str, Any]) -> StoredEvent | None:
         """An item transition as stored, the commands' most frequent event, when every
@@ -264,7 +265,7 @@ class EventMapper(Mapper[UUID]):
             data = orjson.dumps(state, _not_plain, _OPTIONS)
         except TypeError:  # _NotPlain, a non-string key, a too big integer, too deep
             return None
-        return _stored_event(originator_id, originator_version, topic, data)
+        return stored_event(originator_id, originator_version, topic, data)
 
     def to_domain_event(self, stored_event: StoredEvent) -> DomainEventProtocol[UUID]:
         """The stored event as its event object, as the mapper builds it."""
