@@ -77,7 +77,7 @@ class LoggedPages:
                     _stored(r[1], r[2], r[3], state if type(state) is bytes else bytes(state)),
                 )
             )
-            # a row with no run id holds no transition (as `logged_transitions` reads it)
+            # a row with no run id holds no transition
             held[position] = NO_TRANSITION if r[5] is None else tuple(r[5:13])
         return out
 
@@ -93,21 +93,11 @@ _stored = stored_event
 
 
 def mismatched(
-    tx: Tx, logged: Sequence[tuple[int, Columns]], stored: dict[int, Columns] | None = None
+    logged: Sequence[tuple[int, Columns]], stored: dict[int, Columns]
 ) -> list[tuple[int, Columns, Columns]]:
     """(position, the columns the event says, the columns its row holds) of each event of
     `logged` ((position, the event's columns), in position order) whose row disagrees
-    with it: the rows' columns as `stored` gives them (`LoggedPages.take`), else one read
-    of the range."""
-    if not logged:
-        return []
-    if stored is None:
-        stored = {
-            int(r[0]): tuple(r[1:])
-            for r in tx.fetch_rows(
-                STATEMENTS.sql(tx, "logged_transitions"), (logged[0][0] - 1, logged[-1][0])
-            )
-        }
+    with it: the rows' columns as `stored` gives them (`LoggedPages.take`)."""
     out = []
     for position, want in logged:
         have = stored.get(position, NO_TRANSITION)
@@ -116,13 +106,11 @@ def mismatched(
     return out
 
 
-def rewrite(
-    tx: Tx, logged: Sequence[tuple[int, Columns]], stored: dict[int, Columns] | None = None
-) -> int:
+def rewrite(tx: Tx, logged: Sequence[tuple[int, Columns]], stored: dict[int, Columns]) -> int:
     """Write the columns of each event of `logged` ((position, the event's columns))
     whose row disagrees with them (`stored`: the rows' columns, as `mismatched`);
     returns how many rows were written."""
-    wrong = mismatched(tx, logged, stored)
+    wrong = mismatched(logged, stored)
     if wrong:
         tx.executemany(
             STATEMENTS.sql(tx, "set_logged_transition"),

@@ -166,12 +166,6 @@ SELECT e.{position} AS position, e.originator_id AS oid, e.originator_version AS
 WHERE e.{position} <= ? AND (e.originator_id, e.originator_version) > (?, ?)
 ORDER BY e.originator_id, e.originator_version LIMIT ?
 
--- name: logged_transitions
--- verify and rebuild: the transition columns on the log's rows of a range of positions
--- (ledger/core/recorded.py), the events that are none left out
-SELECT {position} AS position, run_id, item_id, command, from_state, to_state, actor_id,
-role, at FROM {events} WHERE {position} > ? AND {position} <= ? AND run_id IS NOT NULL
-
 -- name: read_logged
 -- rebuild and verify: a page of stored events with the transition columns their rows hold
 -- (ledger/projections/logged.py), in one read

@@ -155,21 +155,16 @@ def replay_batch(tx: Tx, replayer: Replayer, after: int, batch_size: int) -> tup
     return replay_pages(tx, after, batch_size, apply_page, pages)
 
 
+# reads the stored rows of up to `limit` events after position `after`
+# (`logged.LoggedPages`, which keeps their rows' transition columns too)
 PageRead = Callable[[Tx, int, int], list[tuple[int, StoredEvent]]]
-
-
-def read_stored(tx: Tx, after: int, limit: int) -> list[tuple[int, StoredEvent]]:
-    """The stored rows of up to `limit` events after position `after`."""
-    return tx.store.read_stored_rows(tx, after, limit)
 
 
 class ReadAhead:
     """The next page's stored rows (`replay_pages`), read on the first call: `limit` rows
     after position `after`, none when `more` is false (the page before was short)."""
 
-    def __init__(
-        self, tx: Tx, after: int, limit: int, more: bool, read: PageRead = read_stored
-    ) -> None:
+    def __init__(self, tx: Tx, after: int, limit: int, more: bool, read: PageRead) -> None:
         self.tx, self.after, self.limit, self.more, self.read = tx, after, limit, more, read
         self.rows: list[tuple[int, StoredEvent]] = []
         self.done = False
@@ -185,7 +180,7 @@ PageApply = Callable[[list[tuple[int, StoredEvent]], int, ReadAhead], None]
 
 
 def replay_pages(
-    tx: Tx, after: int, batch_size: int, apply_page: PageApply, read: PageRead = read_stored
+    tx: Tx, after: int, batch_size: int, apply_page: PageApply, read: PageRead
 ) -> tuple[int, int]:
     """Hand `apply_page(rows, after, ahead)` the stored rows of the next `batch_size` events
     after `after`, a page of `REPLAY_PAGE` at a time, read by `read(tx, after, limit)`;

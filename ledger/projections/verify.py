@@ -176,7 +176,7 @@ def _replay(tx: Tx, replayer: Replayer, after: int, problems: Problems) -> tuple
                     f"event v{stored.originator_version} of stream {stored.originator_id} does "
                     f"not decode: {type(exc).__name__}: {exc}",
                 )
-        for pos, want, have in mismatched(tx, of_events(events), pages.take(rows)):
+        for pos, want, have in mismatched(of_events(events), pages.take(rows)):
             problems.add(
                 "transition_columns",
                 want[0] or have[0],

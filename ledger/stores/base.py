@@ -259,7 +259,17 @@ def _stored_columns(store: Store, stored: StoredEvent) -> Sequence[str | None] |
     if stored.topic not in TRANSITION_TOPICS:
         return None
     try:
-        return columns(store.decode(stored))
+        event = store.decode(stored)
+    except Exception:
+        return None
+    return decoded_columns(event)
+
+
+def decoded_columns(event: DomainEvent) -> Sequence[str | None] | None:
+    """A decoded event's transition columns; none for one that is no transition or lacks
+    a field (its replay refuses it, and verify reports it)."""
+    try:
+        return columns(event)
     except Exception:
         return None
 

@@ -16,10 +16,9 @@ from uuid import UUID
 from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import StoredEvent
 
-from ledger.core import recorded
 from ledger.core.archived import archived_record
 from ledger.core.errors import RunArchived
-from ledger.stores.base import Tx, transition_columns
+from ledger.stores.base import Tx, decoded_columns, transition_columns
 from ledger.stores.hashchain import as_uuid, oid_param
 from ledger.stores.named import tx_list
 from ledger.stores.sql import STATEMENTS
@@ -165,7 +164,7 @@ def append_raw(
         for e in events
     ]
     # each event's transition columns, from the event (ledger/core/recorded.py)
-    given = None if decoded is None else [_decoded_columns(d) for d in decoded]
+    given = None if decoded is None else [decoded_columns(d) for d in decoded]
     columns = transition_columns(tx.store, stored, given)
     if keep_positions and (
         reuse_free
@@ -185,15 +184,6 @@ def append_raw(
         )
         return positions
     return tx.insert_stored_events(stored, [e.hash for e in events], columns)
-
-
-def _decoded_columns(event: DomainEvent) -> Sequence[str | None] | None:
-    """A decoded event's transition columns; none for one that lacks a field (its replay
-    refuses it next, as `verify` reports it)."""
-    try:
-        return recorded.columns(event)
-    except (KeyError, AttributeError):
-        return None
 
 
 def reserve_positions(tx: Tx, first: int, last: int) -> bool:
