@@ -13,6 +13,15 @@
 SELECT * FROM lg_items WHERE run_id = ? AND state = {s_pending}
 ORDER BY seq LIMIT ? {claim_lock};
 
+-- name: claimable_pending postgres
+-- the state as a range and the order by state, then seq: only lg_items_state (run_id,
+-- state, seq) gives that order, so each claim reads the pending items it takes and no
+-- others. With `state = ...` the planner drops the state from the order, and from
+-- statistics taken while the run was all pending it walks the run in seq order
+-- (lg_items_seq), passing over every item done so far, on every claim.
+SELECT * FROM lg_items WHERE run_id = ? AND state >= {s_pending} AND state <= {s_pending}
+ORDER BY state, seq LIMIT ? {claim_lock};
+
 -- name: claimable
 -- two index range scans (run_id, state, seq) instead of one scan over every item of the
 -- run: an OR across states defeats the index on both stores. A retryable item is due at
@@ -24,14 +33,44 @@ AND state = {s_pending} ORDER BY seq LIMIT ? {claim_lock}) AS p UNION ALL SELECT
 (eligible_at IS NULL OR eligible_at <= ? OR eligible_at > ?) ORDER BY seq LIMIT ?
 {claim_lock}) AS r) AS c ORDER BY seq LIMIT ?;
 
+-- name: claimable postgres
+-- as `claimable_pending postgres`: each state as a range, each scan in (state, seq) order
+SELECT * FROM (SELECT * FROM (SELECT * FROM lg_items WHERE run_id = ?
+AND state >= {s_pending} AND state <= {s_pending} ORDER BY state, seq LIMIT ? {claim_lock})
+AS p UNION ALL SELECT * FROM (SELECT * FROM lg_items WHERE run_id = ?
+AND state >= {s_retryable} AND state <= {s_retryable} AND
+(eligible_at IS NULL OR eligible_at <= ? OR eligible_at > ?) ORDER BY state, seq LIMIT ?
+{claim_lock}) AS r) AS c ORDER BY seq LIMIT ?;
+
 -- name: items_by_id
 -- the named items of a run (the ids: one list parameter)
 SELECT * FROM lg_items WHERE run_id = ? AND item_id {in_list};
+
+-- name: items_by_id postgres
+-- one search of the primary key per id, whatever the planner's statistics say of the
+-- run. Planned from them, the common block's `item_id = ANY` reads every row of a run
+-- newer than the table's last ANALYZE (as a run being worked mostly is), on every
+-- call; with the run id a constant in the plan, so does a search per id. Read from a
+-- materialized CTE, the run id is a value the planner cannot see.
+WITH p AS MATERIALIZED (SELECT CAST(? AS text) AS run_id, CAST(? AS text[]) AS ids)
+SELECT i.* FROM p
+CROSS JOIN LATERAL (SELECT DISTINCT u.item_id FROM unnest(p.ids) AS u (item_id)) AS n
+CROSS JOIN LATERAL (SELECT * FROM lg_items AS t WHERE t.run_id = p.run_id
+AND t.item_id = n.item_id LIMIT 1) AS i;
 
 -- name: items_by_id_locked
 -- the same, locked for the transaction (PostgreSQL) in item id order: two such
 -- transactions never deadlock
 SELECT * FROM lg_items WHERE run_id = ? AND item_id {in_list} ORDER BY item_id {lock};
+
+-- name: items_by_id_locked postgres
+-- as `items_by_id postgres`, each row locked as it is found, in item id order
+WITH p AS MATERIALIZED (SELECT CAST(? AS text) AS run_id, CAST(? AS text[]) AS ids)
+SELECT i.* FROM p
+CROSS JOIN LATERAL (SELECT DISTINCT u.item_id FROM unnest(p.ids) AS u (item_id)
+ORDER BY u.item_id) AS n
+CROSS JOIN LATERAL (SELECT * FROM lg_items AS t WHERE t.run_id = p.run_id
+AND t.item_id = n.item_id {lock}) AS i ORDER BY i.item_id;
 
 -- name: run_amended_by
 SELECT position FROM lg_transitions WHERE run_id = ? AND item_id IS NULL

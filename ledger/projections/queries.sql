@@ -31,6 +31,14 @@ SELECT * FROM {runs} WHERE run_id {in_list}
 -- name: load_items
 SELECT * FROM {items} WHERE run_id = ? AND item_id {in_list}
 
+-- name: load_items postgres
+-- one search of the primary key per id, as `items_by_id postgres` (ledger/commands)
+WITH p AS MATERIALIZED (SELECT CAST(? AS text) AS run_id, CAST(? AS text[]) AS ids)
+SELECT i.* FROM p
+CROSS JOIN LATERAL (SELECT DISTINCT u.item_id FROM unnest(p.ids) AS u (item_id)) AS n
+CROSS JOIN LATERAL (SELECT * FROM {items} AS t WHERE t.run_id = p.run_id
+AND t.item_id = n.item_id LIMIT 1) AS i
+
 -- name: run_counts
 -- each run's counts column and its slot rows' sums per state, in one snapshot
 SELECT r.run_id, r.counts, c.state, SUM(c.n) AS n FROM {runs} r

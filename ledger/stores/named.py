@@ -13,6 +13,10 @@ asked for on a dialect (then cached):
 - the rule tables' slots (`rule_slots()`): every state name as a quoted literal
   (`{s_pending}`, `{s_running}`, ...) and the state sets of `ledger.core.states`
   as lists of literals (`{terminal_run_states}`, `{open_run_states}`, ...);
+- a block may also be written for one store only, under `-- name: NAME postgres` (or
+  `sqlite`): that store reads it instead of the common block of the same name, where
+  the same result needs another shape there (a search the planner must not choose
+  from a new run's statistics, say);
 - identifiers chosen at run time (a scratch table of verify) as keyword arguments of
   `Statements.sql`, quoted as identifiers by the dialect (PostgreSQL through
   `psycopg.sql.Identifier`), never spliced as text.
@@ -37,7 +41,7 @@ from ledger.core import states as S
 if TYPE_CHECKING:
     from ledger.stores.base import Tx
 
-_NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)(?:\s+(sqlite|postgres))?\s*$", re.MULTILINE)
 _SLOT = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 DIALECTS = ("sqlite", "postgres")
@@ -144,17 +148,23 @@ def render(dialect: str, text: str, idents: Mapping[str, str] | None = None) -> 
 
 def parse(text: str) -> dict[str, str]:
     """The named blocks of a `.sql` file: `{name: SQL}` (each block's text up to the next
-    `-- name:` line; comment lines inside a block are kept, trailing `;` dropped)."""
+    `-- name:` line; comment lines inside a block are kept, trailing `;` dropped). A
+    block for one store only is keyed `NAME postgres` (or `NAME sqlite`), and needs the
+    common block `NAME` in the same file."""
     heads = list(_NAME.finditer(text))
     out: dict[str, str] = {}
     for i, m in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
         body = text[m.end() : end].strip().rstrip(";").strip()
-        if m.group(1) in out:
-            raise ValueError(f"SQL block {m.group(1)!r} is named twice")
+        key = m.group(1) if m.group(2) is None else f"{m.group(1)} {m.group(2)}"
+        if key in out:
+            raise ValueError(f"SQL block {key!r} is named twice")
         if not body:
-            raise ValueError(f"SQL block {m.group(1)!r} is empty")
-        out[m.group(1)] = body
+            raise ValueError(f"SQL block {key!r} is empty")
+        out[key] = body
+    for key in out:
+        if " " in key and key.split(" ")[0] not in out:
+            raise ValueError(f"SQL block {key!r} has no common block of its name")
     return out
 
 
@@ -178,16 +188,17 @@ class Statements:
         return self._blocks
 
     def names(self) -> list[str]:
-        return sorted(self.blocks)
+        """The statements' names (a block for one store only is not another name)."""
+        return sorted(name for name in self.blocks if " " not in name)
 
     def sql(self, dialect: str | Tx, name: str, **idents: str) -> str:
         """Statement `name` for a dialect (or a transaction's store's dialect)."""
         if not isinstance(dialect, str):
             dialect = dialect.store.dialect
-        try:
-            text = self.blocks[name]
-        except KeyError:
-            raise KeyError(f"no SQL block {name!r} in {self.package}/{self.filename}") from None
+        blocks = self.blocks
+        text = blocks.get(f"{name} {dialect}") or blocks.get(name)
+        if text is None or " " in name:
+            raise KeyError(f"no SQL block {name!r} in {self.package}/{self.filename}")
         if idents:
             ikey = (dialect, name, tuple(sorted(idents.items())))
             hit = self._with_idents.get(ikey)
@@ -207,8 +218,10 @@ class Statements:
         slot; identifiers quoted the standard way, `quoted`): for statements made before
         any store is known (the projector's, ledger/projections/writer.py)."""
         text = self.blocks.get(name)
-        if text is None:
+        if text is None or " " in name:
             raise KeyError(f"no SQL block {name!r} in {self.package}/{self.filename}")
+        if any(f"{name} {dialect}" in self.blocks for dialect in DIALECTS):
+            raise ValueError(f"SQL block {name!r} differs between the stores (own blocks)")
         used = [slot for slot in _SLOT.findall(text) if slot in DIALECT_SLOTS["sqlite"]]
         if any(slot not in idents for slot in used):
             raise ValueError(f"SQL block {name!r} differs between the stores ({used})")
