@@ -288,7 +288,7 @@ class UnitOfWork:
                 current_state=run.state,
             ) from None
         item_map = {(it.run_id, it.item_id): it for it in items}
-        self._projector.project(tx, positioned, runs, item_map)
+        tx.items_inserted += self._projector.project(tx, positioned, runs, item_map)
 
 
 def commit_stream_events(tx: Tx, projector: Projector, events: Sequence[DomainEvent]) -> int:

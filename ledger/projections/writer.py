@@ -129,8 +129,9 @@ class Projector:
         events: Sequence[tuple[int, DomainEvent]],
         runs: dict[str, Run],
         items: dict[tuple[str, str], Item],
-    ) -> None:
-        """Write the rows for `events` (already applied to `runs` and `items`).
+    ) -> int:
+        """Write the rows for `events` (already applied to `runs` and `items`); the number
+        of item rows inserted.
 
         `runs` must hold the run of every event and any run an event links to;
         `items` must hold every item an item event touches.
@@ -297,3 +298,4 @@ class Projector:
                 self.update_item,
                 [(*item_stream_values(it), it.run_id, it.item_id) for it in touched_items.values()],
             )
+        return len(item_inserts)

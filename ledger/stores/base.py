@@ -123,6 +123,9 @@ class Tx(ABC):
         # event stored before the hash chain): the chain of an append starts from them
         # without reading them again (hashchain.py `chain_hashes`, `note_heads`)
         self.known_hashes: dict[tuple[UUID, int], str] = {}
+        # item rows the commands of this transaction inserted: after a commit that
+        # inserted many, PostgreSQL's planner statistics are refreshed (PostgresStore)
+        self.items_inserted = 0
 
     @abstractmethod
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any: ...

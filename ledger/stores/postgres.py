@@ -9,6 +9,7 @@ clock judges leases and stamps events, so workers on machines with skewed clocks
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -32,6 +33,12 @@ from ledger.stores.pg_migrations import EVENTS_TABLE, migrations, schema_version
 from ledger.stores.pg_recorder import WAKE_INTERVAL_S, LedgerPostgresRecorder, Waker, _events_json
 from ledger.stores.pg_tx import PREPARED_MAX, RUN_LOCK_CLASS, PgTx, _pipelined_transaction, to_pg
 from ledger.stores.sql import STATEMENTS
+
+_log = logging.getLogger(__name__)
+
+BULK_ITEMS = 1000
+"""A commit that inserts this many item rows or more may refresh the items table's
+planner statistics (`PostgresStore._refresh_item_statistics`)."""
 
 __all__ = [
     "EVENTS_TABLE",
@@ -97,6 +104,8 @@ class PostgresStore(Store):
         try:
             with self._tx_body(write) as tx:
                 yield tx
+            if tx.items_inserted >= BULK_ITEMS:
+                self._refresh_item_statistics(tx.items_inserted)
         finally:
             # committed or not, readers held below its positions may now go on
             if tx is not None and tx.appended:
@@ -129,6 +138,22 @@ class PostgresStore(Store):
             if isinstance(e.__cause__, psycopg_pool.PoolClosed):
                 raise RuntimeError("ledger is closed") from e  # closed meanwhile: not transient
             raise _fault(e, uncertain=committing and write) from e
+
+    def _refresh_item_statistics(self, inserted: int) -> None:
+        """ANALYZE the items table after a commit that inserted `inserted` rows into it, when
+        they are a tenth or more of the rows its statistics know. PostgreSQL's own advice
+        after a bulk load: until autovacuum gets to the table (a minute or more later), the
+        planner believes it holds the rows it held before, and plans the item rows'
+        updates as a scan of the whole table. Best effort: the command has committed, so
+        a failure here is logged, not raised; a table another ANALYZE holds is skipped."""
+        try:
+            with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
+                row = cur.execute(STATEMENTS.sql(self.dialect, "items_statistics")).fetchone()
+                known = float(row["reltuples"]) if row is not None else -1.0
+                if known < 0 or inserted * 10 >= known:
+                    cur.execute(STATEMENTS.sql(self.dialect, "analyze_items"))
+        except psycopg.Error as e:
+            _log.warning("statistics of lg_items not refreshed after a bulk insert: %s", e)
 
     def session_connection(self) -> psycopg.Connection[Any]:
         """A connection of its own, outside the pool, in autocommit mode (a follower's

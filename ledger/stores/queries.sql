@@ -22,6 +22,16 @@ SELECT to_regclass('ledger_meta') IS NOT NULL AS present
 -- PostgreSQL: one process at a time creates or migrates the schema
 SELECT pg_advisory_xact_lock(?)
 
+-- name: items_statistics
+-- PostgreSQL: the rows the planner's statistics know in the items table (-1: never
+-- analyzed)
+SELECT reltuples AS reltuples FROM pg_class WHERE oid = CAST('lg_items' AS regclass)
+
+-- name: analyze_items
+-- PostgreSQL: refresh them after a bulk insert; a table another ANALYZE or VACUUM
+-- holds is passed over
+ANALYZE (SKIP_LOCKED) lg_items
+
 -- transactions and the clock -------------------------------------------------
 
 -- name: begin_write

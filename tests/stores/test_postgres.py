@@ -445,6 +445,50 @@ def test_a_role_with_table_privileges_only_can_use_a_migrated_database(
         assert all(t.at >= before for t in lg.history(run_id))
 
 
+def _items_statistics(dsn: str) -> float:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT reltuples FROM pg_class WHERE oid = 'lg_items'::regclass")
+        found = row.fetchone()
+    assert found is not None
+    return float(found[0])
+
+
+def _no_autovacuum(dsn: str) -> float:
+    """Keep autovacuum off the items table (what it would do is what is checked); the
+    rows the statistics know now."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE lg_items SET (autovacuum_enabled = false)")
+    return _items_statistics(dsn)
+
+
+def test_a_commit_that_inserts_many_items_refreshes_their_statistics(pg_dsn: str) -> None:
+    # Until the table is analyzed, the planner believes it holds what it held before and
+    # may plan the item rows' updates as a scan of the whole table, for every batch.
+    with Ledger.open(pg_dsn) as lg:
+        known = _no_autovacuum(pg_dsn)
+        running(lg, 20)
+        assert _items_statistics(pg_dsn) == known  # a small run: nothing to refresh
+        lg.submit(manifest(1500), SUBMITTER)
+        assert _items_statistics(pg_dsn) == 1520  # before submit returned
+        lg.submit(manifest(100), SUBMITTER)
+        assert _items_statistics(pg_dsn) == 1520  # a tenth of what is known: not yet
+
+
+def test_a_role_that_may_not_analyze_still_submits_a_big_run(
+    pg_dsn: str, login_role: str
+) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{login_role}"'
+        )
+        conn.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{login_role}"')
+    known = _no_autovacuum(pg_dsn)
+    with Ledger.open(as_role(pg_dsn, login_role)) as lg:
+        status = lg.submit(manifest(1200), SUBMITTER)
+        assert lg.status(status.run_id).counts["pending"] == 1200
+    assert _items_statistics(pg_dsn) == known  # the owner's ANALYZE: passed over
+
+
 def test_a_role_that_may_not_create_tables_cannot_set_up_an_empty_database(
     pg_server: Any, login_role: str
 ) -> None:
