@@ -474,9 +474,7 @@ def test_a_commit_that_inserts_many_items_refreshes_their_statistics(pg_dsn: str
         assert _items_statistics(pg_dsn) == 1520  # a tenth of what is known: not yet
 
 
-def test_a_role_that_may_not_analyze_still_submits_a_big_run(
-    pg_dsn: str, login_role: str
-) -> None:
+def test_a_role_that_may_not_analyze_still_submits_a_big_run(pg_dsn: str, login_role: str) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(
             f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{login_role}"'
