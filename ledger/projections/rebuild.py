@@ -277,6 +277,7 @@ def _rebuild(lg: Ledger, progress: Progress | None, batch_size: int, fault: Faul
         if n < batch_size or head - position <= SWITCH_LAG * min(REPLAY_PAGE, batch_size):
             break  # close enough: the switch applies the rest with writers locked out
     done += _switch(store, replayer, suffix, name, batch_size, fault)
+    store.items_loaded(None)  # the items table is new: its statistics are the table's own
     if progress is not None:
         progress(done, done)
     return done

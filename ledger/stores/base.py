@@ -346,6 +346,12 @@ class Store(ABC):
     @abstractmethod
     def events_table(self) -> str: ...
 
+    def items_loaded(self, inserted: int | None) -> None:
+        """After a commit that inserted `inserted` item rows (None: the whole items table
+        is new, as after a rebuild): a store whose planner keeps statistics refreshes them
+        when the rows are many (PostgresStore). Best effort."""
+        return None  # SQLite plans these statements as searches of the key without them
+
     def decode(self, stored: StoredEvent) -> DomainEvent:
         """One stored event as its event object (every topic we store names a DomainEvent)."""
         return cast(DomainEvent, self.mapper.to_domain_event(stored))

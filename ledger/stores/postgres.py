@@ -38,7 +38,7 @@ _log = logging.getLogger(__name__)
 
 BULK_ITEMS = 1000
 """A commit that inserts this many item rows or more may refresh the items table's
-planner statistics (`PostgresStore._refresh_item_statistics`)."""
+planner statistics (`PostgresStore.items_loaded`)."""
 
 __all__ = [
     "EVENTS_TABLE",
@@ -105,7 +105,7 @@ class PostgresStore(Store):
             with self._tx_body(write) as tx:
                 yield tx
             if tx.items_inserted >= BULK_ITEMS:
-                self._refresh_item_statistics(tx.items_inserted)
+                self.items_loaded(tx.items_inserted)
         finally:
             # committed or not, readers held below its positions may now go on
             if tx is not None and tx.appended:
@@ -139,18 +139,21 @@ class PostgresStore(Store):
                 raise RuntimeError("ledger is closed") from e  # closed meanwhile: not transient
             raise _fault(e, uncertain=committing and write) from e
 
-    def _refresh_item_statistics(self, inserted: int) -> None:
-        """ANALYZE the items table after a commit that inserted `inserted` rows into it, when
-        they are a tenth or more of the rows its statistics know. PostgreSQL's own advice
-        after a bulk load: until autovacuum gets to the table (a minute or more later), the
-        planner believes it holds the rows it held before, and plans the item rows'
-        updates as a scan of the whole table. Best effort: the command has committed, so
-        a failure here is logged, not raised; a table another ANALYZE holds is skipped."""
+    def items_loaded(self, inserted: int | None) -> None:
+        """ANALYZE the items table after a commit that inserted `inserted` rows into it,
+        when they are a tenth or more of the rows its statistics know (always, for None:
+        a rebuilt table). PostgreSQL's own advice after a bulk load: until autovacuum
+        gets to the table (a minute or more later), the planner believes it holds the
+        rows it held before, and plans the item rows' updates as a scan of the whole
+        table. Best effort: the command has committed, so a failure here is logged, not
+        raised; a table another ANALYZE holds is passed over (decision 0023)."""
         try:
             with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
-                row = cur.execute(STATEMENTS.sql(self.dialect, "items_statistics")).fetchone()
-                known = float(row["reltuples"]) if row is not None else -1.0
-                if known < 0 or inserted * 10 >= known:
+                known = -1.0
+                if inserted is not None:
+                    row = cur.execute(STATEMENTS.sql(self.dialect, "items_statistics")).fetchone()
+                    known = float(row["reltuples"]) if row is not None else -1.0
+                if inserted is None or known < 0 or inserted * 10 >= known:
                     cur.execute(STATEMENTS.sql(self.dialect, "analyze_items"))
         except psycopg.Error as e:
             _log.warning("statistics of lg_items not refreshed after a bulk insert: %s", e)

@@ -474,6 +474,17 @@ def test_a_commit_that_inserts_many_items_refreshes_their_statistics(pg_dsn: str
         assert _items_statistics(pg_dsn) == 1520  # a tenth of what is known: not yet
 
 
+def test_a_rebuilt_items_table_gets_statistics_of_its_own(pg_dsn: str) -> None:
+    from ledger.projections.rebuild import rebuild
+
+    with Ledger.open(pg_dsn) as lg:
+        _no_autovacuum(pg_dsn)
+        running(lg, 30)
+        running(lg, 12)
+        rebuild(lg)
+        assert _items_statistics(pg_dsn) == 42  # a new table: never analyzed would be -1
+
+
 def test_a_role_that_may_not_analyze_still_submits_a_big_run(pg_dsn: str, login_role: str) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(
