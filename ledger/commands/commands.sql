@@ -42,29 +42,19 @@ AND state >= {s_retryable} AND state <= {s_retryable} AND
 (eligible_at IS NULL OR eligible_at <= ? OR eligible_at > ?) ORDER BY state, seq LIMIT ?
 {claim_lock}) AS r) AS c ORDER BY seq LIMIT ?;
 
--- name: items_by_id
--- the named items of a run (the ids: one list parameter)
-SELECT * FROM lg_items WHERE run_id = ? AND item_id {in_list};
+-- name: items_by_id_locked
+-- the named items of a run (the ids: one list parameter), locked for the transaction
+-- (PostgreSQL) in item id order: two such transactions never deadlock (unlocked, they
+-- are the projections' `load_items`)
+SELECT * FROM lg_items WHERE run_id = ? AND item_id {in_list} ORDER BY item_id {lock};
 
--- name: items_by_id postgres
+-- name: items_by_id_locked postgres
 -- one search of the primary key per id, whatever the planner's statistics say of the
 -- run. Planned from them, the common block's `item_id = ANY` reads every row of a run
 -- newer than the table's last ANALYZE (as a run being worked mostly is), on every
 -- call; with the run id a constant in the plan, so does a search per id. Read from a
--- materialized CTE, the run id is a value the planner cannot see.
-WITH p AS MATERIALIZED (SELECT CAST(? AS text) AS run_id, CAST(? AS text[]) AS ids)
-SELECT i.* FROM p
-CROSS JOIN LATERAL (SELECT DISTINCT u.item_id FROM unnest(p.ids) AS u (item_id)) AS n
-CROSS JOIN LATERAL (SELECT * FROM lg_items AS t WHERE t.run_id = p.run_id
-AND t.item_id = n.item_id LIMIT 1) AS i;
-
--- name: items_by_id_locked
--- the same, locked for the transaction (PostgreSQL) in item id order: two such
--- transactions never deadlock
-SELECT * FROM lg_items WHERE run_id = ? AND item_id {in_list} ORDER BY item_id {lock};
-
--- name: items_by_id_locked postgres
--- as `items_by_id postgres`, each row locked as it is found, in item id order
+-- materialized CTE, the run id is a value the planner cannot see. Each row is locked
+-- as it is found, in item id order.
 WITH p AS MATERIALIZED (SELECT CAST(? AS text) AS run_id, CAST(? AS text[]) AS ids)
 SELECT i.* FROM p
 CROSS JOIN LATERAL (SELECT DISTINCT u.item_id FROM unnest(p.ids) AS u (item_id)

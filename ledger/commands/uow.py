@@ -35,6 +35,7 @@ from ledger.core.rows import item_from_row
 from ledger.core.rule_check import ItemFacts, Overlay, check_batch
 from ledger.core.views import Actor
 from ledger.projections.counts import required_not_accepted
+from ledger.projections.sql import STATEMENTS as PROJECTION_SQL
 from ledger.reads import queries
 from ledger.stores.base import Store, StreamConflict, Tx
 from ledger.stores.hashchain import heads_statement, note_heads
@@ -242,8 +243,8 @@ class UnitOfWork:
             ids.sort()
         for k in range(0, len(ids), 500):
             chunk = ids[k : k + 500]
-            sql = SQL.sql(tx, "items_by_id_locked" if lock else "items_by_id")
             if lock:
+                sql = SQL.sql(tx, "items_by_id_locked")
                 heads_sql, heads_params = heads_statement(
                     tx, [item_stream_id(run_id, item_id) for item_id in chunk]
                 )
@@ -252,6 +253,7 @@ class UnitOfWork:
                 )
                 note_heads(tx, heads)
             else:
+                sql = PROJECTION_SQL.sql(tx, "load_items", items="lg_items")
                 rows = tx.fetchall(sql, (run_id, tx_list(tx, chunk)))
             for row in rows:
                 out[row["item_id"]] = row

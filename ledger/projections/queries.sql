@@ -32,7 +32,8 @@ SELECT * FROM {runs} WHERE run_id {in_list}
 SELECT * FROM {items} WHERE run_id = ? AND item_id {in_list}
 
 -- name: load_items postgres
--- one search of the primary key per id, as `items_by_id postgres` (ledger/commands)
+-- one search of the primary key per id, as `items_by_id_locked postgres`
+-- (ledger/commands/commands.sql) says why
 WITH p AS MATERIALIZED (SELECT CAST(? AS text) AS run_id, CAST(? AS text[]) AS ids)
 SELECT i.* FROM p
 CROSS JOIN LATERAL (SELECT DISTINCT u.item_id FROM unnest(p.ids) AS u (item_id)) AS n

@@ -51,6 +51,8 @@ import orjson
 from eventsourcing.domain import DomainEvent, DomainEventProtocol
 from eventsourcing.persistence import Mapper, StoredEvent, find_id_convertor
 
+from ledger.core.recorded import TRANSITION_COLUMNS
+
 # orjson's forms of the floats it formats otherwise than Python (see the docstring)
 _FLOAT_FORMS = re.compile(rb"[0-9]e-[0-9](?![0-9])|(?<![0-9.])0\.0000[0-9]")
 _OPTIONS = (
@@ -158,7 +160,8 @@ _ITEM_MOVE_FIELDS = (
     "reason",
     "evidence",
 )
-_ITEM_MOVE_TEXT = ("run_id", "item_id", "command", "from_state", "to_state", "actor_id", "role")
+# the columns the log keeps of a transition, but its time (the timestamp)
+_ITEM_MOVE_TEXT = tuple(c for c in TRANSITION_COLUMNS if c != "at")
 
 
 def stored_event(originator_id: Any, version: Any, topic: str, state: bytes) -> StoredEvent:
@@ -219,22 +222,16 @@ class EventMapper(Mapper[UUID]):
             stored = self._item_transition(topic, vars(domain_event))
             if stored is not None:
                 return stored
-        state = dict(vars(domain_event))
-        stamp = state.get("timestamp")
-        if type(stamp) is not datetime:
+        attrs = vars(domain_event)
+        stored = self._dumped(topic, attrs)
+        if stored is None:
             return super().to_stored_event(domain_event)
-        originator_id = state.pop("originator_id")
-        originator_version = state.pop("originator_version")
-        state["timestamp"] = {"_type_": DATETIME_ISO, "_data_": self._iso(stamp)}
-        try:
-            data = orjson.dumps(state, _not_plain, _OPTIONS)
-        except TypeError:  # _NotPlain, a non-string key, a too big integer, too deep
-            return super().to_stored_event(domain_event)
+        data = stored.state
         if b"e-" in data or b"0.0000" in data or b"null" in data:
-            floats, non_finite = _floats(state)
+            floats, non_finite = _floats(attrs)
             if non_finite or (floats and _FLOAT_FORMS.search(data)):
                 return super().to_stored_event(domain_event)
-        return stored_event(originator_id, originator_version, topic, data)
+        return stored
 
     def _item_transition(self, topic: str, attrs: dict[str, Any]) -> StoredEvent | None:
         """An item transition as stored, the commands' most frequent event, when every
@@ -245,17 +242,22 @@ class EventMapper(Mapper[UUID]):
         path decides (a state read back from storage, whose ids come last, goes there)."""
         if tuple(attrs) != _ITEM_MOVE_FIELDS:
             return None
-        stamp, reason, evidence = attrs["timestamp"], attrs["reason"], attrs["evidence"]
-        if (
-            type(stamp) is not datetime
-            or (reason is not None and type(reason) is not str)
-            or type(evidence) is not dict
-        ):
+        reason, evidence = attrs["reason"], attrs["evidence"]
+        if (reason is not None and type(reason) is not str) or type(evidence) is not dict:
             return None
         for key in _ITEM_MOVE_TEXT:
             if type(attrs[key]) is not str:
                 return None
         if _floats(evidence)[0]:
+            return None
+        return self._dumped(topic, attrs)
+
+    def _dumped(self, topic: str, attrs: dict[str, Any]) -> StoredEvent | None:
+        """The event of `attrs` as orjson writes its state, its time in the transcoder's
+        form for a datetime; None where its time is no datetime or orjson refuses the
+        state (the transcoder decides). Its floats are the caller's to check."""
+        stamp = attrs.get("timestamp")
+        if type(stamp) is not datetime:
             return None
         state = dict(attrs)
         originator_id = state.pop("originator_id")

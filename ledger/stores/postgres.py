@@ -104,12 +104,13 @@ class PostgresStore(Store):
         try:
             with self._tx_body(write) as tx:
                 yield tx
-            if tx.items_inserted >= BULK_ITEMS:
-                self.items_loaded(tx.items_inserted)
         finally:
             # committed or not, readers held below its positions may now go on
             if tx is not None and tx.appended:
                 self._wake()
+        assert tx is not None  # committed
+        if tx.items_inserted >= BULK_ITEMS:
+            self.items_loaded(tx.items_inserted)
 
     @contextmanager
     def _tx_body(self, write: bool) -> Iterator[PgTx]:

@@ -1,6 +1,7 @@
 """Finding items of a run: the claim's `claimable` and `claimable_pending`, and looking
-up named items: the commands' `items_by_id` and `items_by_id_locked`
-(record, heartbeat, repair, ...) and the replay's `load_items`.
+up named items: the commands' `items_by_id_locked`
+(record, heartbeat, repair, ...) and `load_items` (the replay's, and the
+commands' lookups that lock nothing).
 
 Every store gives the rows of the named items that exist in that run, once each
 (an id named twice, an id of another run or of no item add nothing); locked, in item
@@ -28,7 +29,7 @@ from ledger.service.ledger import Outcome
 from ledger.stores.named import tx_list
 from tests.support.runs import WORKER, running
 
-STATEMENT_NAMES = ("items_by_id", "items_by_id_locked", "load_items")
+STATEMENT_NAMES = ("items_by_id_locked", "load_items")
 
 
 def _sql(tx: Any, name: str) -> str:
